@@ -1,0 +1,44 @@
+"""The space interface: one stage's parameters, suggested only inside the safe bounds."""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any
+
+from spaces.overrides import Config
+
+if TYPE_CHECKING:
+    import optuna
+
+
+class SpaceError(ValueError):
+    """A bound or a config that breaks a rule; the message names the key, value and rule."""
+
+
+class Space(abc.ABC):
+    """Suggests the settings of one stage on top of a base config.
+
+    ``suggest`` returns only the keys this stage sets (plus the switches they need, such as
+    ``use_kl_loss``); the driver merges them over the base. Every value it can return is one
+    that verl accepts for the study's model and hardware (checked when the space is built).
+    """
+
+    #: registry name, e.g. "mini_batch"
+    kind: str = ""
+
+    @abc.abstractmethod
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config: ...
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        """Optuna parameter values that reproduce ``base`` (to enqueue the incumbent), or
+        None when the base is not a point of this space (e.g. KL switched off)."""
+        return None
+
+    def explain(self) -> list[str]:
+        """Human-readable lines: the bounds and the arithmetic behind them."""
+        return []
+
+    @property
+    def speed_only(self) -> bool:
+        """True when the knobs change speed, not learning (scored on throughput)."""
+        return False
