@@ -1,0 +1,215 @@
+"""One probe: start a short verl run through a launcher, follow its metrics live, stop it at
+step N from outside, and turn what happened into an outcome the driver can tell Optuna.
+
+The probe keeps the full run's learning-rate horizon in its config (verl would squeeze a
+cosine schedule into ``total_training_steps``) and stops the run itself when step N arrives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from typing import Any
+
+from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
+from objectives.failures import FailureKind, classify, tail
+from objectives.health import HealthVerdict, screen
+from objectives.metrics import MetricsFollower, StepMetrics
+from objectives.score import Score, ScoreError, score_reward_rate, score_throughput
+
+logger = logging.getLogger(__name__)
+
+
+class ProbeState(enum.Enum):
+    RUNNING = "running"
+    COMPLETE = "complete"  # reached step N (or finished) and was scored
+    STOPPED = "stopped"  # stopped by the health screen (diverging, plateau)
+    PRUNED = "pruned"  # stopped by the driver's pruner
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSettings:
+    steps: int
+    speed_only: bool = False
+    warmup_steps: int = 0
+    hang_timeout_s: float = 1800.0
+    health_screen: bool = True
+    n_gpus: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeOutcome:
+    state: ProbeState
+    score: Score | None = None
+    failure: FailureKind | None = None
+    reason: str = ""
+    last_step: int = 0
+    startup_s: float | None = None
+    #: GPU-seconds the probe held (start to end, × GPUs), on the launcher's clock
+    gpu_time_s: float = 0.0
+    stderr_tail: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "state": self.state.value,
+            "reason": self.reason,
+            "last_step": self.last_step,
+            "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
+            "gpu_time_s": round(self.gpu_time_s, 3),
+        }
+        if self.failure is not None:
+            data["failure_kind"] = self.failure.value
+        return data
+
+
+class Probe:
+    """Follows one run. The driver calls ``poll()`` in its loop until it returns an outcome."""
+
+    def __init__(self, launcher: Launcher, spec: RunSpec, settings: ProbeSettings) -> None:
+        self.launcher = launcher
+        self.spec = spec
+        self.settings = settings
+        self.handle: RunHandle | None = None
+        self.follower: MetricsFollower | None = None
+        self.started_at = 0.0
+        self.first_step_at: float | None = None
+        self._outcome: ProbeOutcome | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> RunHandle:
+        self.handle = self.launcher.start(self.spec)
+        self._follow(self.handle)
+        return self.handle
+
+    def attach(self, handle: RunHandle) -> None:
+        """Follow a run started earlier (a re-attached Ray job)."""
+        self.handle = handle
+        self._follow(handle)
+
+    def _follow(self, handle: RunHandle) -> None:
+        self.started_at = self.launcher.clock()
+        self.follower = MetricsFollower(
+            handle.metrics_path, console_path=handle.stdout_path, clock=self.launcher.clock
+        )
+
+    @property
+    def steps(self) -> list[StepMetrics]:
+        assert self.follower is not None
+        return [s for s in self.follower.series if 1 <= s.step <= self.settings.steps]
+
+    def running_score(self) -> Score | None:
+        """The score of the steps so far (for intermediate reports), or None if too few."""
+        try:
+            return self._score(self.steps)
+        except ScoreError:
+            return None
+
+    def stop(self, state: ProbeState, reason: str) -> ProbeOutcome:
+        """Stop the run from outside (pruned, or stopped by the driver) and close the probe."""
+        assert self.handle is not None
+        self.launcher.cancel(self.handle)
+        score = self.running_score()
+        self._outcome = self._finish(state, reason=reason, score=score)
+        return self._outcome
+
+    # -- the loop ----------------------------------------------------------------------------
+    def poll(self) -> ProbeOutcome | None:
+        """Read new metrics and the run state; returns the outcome once the probe is over."""
+        if self._outcome is not None:
+            return self._outcome
+        assert self.handle is not None and self.follower is not None
+        new = self.follower.read_new()
+        now = self.launcher.clock()
+        if new and self.first_step_at is None:
+            first = next((s for s in self.follower.series if s.step >= 1), None)
+            if first is not None:
+                self.first_step_at = now - float(first.data.get("timing_s/step") or 0.0)
+        last_step = self.follower.last_step
+        if last_step >= self.settings.steps:
+            self.launcher.cancel(self.handle)
+            self._outcome = self._scored_outcome()
+            return self._outcome
+        if self.settings.health_screen and not self.settings.speed_only and new:
+            verdict = screen(self.steps)
+            if verdict is not None:
+                return self._stopped_by_health(verdict)
+        state = self.launcher.poll(self.handle)
+        if state.status.is_finished:
+            self.follower.read_new()  # the last lines written before exit
+            if self.follower.last_step >= self.settings.steps or (
+                state.status is RunStatus.SUCCEEDED and self.follower.last_step > 0
+            ):
+                self._outcome = self._scored_outcome()
+                return self._outcome
+            stderr = tail(self.handle.stderr_path, n_lines=20)
+            kind = classify(
+                stderr,
+                state.exit_code,
+                last_step=self.follower.last_step,
+                expected_steps=self.settings.steps,
+            )
+            if kind is None:
+                self._outcome = self._scored_outcome()
+                return self._outcome
+            reason = _failure_reason(kind, stderr, state.message)
+            self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=kind, stderr=stderr)
+            return self._outcome
+        last_update = self.follower.last_update_time or self.started_at
+        if now - last_update > self.settings.hang_timeout_s:
+            self.launcher.cancel(self.handle)
+            reason = f"no new metrics for {now - last_update:.0f} s (hang timeout {self.settings.hang_timeout_s:.0f} s)"
+            self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=FailureKind.HANG)
+            return self._outcome
+        return None
+
+    def _stopped_by_health(self, verdict: HealthVerdict) -> ProbeOutcome:
+        assert self.handle is not None
+        self.launcher.cancel(self.handle)
+        self._outcome = self._finish(
+            ProbeState.STOPPED, reason=f"{verdict.kind}: {verdict.reason}", score=self.running_score()
+        )
+        return self._outcome
+
+    def _score(self, steps: list[StepMetrics]) -> Score:
+        if self.settings.speed_only:
+            return score_throughput(
+                steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus
+            )
+        return score_reward_rate(steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=True)
+
+    def _scored_outcome(self) -> ProbeOutcome:
+        try:
+            score = self._score(self.steps)
+        except ScoreError as e:
+            return self._finish(ProbeState.FAILED, reason=f"cannot be scored: {e}", failure=FailureKind.CRASH)
+        return self._finish(ProbeState.COMPLETE, score=score, reason="")
+
+    def _finish(
+        self,
+        state: ProbeState,
+        *,
+        reason: str,
+        score: Score | None = None,
+        failure: FailureKind | None = None,
+        stderr: str = "",
+    ) -> ProbeOutcome:
+        ended = self.launcher.clock()
+        startup = None if self.first_step_at is None else max(0.0, self.first_step_at - self.started_at)
+        return ProbeOutcome(
+            state=state,
+            score=score,
+            failure=failure,
+            reason=reason,
+            last_step=self.follower.last_step if self.follower else 0,
+            startup_s=startup,
+            gpu_time_s=max(0.0, ended - self.started_at) * max(1, self.spec.n_gpus),
+            stderr_tail=stderr,
+        )
+
+
+def _failure_reason(kind: FailureKind, stderr: str, message: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else message
+    return f"{kind.value}: {last[:200]}"

@@ -1,0 +1,21 @@
+"""The root exception of the driver package; the CLI maps each kind to an exit code."""
+
+from __future__ import annotations
+
+
+class SweepError(Exception):
+    """Root of verl-sweep's expected errors. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class BadInputError(SweepError):
+    """The user's input (study file, option, name) is wrong: exit 2, database untouched."""
+
+    exit_code = 2
+
+
+class StorageError(SweepError):
+    """The study database cannot be reached or used; the message carries the real cause."""
+
+    exit_code = 1

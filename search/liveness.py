@@ -1,0 +1,102 @@
+"""Keeping trials honest when processes die: heartbeats, owners, and re-queueing.
+
+Optuna records heartbeats only inside ``study.optimize``; the driver uses ask/tell, so it
+records them itself. A trial left RUNNING by a dead driver is closed as FAIL and its
+assignment (parameters, role, seed) queued again, so it is neither lost nor counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+logger = logging.getLogger(__name__)
+
+#: user attributes that describe what a trial is for (copied when it is queued again);
+#: everything else on a trial describes one run of it
+ASSIGNMENT_ATTRS = ("role", "seed", "attempt", "rerun_of")
+MAX_REQUEUES = 3
+
+
+def owner_record() -> dict[str, Any]:
+    """Who runs a trial: enough to tell, on the same host, whether that process still lives."""
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": me.pid, "started": round(me.create_time(), 2)}
+
+
+def owner_is_dead(owner: Any) -> bool:
+    """True only when we can be sure: the owner ran on this host and its process is gone."""
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        process = psutil.Process(pid)
+        return abs(process.create_time() - float(owner.get("started", 0))) > 1.0
+    except psutil.NoSuchProcess:
+        return True
+
+
+def requeue(study: "optuna.Study", trial: "FrozenTrial", *, reason: str) -> int | None:
+    """Queue the trial's assignment again (WAITING); returns the new trial number, or None
+    when it has been re-queued MAX_REQUEUES times already."""
+    import optuna
+
+    history = list(trial.system_attrs.get("retry_history", [])) + [trial.number]
+    if len(history) > MAX_REQUEUES:
+        logger.warning("trial %d not re-queued: already retried %d times", trial.number, MAX_REQUEUES)
+        return None
+    user_attrs = {k: trial.user_attrs[k] for k in ASSIGNMENT_ATTRS if k in trial.user_attrs}
+    user_attrs["requeued_because"] = reason
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs=user_attrs,
+            system_attrs={"failed_trial": history[0], "retry_history": history},
+        )
+    )
+    return max(t.number for t in study.get_trials(deepcopy=False))
+
+
+def requeue_stale_trial(study: "optuna.Study", trial: "FrozenTrial") -> None:
+    """Optuna's heartbeat callback: the trial's process stopped sending heartbeats."""
+    requeue(study, trial, reason="its worker stopped sending heartbeats")
+
+
+def requeued_numbers(trials: list["FrozenTrial"]) -> set[int]:
+    """Numbers of failed trials whose assignment was queued again (not counted in budgets)."""
+    numbers: set[int] = set()
+    for t in trials:
+        numbers.update(t.system_attrs.get("retry_history", []))
+    return numbers
+
+
+def close_dead_owners(study: "optuna.Study") -> list[int]:
+    """Close RUNNING trials whose owner process on this host is gone, at once (without
+    waiting for the heartbeat grace period), and queue them again. Returns their numbers."""
+    import optuna
+    from optuna.trial import TrialState
+
+    closed: list[int] = []
+    storage = study._storage
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not owner_is_dead(trial.user_attrs.get("owner")):
+            continue
+        try:
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                closed.append(trial.number)
+                requeue(study, trial, reason="its driver process died")
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another process closed it first
+    return closed

@@ -1,0 +1,145 @@
+"""Opening the study database: SQLite on one machine, PostgreSQL on a cluster.
+
+Optuna reports every database problem as ``StorageInternalError``; the real cause is in
+``__cause__``, so it is unwrapped here and shown with the password masked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from search.errors import BadInputError, StorageError
+
+if TYPE_CHECKING:
+    import optuna
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: seconds between heartbeats of a running trial, and after how long without one a trial
+#: counts as dead (long enough for a slow node or a database restart)
+HEARTBEAT_INTERVAL_S = 10
+GRACE_PERIOD_S = 120
+
+_PASSWORD = re.compile(r"(?P<head>://[^:/@]+:)(?P<password>[^@]*)(?P<tail>@)")
+
+
+def mask_url(url: str) -> str:
+    """``postgresql://user:secret@host/db`` → ``postgresql://user:***@host/db``."""
+    return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
+
+
+def default_storage_for(name: str) -> str | None:
+    """Where ``resume NAME`` looks when no --storage is given: $VERL_SWEEP_STORAGE, then
+    ``NAME.db`` in the working directory or ``studies/``."""
+    env = os.environ.get("VERL_SWEEP_STORAGE")
+    if env:
+        return env
+    for candidate in (Path(f"{name}.db"), Path("studies") / f"{name}.db"):
+        if candidate.exists():
+            return f"sqlite:///{candidate.resolve()}"
+    return None
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        # Wait for a lock instead of failing at once when several processes write.
+        return {"connect_args": {"timeout": 60}}
+    from sqlalchemy.pool import NullPool
+
+    # No pooled connections: with many workers a pool per process piles up connections,
+    # and after a server restart pooled connections are dead anyway.
+    return {"poolclass": NullPool, "connect_args": {"connect_timeout": 10}}
+
+
+def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorage":
+    """Open (and, for SQLite with ``create``, create) the database at ``url``."""
+    import optuna
+    from optuna.storages import RDBStorage
+
+    from search.liveness import requeue_stale_trial
+
+    if "://" not in url:
+        raise BadInputError(
+            f"--storage must be a database URL like sqlite:///path/study.db or "
+            f"postgresql://user@host/db, but got {mask_url(url)!r}."
+        )
+    if url.startswith("sqlite:///") and not create:
+        path = Path(url[len("sqlite:///"):])
+        if not path.exists():
+            raise BadInputError(
+                f"no study database at {path}. Pass --storage with the URL the study was run with."
+            )
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return with_retries(
+            lambda: RDBStorage(
+                url,
+                engine_kwargs=_engine_kwargs(url),
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=GRACE_PERIOD_S,
+                heartbeat_stale_trial_callback=requeue_stale_trial,
+            ),
+            what=f"open the study database {mask_url(url)}",
+            attempts=3,
+        )
+    except ImportError as e:
+        raise BadInputError(
+            f"the database driver for {mask_url(url).split(':')[0]} is not installed ({e}). "
+            "Install it, e.g. pip install 'verl-sweep[postgres]'."
+        ) from None
+    except optuna.exceptions.OptunaError as e:  # e.g. schema version mismatch
+        raise StorageError(f"cannot use the study database {mask_url(url)}: {e}") from e
+
+
+def root_cause(error: BaseException) -> BaseException:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def describe_db_error(error: BaseException) -> str:
+    cause = root_cause(error)
+    text = " ".join(str(cause).split())
+    return mask_url(f"{type(cause).__name__}: {text}")[:300]
+
+
+def _is_transient(error: BaseException) -> bool:
+    import optuna
+    import sqlalchemy.exc
+
+    if isinstance(error, optuna.exceptions.StorageInternalError):
+        return True
+    return isinstance(error, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError))
+
+
+def with_retries(
+    action: Callable[[], T],
+    *,
+    what: str,
+    attempts: int = 8,
+    first_delay_s: float = 0.5,
+    max_delay_s: float = 15.0,
+) -> T:
+    """Run a database action, retrying with exponential backoff while the server is away
+    (a PostgreSQL restart takes seconds). Raises StorageError with the real cause."""
+    delay = first_delay_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as e:  # noqa: BLE001 - classified below
+            if not _is_transient(e):
+                raise
+            if attempt == attempts:
+                raise StorageError(f"could not {what}: {describe_db_error(e)}") from e
+            logger.warning("database error (%s), retry %d in %.1fs", describe_db_error(e), attempt, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, max_delay_s)
+    raise AssertionError("unreachable")
