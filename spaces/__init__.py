@@ -1,0 +1,30 @@
+"""Safe search spaces for verl: bounds from the method, limits from the hardware, verl checks.
+
+``spaces`` imports no other package of verl-sweep; verl itself is imported lazily
+(:mod:`spaces.verl_check`).
+"""
+
+from __future__ import annotations
+
+from spaces.base import Space, SpaceError
+from spaces.bounds import SAFE_BOUNDS, ParamBound
+from spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from spaces.limits import Limit, check_config, token_budget
+from spaces.stages import SPACES, build_space, hardware_tag, oom_ceiling
+
+__all__ = [
+    "SPACES",
+    "SAFE_BOUNDS",
+    "Algorithm",
+    "HardwareFacts",
+    "Limit",
+    "ModelFacts",
+    "ParamBound",
+    "Space",
+    "SpaceError",
+    "build_space",
+    "check_config",
+    "hardware_tag",
+    "oom_ceiling",
+    "token_budget",
+]

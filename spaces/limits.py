@@ -1,0 +1,399 @@
+"""Limits derived from the model, the hardware and the base config, with their arithmetic.
+
+Each function returns a :class:`Limit`: the value and the lines of arithmetic behind it, so
+``verl-sweep validate`` can show *why* a bound is what it is. :func:`check_config` runs the
+rules that verl itself only finds once the GPUs are allocated (BRIEF §4), on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from spaces.base import SpaceError
+from spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from spaces.overrides import get
+
+# verl 0.9.1 config paths (BRIEF §4)
+TRAIN_BATCH = "data.train_batch_size"
+MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size"
+MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+ROLLOUT_N = "actor_rollout_ref.rollout.n"
+ROLLOUT_NAME = "actor_rollout_ref.rollout.name"
+ROLLOUT_TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+ROLLOUT_DP = "actor_rollout_ref.rollout.data_parallel_size"
+ROLLOUT_PP = "actor_rollout_ref.rollout.pipeline_model_parallel_size"
+GPU_MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+TOKEN_BUDGET = "actor_rollout_ref.rollout.max_num_batched_tokens"
+CHUNKED_PREFILL = "actor_rollout_ref.rollout.enable_chunked_prefill"
+LR = "actor_rollout_ref.actor.optim.lr"
+LAM = "algorithm.lam"
+ADV_ESTIMATOR = "algorithm.adv_estimator"
+USE_KL_IN_REWARD = "algorithm.use_kl_in_reward"
+KL_CTRL_TYPE = "algorithm.kl_ctrl.type"
+KL_CTRL_COEF = "algorithm.kl_ctrl.kl_coef"
+KL_CTRL_TARGET = "algorithm.kl_ctrl.target_kl"
+KL_CTRL_HORIZON = "algorithm.kl_ctrl.horizon"
+USE_KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
+KL_LOSS_COEF = "actor_rollout_ref.actor.kl_loss_coef"
+ULYSSES = "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
+ULYSSES_LEGACY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+USE_REMOVE_PADDING = "actor_rollout_ref.model.use_remove_padding"
+USE_DYNAMIC_BSZ = "actor_rollout_ref.actor.use_dynamic_bsz"
+MAX_TOKEN_LEN = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+GRADIENT_CHECKPOINTING = "actor_rollout_ref.model.enable_gradient_checkpointing"
+ACTIVATION_OFFLOAD = "actor_rollout_ref.model.enable_activation_offload"
+STRATEGY = "actor_rollout_ref.actor.strategy"
+FORWARD_PREFETCH = "actor_rollout_ref.actor.fsdp_config.forward_prefetch"
+N_GPUS_PER_NODE = "trainer.n_gpus_per_node"
+NNODES = "trainer.nnodes"
+MAX_PROMPT = "data.max_prompt_length"
+MAX_RESPONSE = "data.max_response_length"
+
+#: verl 0.9.1's values when the base config is silent (BRIEF §4)
+VERL_DEFAULTS: dict[str, Any] = {
+    TRAIN_BATCH: 1024,
+    MINI_BATCH: 256,
+    MICRO_BATCH: None,
+    ROLLOUT_N: 1,
+    ROLLOUT_NAME: None,  # "???" in verl: mandatory
+    ROLLOUT_TP: 2,
+    ROLLOUT_DP: 1,
+    ROLLOUT_PP: 1,
+    GPU_MEMORY: 0.5,
+    TOKEN_BUDGET: 8192,
+    CHUNKED_PREFILL: True,
+    LR: 1e-6,
+    LAM: 1.0,
+    ADV_ESTIMATOR: "gae",
+    USE_KL_IN_REWARD: False,
+    KL_CTRL_TYPE: "fixed",
+    KL_CTRL_COEF: 0.001,
+    KL_CTRL_TARGET: 0.1,
+    KL_CTRL_HORIZON: 10000,
+    USE_KL_LOSS: False,
+    KL_LOSS_COEF: 0.001,
+    ULYSSES: 1,
+    ULYSSES_LEGACY: 1,
+    USE_REMOVE_PADDING: False,
+    USE_DYNAMIC_BSZ: False,
+    MAX_TOKEN_LEN: 16384,
+    GRADIENT_CHECKPOINTING: True,
+    ACTIVATION_OFFLOAD: False,
+    STRATEGY: "fsdp",
+    FORWARD_PREFETCH: False,
+}
+
+#: adv_estimator values registered in verl 0.9.1 (verl.trainer.ppo.core_algos.AdvantageEstimator)
+KNOWN_ADV_ESTIMATORS = frozenset(
+    {
+        "gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo",
+        "opo", "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
+        "tir_optimal_token_baseline", "gdpo",
+    }
+)
+ROLLOUT_NAMES = frozenset({"vllm", "sglang", "trtllm"})
+MAX_ULYSSES = 4  # BRIEF §2: min(4, GPUs); 8 saturated PCIe on 13B
+SEED_FRACTION = 0.65  # BRIEF §2 step 3
+MIN_TOKEN_BUDGET = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """A derived value and the arithmetic that produced it (for ``verl-sweep validate``)."""
+
+    value: Any
+    lines: tuple[str, ...]
+
+
+def setting(config: Mapping[str, Any], key: str) -> Any:
+    """The config's value for ``key``, or verl's default when the config is silent."""
+    return get(config, key, VERL_DEFAULTS.get(key))
+
+
+def ulysses_size(config: Mapping[str, Any]) -> int:
+    """The effective Ulysses size: verl copies the deprecated actor-level key when > 1."""
+    legacy = int(setting(config, ULYSSES_LEGACY) or 1)
+    return legacy if legacy > 1 else int(setting(config, ULYSSES) or 1)
+
+
+def round_down_2sf(value: int) -> int:
+    """Round down to two significant figures: 106,496 → 100,000; 91,136 → 91,000."""
+    if value < 100:
+        return value
+    scale = 10 ** (int(math.log10(value)) - 1)
+    return (value // scale) * scale
+
+
+def _tokens_for_gb(gb: float, hidden_size: int) -> int:
+    # The seed formula's unit: (GB × 1024²) ÷ (hidden ÷ 8) tokens.
+    return int(gb * 1024**2 / (hidden_size / 8))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBudget:
+    floor: int
+    seed: int
+    memory_cap: int
+    bound: int
+    suggested_max: int
+    lines: tuple[str, ...]
+
+
+def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any]) -> TokenBudget:
+    """The safe range for ``rollout.max_num_batched_tokens`` (BRIEF §2 step 3)."""
+    hidden = int(model.hidden_size or 0)
+    gb = hardware.gpu_memory_gb
+    fraction = float(setting(config, GPU_MEMORY))
+    tp = int(setting(config, ROLLOUT_TP))
+    seed = _tokens_for_gb(gb * SEED_FRACTION, hidden)
+    weights_gb = model.n_params_b * 2 / tp
+    pool_gb = gb * fraction - weights_gb
+    memory_cap = max(0, _tokens_for_gb(pool_gb, hidden)) if pool_gb > 0 else 0
+    bound = min(seed, memory_cap)
+    floor = max(MIN_TOKEN_BUDGET, model.max_seq_len)
+    suggested = max(floor, round_down_2sf(bound)) if bound >= floor else bound
+    lines = (
+        f"seed = {gb:g} GB × {SEED_FRACTION} × 1024² ÷ ({hidden} ÷ 8) = {seed:,} tokens",
+        f"vLLM pool = {gb:g} GB × gpu_memory_utilization {fraction:g} − weights "
+        f"({model.n_params_b:g}B × 2 bytes ÷ rollout TP {tp} = {weights_gb:g} GB) = {pool_gb:g} GB "
+        f"→ {memory_cap:,} tokens",
+        f"bound = min({seed:,}, {memory_cap:,}) = {bound:,}; suggested max (2 significant "
+        f"figures, rounded down) = {suggested:,}",
+        f"floor = max({MIN_TOKEN_BUDGET}, prompt {model.max_prompt_length} + response "
+        f"{model.max_response_length}) = {floor:,}",
+    )
+    return TokenBudget(floor, seed, memory_cap, bound, suggested, lines)
+
+
+def data_parallel_ranks(config: Mapping[str, Any], hardware: HardwareFacts) -> int:
+    return max(1, hardware.n_gpus // ulysses_size(config))
+
+
+def mini_batch_problem(value: int, config: Mapping[str, Any], hardware: HardwareFacts) -> str | None:
+    """Why ``value`` is not a valid ``ppo_mini_batch_size`` for this config, or None."""
+    train = int(setting(config, TRAIN_BATCH))
+    n = int(setting(config, ROLLOUT_N))
+    sp = ulysses_size(config)
+    dp = data_parallel_ranks(config, hardware)
+    micro = setting(config, MICRO_BATCH)
+    if value < 1:
+        return f"{MINI_BATCH}={value}: must be ≥ 1"
+    if value > train:
+        return f"{MINI_BATCH}={value}: must be ≤ {TRAIN_BATCH} ({train})"
+    if (value * n) % dp:
+        return (
+            f"{MINI_BATCH}={value}: mini × rollout.n ({value} × {n} = {value * n}) must be divisible "
+            f"by the data-parallel ranks ({hardware.n_gpus} GPUs ÷ ulysses {sp} = {dp})"
+        )
+    per_gpu = value * n // dp
+    if micro is not None and int(micro) > 0 and per_gpu % int(micro):
+        return (
+            f"{MINI_BATCH}={value}: per-GPU mini-batch ({value} × {n} ÷ {dp} = {per_gpu}) must be "
+            f"divisible by {MICRO_BATCH} ({micro})"
+        )
+    return None
+
+
+def valid_mini_batches(
+    config: Mapping[str, Any], hardware: HardwareFacts, *, low: int, high: int
+) -> Limit:
+    """Every valid ``ppo_mini_batch_size`` in ``[low, high]``."""
+    values = [m for m in range(max(1, low), high + 1) if mini_batch_problem(m, config, hardware) is None]
+    n = int(setting(config, ROLLOUT_N))
+    dp = data_parallel_ranks(config, hardware)
+    micro = setting(config, MICRO_BATCH)
+    lines = (
+        f"mini-batch ∈ [{low}, {high}], ≤ train_batch_size {setting(config, TRAIN_BATCH)}, "
+        f"mini × n {n} divisible by DP ranks {dp}"
+        + (f", per-GPU mini divisible by micro {micro}" if micro else ""),
+        f"valid values ({len(values)}): {_short_list(values)}",
+    )
+    return Limit(values, lines)
+
+
+def _short_list(values: list[Any]) -> str:
+    if len(values) <= 12:
+        return ", ".join(map(str, values))
+    return ", ".join(map(str, values[:5])) + ", …, " + ", ".join(map(str, values[-3:]))
+
+
+def ulysses_sizes(model: ModelFacts, hardware: HardwareFacts) -> Limit:
+    """Ulysses sizes that divide the heads, the max sequence length and the GPU count, ≤ min(4, GPUs)."""
+    heads = int(model.num_attention_heads or 1)
+    cap = min(MAX_ULYSSES, hardware.n_gpus)
+    values = [
+        s for s in range(1, cap + 1)
+        if heads % s == 0 and model.max_seq_len % s == 0 and hardware.n_gpus % s == 0
+    ]
+    lines = (
+        f"ulysses ≤ min({MAX_ULYSSES}, {hardware.n_gpus} GPUs) = {cap}, dividing heads {heads}, "
+        f"max seq len {model.max_seq_len} and the GPU count: {values}",
+    )
+    return Limit(values, lines)
+
+
+def rollout_tp_sizes(model: ModelFacts, hardware: HardwareFacts) -> Limit:
+    """Rollout TP sizes that divide the GPUs of a node and the attention heads."""
+    heads = int(model.num_attention_heads or 1)
+    values = [
+        t for t in range(1, hardware.gpus_per_node + 1)
+        if hardware.gpus_per_node % t == 0 and heads % t == 0
+    ]
+    lines = (f"rollout TP divides {hardware.gpus_per_node} GPUs/node and heads {heads}: {values}",)
+    return Limit(values, lines)
+
+
+def kl_keys(algorithm: Algorithm) -> tuple[str, str]:
+    """(switch, coefficient) that the algorithm reads: GRPO the KL loss, PPO the in-reward KL."""
+    if algorithm is Algorithm.GRPO:
+        return USE_KL_LOSS, KL_LOSS_COEF
+    return USE_KL_IN_REWARD, KL_CTRL_COEF
+
+
+def require_gae(algorithm: Algorithm, *, where: str = "lam") -> None:
+    if algorithm is not Algorithm.PPO:
+        raise SpaceError(
+            f"{where}: λ only matters with GAE (algorithm ppo), but got algorithm "
+            f"{algorithm.value}. Remove the lam stage, or use algorithm: ppo."
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config(
+    config: Mapping[str, Any],
+    *,
+    model: ModelFacts,
+    hardware: HardwareFacts,
+    algorithm: Algorithm,
+) -> list[str]:
+    """Rules that verl only finds on the GPU (BRIEF §4); one message per problem, [] when fine.
+
+    Each message names the key, the value and the rule. Values the config leaves out take
+    verl's defaults (:data:`VERL_DEFAULTS`).
+    """
+    problems: list[str] = []
+    n_gpus = hardware.n_gpus
+    gpn = get(config, N_GPUS_PER_NODE)
+    if gpn is not None and int(gpn) != hardware.gpus_per_node:
+        problems.append(
+            f"{N_GPUS_PER_NODE}={gpn}: must equal the hardware's gpus_per_node ({hardware.gpus_per_node})"
+        )
+    nnodes = get(config, NNODES)
+    if nnodes is not None and int(nnodes) != hardware.nodes:
+        problems.append(f"{NNODES}={nnodes}: must equal the hardware's nodes ({hardware.nodes})")
+
+    # Rollout engine name: "???" in verl, mandatory since 0.6.
+    name = setting(config, ROLLOUT_NAME)
+    if name is None or name not in ROLLOUT_NAMES:
+        problems.append(f"{ROLLOUT_NAME}={name}: must be one of {sorted(ROLLOUT_NAMES)} (mandatory since verl 0.6)")
+
+    # Advantage estimator: verl fails only inside the trainer on an unknown name.
+    adv = setting(config, ADV_ESTIMATOR)
+    if adv not in KNOWN_ADV_ESTIMATORS:
+        problems.append(f"{ADV_ESTIMATOR}={adv}: must be one of verl's estimators {sorted(KNOWN_ADV_ESTIMATORS)}")
+    elif adv != algorithm.adv_estimator:
+        problems.append(
+            f"{ADV_ESTIMATOR}={adv}: the study's algorithm {algorithm.value} needs {algorithm.adv_estimator}"
+        )
+
+    # Group size: GRPO's advantage is relative within the group.
+    n = setting(config, ROLLOUT_N)
+    if not _is_int(n) or n < 1:
+        problems.append(f"{ROLLOUT_N}={n}: must be an integer ≥ 1")
+        n = 1
+    elif algorithm is Algorithm.GRPO and n < 2:
+        problems.append(f"{ROLLOUT_N}={n}: GRPO needs rollout.n ≥ 2 (group-relative advantage)")
+
+    # Memory fraction: verl does not range-check it.
+    fraction = setting(config, GPU_MEMORY)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        problems.append(f"{GPU_MEMORY}={fraction}: must lie in (0, 1]")
+
+    # Rollout layout: TP·DP·PP must divide the GPU count; TP must divide the heads.
+    tp, dp_r, pp = (setting(config, k) for k in (ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_PP))
+    heads = int(model.num_attention_heads or 1)
+    if all(_is_int(v) and v >= 1 for v in (tp, dp_r, pp)):
+        world = tp * dp_r * pp
+        if n_gpus % world:
+            problems.append(
+                f"{ROLLOUT_TP}={tp}: rollout TP·DP·PP ({tp}·{dp_r}·{pp} = {world}) must divide the "
+                f"GPU count ({n_gpus})"
+            )
+        if heads % tp:
+            problems.append(f"{ROLLOUT_TP}={tp}: must divide the attention heads ({heads})")
+    else:
+        problems.append(f"{ROLLOUT_TP}={tp}: rollout TP, DP and PP must be integers ≥ 1 (DP={dp_r}, PP={pp})")
+
+    # Ulysses: divides heads and the sequence, needs remove-padding, and leaves whole DP ranks.
+    sp = ulysses_size(config)
+    if sp < 1:
+        problems.append(f"{ULYSSES}={sp}: must be ≥ 1")
+        sp = 1
+    if heads % sp:
+        problems.append(f"{ULYSSES}={sp}: attention heads ({heads}) must be divisible by the ulysses size")
+    if n_gpus % sp:
+        problems.append(f"{ULYSSES}={sp}: must divide the GPU count ({n_gpus})")
+    if sp > 1 and not setting(config, USE_REMOVE_PADDING):
+        problems.append(f"{ULYSSES}={sp}: ulysses > 1 needs {USE_REMOVE_PADDING}=true")
+
+    # Batch sizes (static batching only; with dynamic batching verl splits by tokens).
+    dynamic = bool(setting(config, USE_DYNAMIC_BSZ))
+    mini = setting(config, MINI_BATCH)
+    train = setting(config, TRAIN_BATCH)
+    if not _is_int(mini) or not _is_int(train):
+        problems.append(f"{MINI_BATCH}={mini}: mini-batch and {TRAIN_BATCH} ({train}) must be integers")
+    elif not dynamic:
+        problem = mini_batch_problem(mini, config, hardware)
+        if problem:
+            problems.append(problem)
+        if n_gpus and (train * n) % n_gpus:
+            problems.append(
+                f"{TRAIN_BATCH}={train}: train batch × rollout.n ({train * n}) must be divisible by "
+                f"the GPU count ({n_gpus})"
+            )
+    if dynamic:
+        limit = setting(config, MAX_TOKEN_LEN)
+        longest = model.max_seq_len
+        if not _is_int(limit) or limit * sp < longest:
+            problems.append(
+                f"{MAX_TOKEN_LEN}={limit}: with dynamic batching, max token len × ulysses ({sp}) must "
+                f"be ≥ the longest prompt + response ({longest})"
+            )
+
+    # In-reward KL controller: adaptive needs a positive horizon.
+    if setting(config, USE_KL_IN_REWARD) and setting(config, KL_CTRL_TYPE) == "adaptive":
+        horizon = setting(config, KL_CTRL_HORIZON)
+        if not _is_int(horizon) or horizon <= 0:
+            problems.append(f"{KL_CTRL_HORIZON}={horizon}: adaptive KL control needs horizon > 0")
+    kl_type = setting(config, KL_CTRL_TYPE)
+    if kl_type not in ("fixed", "adaptive"):
+        problems.append(f"{KL_CTRL_TYPE}={kl_type}: must be fixed or adaptive")
+
+    # λ is read only by GAE.
+    lam = get(config, LAM)
+    if lam is not None:
+        if algorithm is not Algorithm.PPO and lam != VERL_DEFAULTS[LAM]:
+            problems.append(f"{LAM}={lam}: λ only matters with GAE; the study's algorithm is {algorithm.value}")
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
+            problems.append(f"{LAM}={lam}: must lie in [0, 1]")
+
+    # forward_prefetch is an FSDP1 option.
+    strategy = setting(config, STRATEGY)
+    if setting(config, FORWARD_PREFETCH) and strategy != "fsdp":
+        problems.append(f"{FORWARD_PREFETCH}=true: forward prefetch is FSDP1 only, but strategy is {strategy}")
+
+    # Token budget: chunked prefill off raises it to max_model_len (silently changes the knob).
+    budget = setting(config, TOKEN_BUDGET)
+    if not _is_int(budget) or budget < 1:
+        problems.append(f"{TOKEN_BUDGET}={budget}: must be an integer ≥ 1")
+    elif not setting(config, CHUNKED_PREFILL) and budget < model.max_seq_len:
+        problems.append(
+            f"{TOKEN_BUDGET}={budget}: with chunked prefill off verl raises it to max_model_len "
+            f"({model.max_seq_len}); set {CHUNKED_PREFILL}=true or a budget ≥ {model.max_seq_len}"
+        )
+    return problems
