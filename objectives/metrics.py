@@ -1,0 +1,325 @@
+"""Follow a verl run's per-step metrics while it runs.
+
+verl (``trainer.logger=[console,file]``) appends one JSON line per step,
+``{"step": N, "data": {...}}``, to ``$VERL_FILE_LOGGER_PATH``; the file is opened "wb" at
+start (so a restarted run truncates it) and NaN/inf are written as ``null``. The console
+logger prints the same numbers as ``step:N - key:value - ...`` lines on stdout, which we
+parse when the metrics file never appears (logger without ``file``, or storage the
+orchestrator cannot read).
+
+Contract of the values: every value in ``StepMetrics.data`` is a finite float or ``None``
+(``None`` = NaN/inf, as in verl's file). Non-numeric values (strings, lists) are dropped.
+
+Step 0 is the validation before training (``trainer.val_before_train``); it is kept apart in
+``MetricsFollower.validation`` and never enters ``series``, because it has no training time
+and would distort every rate computed over the series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+# How many bytes of the first line we remember to notice a file that was rewritten from the
+# start (verl re-opens it "wb" on restart) even when it has already grown past our offset.
+_FIRST_LINE_PROBE = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMetrics:
+    """The metrics verl logged for one training step (values finite or None)."""
+
+    step: int
+    data: Mapping[str, float | None]
+
+    def get(self, key: str) -> float | None:
+        """The value of ``key``, or None when it is missing or non-finite."""
+        return self.data.get(key)
+
+
+def _to_float(value: Any) -> float | None | type[_Skip]:
+    """JSON value → finite float, None (null/NaN/inf) or ``_Skip`` (not a number)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return _Skip
+
+
+class _Skip:
+    """Marker for values that are not numbers (dropped from ``data``)."""
+
+
+def _clean(data: Mapping[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key, value in data.items():
+        converted = _to_float(value)
+        if converted is not _Skip:
+            out[str(key)] = converted  # type: ignore[assignment]
+    return out
+
+
+def parse_json_line(line: str | bytes) -> StepMetrics | None:
+    """One line of verl's metrics file → StepMetrics; None when it is not a valid record."""
+    try:
+        record = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    step, data = record.get("step"), record.get("data")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return StepMetrics(step=step, data=_clean(data))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Ray appends "[repeated 3x across cluster]" to de-duplicated log lines.
+_RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+# "step:12" at the start of the payload, after an optional "(TaskRunner pid=1) " prefix.
+_CONSOLE_STEP = re.compile(r"(?:^|[\s)])step:(\d+)(?= - |\s*$)")
+# np.float64(0.41), np.int64(3), tensor(0.41, device='cuda:0'), 0.41, nan, -inf, True.
+_WRAPPED = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor|torch\.tensor)\((.*)\)$")
+
+
+def _parse_console_value(text: str) -> float | None | type[_Skip]:
+    text = text.strip()
+    wrapped = _WRAPPED.match(text)
+    if wrapped:
+        text = wrapped.group(1).split(",")[0].strip()  # drop ", device='cuda:0'", dtype=...
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return 1.0 if lowered == "true" else 0.0
+    try:
+        number = float(text)  # accepts "nan", "inf", "-inf", "1e-3"
+    except ValueError:
+        return _Skip
+    return number if math.isfinite(number) else None
+
+
+def parse_console_line(line: str) -> StepMetrics | None:
+    """One stdout line of verl's console logger → StepMetrics; None for any other line."""
+    line = _RAY_REPEAT.sub("", _ANSI.sub("", line)).rstrip("\r\n")
+    match = _CONSOLE_STEP.search(line)
+    if match is None:
+        return None
+    data: dict[str, float | None] = {}
+    for part in line[match.end() :].split(" - "):
+        key, sep, raw = part.partition(":")
+        key = key.strip()
+        if not sep or not key or " " in key:
+            continue
+        value = _parse_console_value(raw)
+        if value is not _Skip:
+            data[key] = value  # type: ignore[assignment]
+    if not data:
+        return None  # "step:3" alone (e.g. a progress message) carries no metrics
+    return StepMetrics(step=int(match.group(1)), data=data)
+
+
+def _merge(series: dict[int, dict[str, float | None]], record: StepMetrics) -> None:
+    # Last write wins key by key: a later line for the same step overrides the values it has.
+    series.setdefault(record.step, {}).update(record.data)
+
+
+def _ordered(series: Mapping[int, Mapping[str, float | None]]) -> list[StepMetrics]:
+    return [StepMetrics(step, dict(series[step])) for step in sorted(series)]
+
+
+def read_all(path: Path | str, *, include_validation: bool = False) -> list[StepMetrics]:
+    """Reference reader: the whole metrics file at once, same rules as ``MetricsFollower``.
+
+    Ordered by step, one record per step (later lines override earlier ones key by key),
+    garbage lines skipped, an unterminated last line ignored (it may still be written),
+    step 0 dropped unless ``include_validation``. A missing file gives ``[]``.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    complete = raw[: raw.rfind(b"\n") + 1]
+    series: dict[int, dict[str, float | None]] = {}
+    for line in complete.splitlines():
+        record = parse_json_line(line) if line.strip() else None
+        if record is not None and (record.step > 0 or include_validation):
+            _merge(series, record)
+    return _ordered(series)
+
+
+class _LineTail:
+    """Incremental reader of complete lines from a growing file; notices rewrites."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.pending = b""
+        self.first_line: bytes | None = None
+
+    def reset(self) -> None:
+        self.offset, self.pending, self.first_line = 0, b"", None
+
+    def rewritten(self) -> bool:
+        """True when the file shrank or its first line is no longer what we read."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return self.offset > 0  # deleted after we read from it
+        if size < self.offset:
+            return True
+        if self.first_line is not None:
+            with self.path.open("rb") as handle:
+                return handle.read(len(self.first_line)) != self.first_line
+        return False
+
+    def read_lines(self) -> list[bytes]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        buffer = self.pending + chunk
+        cut = buffer.rfind(b"\n") + 1
+        # A torn last line (the writer is mid-write) waits for its newline.
+        complete, self.pending = buffer[:cut], buffer[cut:]
+        lines = complete.splitlines()
+        if self.first_line is None and lines:
+            # Before the first newline everything read is still pending from offset 0, so
+            # the first complete line we see is the file's first line.
+            self.first_line = lines[0][:_FIRST_LINE_PROBE]
+        return lines
+
+
+class MetricsFollower:
+    """Reads a run's metrics incrementally while verl writes them.
+
+    Callers (the objective's polling loop) call ``read_new()`` every few seconds and use
+    ``series`` for scoring and the health screen, ``last_update_time`` for hang detection.
+    Never raises on malformed input: garbage lines are skipped and counted in ``n_garbage``.
+    A rewritten metrics file (a restarted run) clears the series and counts ``restarts``.
+    The console file is used only while the metrics file does not exist; when the file
+    appears later it takes over and the console-derived series is discarded.
+    """
+
+    def __init__(
+        self,
+        metrics_path: Path | str,
+        console_path: Path | str | None = None,
+        *,
+        clock: Clock = time.time,
+    ) -> None:
+        self.metrics_path = Path(metrics_path)
+        self.console_path = Path(console_path) if console_path is not None else None
+        self.clock = clock
+        self.restarts = 0
+        self.n_garbage = 0
+        self.validation: StepMetrics | None = None
+        self.source: str | None = None  # "file" or "console" once something was read
+        # Starts at construction so a run that never logs a step still looks idle.
+        self.last_update_time: float = clock()
+        self._file = _LineTail(self.metrics_path)
+        self._console = _LineTail(self.console_path) if self.console_path else None
+        self._series: dict[int, dict[str, float | None]] = {}
+
+    # -- reading --------------------------------------------------------------------------
+    def read_new(self) -> list[StepMetrics]:
+        """Records completed since the last call (in file order; step 0 excluded)."""
+        if self.metrics_path.exists() or self._file.offset > 0:
+            if self.source == "console":
+                logger.info("metrics file %s appeared; switching from console", self.metrics_path)
+                self._series.clear()
+                self.validation = None
+            self.source = "file"
+            return self._read(self._file, parse_json_line, count_garbage=True)
+        if self._console is not None and self._console.path.exists():
+            self.source = "console"
+            # Console output holds much else besides metrics: other lines are not garbage.
+            return self._read(self._console, _decode_console, count_garbage=False)
+        return []
+
+    def _read(
+        self,
+        tail: _LineTail,
+        parse: Callable[[bytes], StepMetrics | None],
+        *,
+        count_garbage: bool,
+    ) -> list[StepMetrics]:
+        if tail.rewritten():
+            self.restarts += 1
+            logger.warning(
+                "%s was rewritten from the start (run restarted); the series starts over",
+                tail.path,
+            )
+            tail.reset()
+            self._series.clear()
+            self.validation = None
+        new: list[StepMetrics] = []
+        for line in tail.read_lines():
+            if not line.strip():
+                continue
+            record = parse(line)
+            if record is None:
+                if count_garbage:
+                    self.n_garbage += 1
+                    logger.debug("skipped a malformed metrics line: %.120r", line)
+                continue
+            if record.step == 0:
+                self.validation = record
+                continue
+            _merge(self._series, record)
+            new.append(record)
+        if new:
+            self.last_update_time = self.clock()
+        return new
+
+    # -- views ----------------------------------------------------------------------------
+    @property
+    def series(self) -> list[StepMetrics]:
+        """All training steps so far, ordered, one per step (step 0 excluded)."""
+        return _ordered(self._series)
+
+    @property
+    def last_step(self) -> int:
+        """The highest training step seen (0 when none)."""
+        return max(self._series, default=0)
+
+    def idle_s(self) -> float:
+        """Seconds since a new step last arrived (or since construction)."""
+        return self.clock() - self.last_update_time
+
+
+def _decode_console(line: bytes) -> StepMetrics | None:
+    return parse_console_line(line.decode("utf-8", errors="replace"))
+
+
+def write_lines(path: Path | str, records: Iterable[Mapping[str, Any]]) -> None:
+    """Append records as verl does (test helper and recorder); ``NaN`` → null."""
+
+    def _null_nan(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value
+
+    with open(path, "ab") as handle:
+        for record in records:
+            data = {k: _null_nan(v) for k, v in dict(record["data"]).items()}
+            handle.write(json.dumps({"step": record["step"], "data": data}).encode() + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
