@@ -1,0 +1,218 @@
+"""Stage spaces: bounds checked when built, suggestions inside them, incumbents, OOM learning."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import optuna
+import pytest
+
+from spaces import SPACES, Algorithm, HardwareFacts, ModelFacts, SpaceError, build_space
+from spaces import limits as L
+from spaces.bounds import KL_COEF, ParamBound
+from spaces.overrides import merge
+from spaces.stages import FAILURE_KIND_ATTR, HARDWARE_ATTR, hardware_tag, oom_ceiling
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+MODEL_7B = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7)
+A100x8 = HardwareFacts(gpus_per_node=8, gpu_memory_gb=80)
+GRPO_BASE: dict[str, Any] = {
+    "data.train_batch_size": 1024,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 512,
+    "actor_rollout_ref.rollout.n": 4,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "algorithm.adv_estimator": "grpo",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.9,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+}
+PPO_BASE = merge(GRPO_BASE, {"algorithm.adv_estimator": "gae", "actor_rollout_ref.rollout.n": 1})
+
+
+def build(kind: str, algorithm: Algorithm = Algorithm.GRPO, **options: Any) -> Any:
+    base = GRPO_BASE if algorithm is Algorithm.GRPO else PPO_BASE
+    return build_space(kind, model=MODEL_7B, hardware=A100x8, algorithm=algorithm, base=base, options=options)
+
+
+def sample(space: Any, base: dict[str, Any], n: int = 30, seed: int = 0) -> list[dict[str, Any]]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        out.append(space.suggest(trial, base))
+        study.tell(trial, 0.0)
+    return out
+
+
+def test_registry_names_and_unknown_kind() -> None:
+    assert {"mini_batch", "kl", "token_budget", "lr", "lam", "systems"} <= set(SPACES)
+    with pytest.raises(SpaceError, match=r"stages\[1\]\.space must be one of .*'lr'.*, but got 'learning_rate'"):
+        build_space("learning_rate", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO,
+                    base=GRPO_BASE, options={}, where="stages[1]")
+
+
+def test_unknown_option_is_rejected() -> None:
+    with pytest.raises(SpaceError, match=r"lr\.hgih: must be one of \['high', 'low', 'unsafe'\], but got 'hgih'"):
+        build("lr", hgih=1e-6)
+
+
+def test_widening_needs_unsafe_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(
+        SpaceError,
+        match=r"^stages\[2\]\.params\.high: must be ≤ 0\.01 \(safe bound: BRIEF/method 'KL 0\.0005-0\.01'\), "
+        r"but got 0\.05\. Narrow it, or set unsafe: true on this parameter\.$",
+    ):
+        build_space("kl", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=GRPO_BASE,
+                    options={"high": 0.05}, where="stages[2].params")
+    with caplog.at_level(logging.WARNING, logger="spaces.bounds"):
+        space = build("kl", high=0.05, unsafe=True)
+    assert space.bound.high == 0.05
+    assert "outside the safe bound" in caplog.text
+    with pytest.raises(SpaceError, match=r"lr\.low: must be ≥ 5e-07 .* but got 1e-07"):
+        build("lr", low=1e-7)
+
+
+def test_narrowing_is_allowed_and_low_above_high_is_not() -> None:
+    space = build("lr", low=1e-6, high=2e-6)
+    values = [c[L.LR] for c in sample(space, GRPO_BASE)]
+    assert all(1e-6 <= v <= 2e-6 for v in values)
+    with pytest.raises(SpaceError, match=r"lr: low must be ≤ high, but got low=3e-06, high=2e-06"):
+        build("lr", low=3e-6, high=2e-6)
+    with pytest.raises(SpaceError, match=r"lam\.high: must be a finite number, but got 'x'"):
+        build("lam", Algorithm.PPO, high="x")
+
+
+def test_param_bound_rejects_inverted_range() -> None:
+    with pytest.raises(SpaceError, match="low ≤ high"):
+        ParamBound("x", 2, 1, False, "test")
+    assert KL_COEF.log and KL_COEF.low == 0.0005
+
+
+def test_mini_batch_suggests_only_valid_values_within_25_percent() -> None:
+    space = build("mini_batch")
+    for config in sample(space, GRPO_BASE, n=40):
+        mini = config[L.MINI_BATCH]
+        assert 384 <= mini <= 640
+        assert L.mini_batch_problem(mini, merge(GRPO_BASE, config), A100x8) is None
+        assert set(config) == {L.MINI_BATCH}  # the critic's follows through verl's interpolation
+    # With a micro-batch of 16, per-GPU mini = mini × 4 ÷ 8 must be a multiple of 16 → mini % 32 == 0.
+    base = merge(GRPO_BASE, {L.MICRO_BATCH: 16})
+    space = build_space("mini_batch", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    assert space.choices == list(range(384, 641, 32))
+    assert space.incumbent_params(base) == {"mini_batch": 512}
+
+
+def test_mini_batch_choices_must_be_valid() -> None:
+    with pytest.raises(SpaceError, match=r"mini_batch\.choices\[1\]: must be a valid mini-batch size, but got 401"):
+        build("mini_batch", choices=[400, 401])
+    assert build("mini_batch", choices=[400, 448]).choices == [400, 448]
+
+
+def test_kl_grpo_sets_the_loss_keys() -> None:
+    for config in sample(build("kl"), GRPO_BASE):
+        assert config[L.USE_KL_LOSS] is True
+        assert 0.0005 <= config[L.KL_LOSS_COEF] <= 0.01
+        assert not any(k.startswith("algorithm.") for k in config)
+
+
+def test_kl_ppo_is_conditional_on_controller_type() -> None:
+    configs = sample(build("kl", Algorithm.PPO), PPO_BASE, n=40)
+    kinds = {c[L.KL_CTRL_TYPE] for c in configs}
+    assert kinds == {"fixed", "adaptive"}
+    for c in configs:
+        assert c[L.USE_KL_IN_REWARD] is True and 0.0005 <= c[L.KL_CTRL_COEF] <= 0.01
+        if c[L.KL_CTRL_TYPE] == "adaptive":
+            assert 0.05 <= c[L.KL_CTRL_TARGET] <= 0.15 and c[L.KL_CTRL_HORIZON] > 0
+        else:
+            assert L.KL_CTRL_TARGET not in c and L.KL_CTRL_HORIZON not in c
+        assert L.check_config(merge(PPO_BASE, c), model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.PPO) == []
+    with pytest.raises(SpaceError, match=r"kl\.types: must be a non-empty list of fixed/adaptive"):
+        build("kl", Algorithm.PPO, types=["pid"])
+    with pytest.raises(SpaceError, match=r"kl\.types: must be one of \['high', 'low', 'unsafe'\]"):
+        build("kl", Algorithm.GRPO, types=["fixed"])
+
+
+def test_incumbents_reproduce_the_base() -> None:
+    assert build("kl").incumbent_params(GRPO_BASE) is None  # KL loss off in the base
+    on = merge(GRPO_BASE, {L.USE_KL_LOSS: True, L.KL_LOSS_COEF: 0.002})
+    space = build_space("kl", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=on, options={})
+    params = space.incumbent_params(on)
+    assert params == {"kl_coef": 0.002}
+    assert space.suggest(optuna.trial.FixedTrial(params), on) == {L.USE_KL_LOSS: True, L.KL_LOSS_COEF: 0.002}
+    assert build("lr").incumbent_params(GRPO_BASE) == {"lr": 1e-6}  # verl's default
+    assert build("lam", Algorithm.PPO).incumbent_params(PPO_BASE) is None  # verl's λ 1.0 is outside
+    assert build("token_budget").incumbent_params(GRPO_BASE) == {"token_budget": 8192}
+
+
+def test_token_budget_bound_and_arithmetic() -> None:
+    space = build("token_budget")
+    assert (space.bound.low, space.bound.high) == (2048, 100_000)
+    assert space.speed_only
+    text = "\n".join(space.explain())
+    assert "106,496" in text and "100,000" in text
+    for config in sample(space, GRPO_BASE):
+        assert 2048 <= config[L.TOKEN_BUDGET] <= 100_000
+        assert config[L.CHUNKED_PREFILL] is True
+    with pytest.raises(SpaceError, match=r"token_budget\.high: must be ≤ 100,000"):
+        build("token_budget", high=200_000)
+
+
+def test_token_budget_with_no_room_is_an_error() -> None:
+    tiny = HardwareFacts(gpus_per_node=8, gpu_memory_gb=16)
+    base = merge(GRPO_BASE, {L.GPU_MEMORY: 0.3, L.ROLLOUT_TP: 1})  # 4.8 GB − 14 GB of weights
+    with pytest.raises(SpaceError, match=r"token budget: the memory bound must be ≥ the floor"):
+        build_space("token_budget", model=MODEL_7B, hardware=tiny, algorithm=Algorithm.GRPO, base=base, options={})
+
+
+def test_lam_only_with_gae() -> None:
+    with pytest.raises(SpaceError, match=r"stages\[4\]\.params: λ only matters with GAE"):
+        build_space("lam", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=GRPO_BASE,
+                    options={}, where="stages[4].params")
+    values = [c[L.LAM] for c in sample(build("lam", Algorithm.PPO), PPO_BASE)]
+    assert all(0.95 <= v <= 0.99 for v in values)
+
+
+def _oom(study: optuna.Study, trial: optuna.Trial, hardware: str | None) -> None:
+    trial.set_user_attr(FAILURE_KIND_ATTR, "oom")
+    if hardware:
+        trial.set_user_attr(HARDWARE_ATTR, hardware)
+    trial.set_constraint("oom", 1.0)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def test_oom_at_budget_keeps_later_trials_below_it() -> None:
+    space = build("token_budget")
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=1))
+    study.enqueue_trial({"token_budget": 60_000})
+    first = study.ask()
+    assert space.suggest(first, GRPO_BASE)[L.TOKEN_BUDGET] == 60_000
+    _oom(study, first, hardware_tag(A100x8))
+    seen = []
+    for i in range(25):
+        trial = study.ask()
+        budget = space.suggest(trial, GRPO_BASE)[L.TOKEN_BUDGET]
+        seen.append(budget)
+        if i == 10:  # a second, lower OOM tightens the ceiling further
+            _oom(study, trial, hardware_tag(A100x8))
+            ceiling = budget
+        else:
+            study.tell(trial, float(budget))
+    assert all(b < 60_000 for b in seen)
+    assert all(b < ceiling for b in seen[11:])
+    assert oom_ceiling(study.get_trials(), "token_budget") == ceiling
+
+
+def test_oom_on_other_hardware_does_not_clamp() -> None:
+    space = build("token_budget")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    study.enqueue_trial({"token_budget": 3000})
+    trial = study.ask()
+    space.suggest(trial, GRPO_BASE)
+    _oom(study, trial, "1x8x40GB")
+    values = []
+    for _ in range(20):
+        t = study.ask()
+        values.append(space.suggest(t, GRPO_BASE)[L.TOKEN_BUDGET])
+        study.tell(t, 0.0)
+    assert max(values) > 3000
