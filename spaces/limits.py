@@ -114,8 +114,8 @@ def setting(config: Mapping[str, Any], key: str) -> Any:
 
 def ulysses_size(config: Mapping[str, Any]) -> int:
     """The effective Ulysses size: verl copies the deprecated actor-level key when > 1."""
-    legacy = int(setting(config, ULYSSES_LEGACY) or 1)
-    return legacy if legacy > 1 else int(setting(config, ULYSSES) or 1)
+    legacy = _int_setting(config, ULYSSES_LEGACY)
+    return legacy if legacy > 1 else _int_setting(config, ULYSSES)
 
 
 def round_down_2sf(value: int) -> int:
@@ -167,14 +167,20 @@ def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str
     return TokenBudget(floor, seed, memory_cap, bound, suggested, lines)
 
 
+def _int_setting(config: Mapping[str, Any], key: str) -> int:
+    # A malformed value is reported by check_config; the arithmetic falls back to verl's default.
+    value = setting(config, key)
+    return value if _is_int(value) and value >= 1 else int(VERL_DEFAULTS[key])
+
+
 def data_parallel_ranks(config: Mapping[str, Any], hardware: HardwareFacts) -> int:
     return max(1, hardware.n_gpus // ulysses_size(config))
 
 
 def mini_batch_problem(value: int, config: Mapping[str, Any], hardware: HardwareFacts) -> str | None:
     """Why ``value`` is not a valid ``ppo_mini_batch_size`` for this config, or None."""
-    train = int(setting(config, TRAIN_BATCH))
-    n = int(setting(config, ROLLOUT_N))
+    train = _int_setting(config, TRAIN_BATCH)
+    n = _int_setting(config, ROLLOUT_N)
     sp = ulysses_size(config)
     dp = data_parallel_ranks(config, hardware)
     micro = setting(config, MICRO_BATCH)
@@ -201,7 +207,7 @@ def valid_mini_batches(
 ) -> Limit:
     """Every valid ``ppo_mini_batch_size`` in ``[low, high]``."""
     values = [m for m in range(max(1, low), high + 1) if mini_batch_problem(m, config, hardware) is None]
-    n = int(setting(config, ROLLOUT_N))
+    n = _int_setting(config, ROLLOUT_N)
     dp = data_parallel_ranks(config, hardware)
     micro = setting(config, MICRO_BATCH)
     lines = (
@@ -330,10 +336,11 @@ def check_config(
         problems.append(f"{ROLLOUT_TP}={tp}: rollout TP, DP and PP must be integers ≥ 1 (DP={dp_r}, PP={pp})")
 
     # Ulysses: divides heads and the sequence, needs remove-padding, and leaves whole DP ranks.
+    for key in (ULYSSES, ULYSSES_LEGACY):
+        raw = setting(config, key)
+        if not _is_int(raw) or raw < 1:
+            problems.append(f"{key}={raw}: must be an integer ≥ 1")
     sp = ulysses_size(config)
-    if sp < 1:
-        problems.append(f"{ULYSSES}={sp}: must be ≥ 1")
-        sp = 1
     if heads % sp:
         problems.append(f"{ULYSSES}={sp}: attention heads ({heads}) must be divisible by the ulysses size")
     if n_gpus % sp:
