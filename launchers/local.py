@@ -1,0 +1,388 @@
+"""LocalLauncher: verl probes as local processes, each on its own slot of GPUs.
+
+Contract:
+- G GPUs and g GPUs per probe give G // g slots; ``start`` raises ``NoCapacityError`` when
+  every slot is busy. A slot frees as soon as ``poll`` sees the exit or ``cancel`` kills it.
+- Each run gets ``<root>/<run_id>/`` with ``spec.json``, ``process.json``, ``stdout.log``,
+  ``stderr.log``, ``metrics.jsonl`` (verl's file logger), ``hydra/`` and, on real GPUs,
+  ``gpu_samples.jsonl``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins of BRIEF §4
+  (appended after the caller's overrides, which lose any pinned key); a private Ray.
+- With NVML GPUs present, ``start`` refuses a slot whose GPUs have less than
+  ``min_free_gpu_memory_gb`` free. With no GPU and no explicit ``gpu_ids``, construction
+  raises ``LauncherError`` (one line; the CLI maps it to exit 2).
+- ``cancel`` kills the whole tree, including Ray processes that left the group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from launchers import gpu as gpu_mod
+from launchers import process as proc_mod
+from launchers.base import (
+    Clock,
+    Launcher,
+    LauncherError,
+    NoCapacityError,
+    RunHandle,
+    RunSpec,
+    RunState,
+    RunStatus,
+    write_spec,
+)
+
+logger = logging.getLogger(__name__)
+
+VERL_COMMAND: tuple[str, ...] = (sys.executable, "-m", "verl.trainer.main_ppo")
+METRICS_OVERRIDE = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
+
+
+def override_key(item: str) -> str:
+    """The config path an override sets: ``+a.b=1`` / ``++a.b=1`` / ``~a.b`` -> ``a.b``."""
+    key = item.split("=", 1)[0].strip()
+    return key.lstrip("~+")
+
+
+def probe_pins(run_id: str, run_dir: Path, metrics_path: Path) -> list[str]:
+    """The overrides that make a probe clean and findable (BRIEF §4), shared by every launcher."""
+    return [
+        "trainer.resume_mode=disable",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        f"trainer.experiment_name={run_id}",
+        f"hydra.run.dir={run_dir / 'hydra'}",
+        "trainer.logger=[console,file]",
+        f"{METRICS_OVERRIDE}={metrics_path}",
+    ]
+
+
+def merge_overrides(user: Sequence[str], pins: Sequence[str]) -> list[str]:
+    """Caller overrides followed by the pins; a caller override of a pinned key is dropped
+    (Hydra rejects a ``+key`` given twice, and the pin must win)."""
+    pinned = {override_key(p) for p in pins}
+    kept = []
+    for item in user:
+        if override_key(item) in pinned:
+            logger.warning("dropping override %r: the launcher pins this key", item)
+            continue
+        kept.append(item)
+    return [*kept, *pins]
+
+
+def private_ray_dir(run_dir: Path) -> str:
+    """A short per-run Ray temp dir: Ray's unix sockets live under it and paths must stay
+    below ~107 bytes, so it cannot sit inside a deep run directory."""
+    digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
+    base = "/tmp" if os.path.isdir("/tmp") else os.path.realpath(os.sep)
+    return os.path.join(base, f"vs-{digest}")
+
+
+def stderr_tail(path: Path, *, n_lines: int = 3, max_chars: int = 600) -> str:
+    """The last non-empty lines of a log file, for a one-line failure message."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-n_lines:])[-max_chars:]
+
+
+class LocalLauncher(Launcher):
+    """Runs probes as processes on this machine, one GPU slot each (see module docstring)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        root_dir: Path | str,
+        *,
+        gpu_ids: list[int] | None = None,
+        gpus_per_probe: int = 1,
+        command: Sequence[str] | None = None,
+        min_free_gpu_memory_gb: float = 5.0,
+        clock: Clock = time.time,
+        extra_env: Mapping[str, str] | None = None,
+        sample_gpus: bool = True,
+        kill_grace_s: float = 5.0,
+    ) -> None:
+        if gpus_per_probe < 1:
+            raise LauncherError(f"gpus_per_probe must be >= 1, but got {gpus_per_probe}.")
+        n_real = self._count_real_gpus()
+        if gpu_ids is None:
+            gpu_ids = gpu_mod.visible_gpu_ids() if n_real else []
+            if not gpu_ids:
+                raise LauncherError(
+                    "the local launcher needs GPUs, but NVML found none on this machine. "
+                    "Run on a GPU machine, or use the 'sim' launcher (or 'ray' with a cluster address)."
+                )
+        if len(set(gpu_ids)) != len(gpu_ids):
+            raise LauncherError(f"gpu_ids must not repeat, but got {gpu_ids}.")
+        if len(gpu_ids) < gpus_per_probe:
+            raise LauncherError(
+                f"gpus_per_probe must be <= the number of GPUs ({len(gpu_ids)}), but got {gpus_per_probe}. "
+                "Lower gpus_per_probe or give more gpu_ids."
+            )
+        if n_real:
+            bad = [i for i in gpu_ids if not 0 <= i < n_real]
+            if bad:
+                raise LauncherError(
+                    f"gpu_ids must be NVML indices in [0, {n_real}), but got {bad}. Use the indices nvidia-smi lists."
+                )
+        super().__init__(root_dir, clock=clock)
+        self.gpu_ids = list(gpu_ids)
+        self.gpus_per_probe = gpus_per_probe
+        self.command = list(command) if command is not None else list(VERL_COMMAND)
+        self.min_free_gpu_memory_gb = min_free_gpu_memory_gb
+        self.extra_env = dict(extra_env or {})
+        self.kill_grace_s = kill_grace_s
+        # NVML checks (preflight, sampling) only where the ids are real devices.
+        self._nvml = bool(n_real)
+        self._sample_gpus = sample_gpus and self._nvml
+        n_slots = len(self.gpu_ids) // gpus_per_probe
+        self._slots: list[tuple[int, ...]] = [
+            tuple(self.gpu_ids[i * gpus_per_probe : (i + 1) * gpus_per_probe]) for i in range(n_slots)
+        ]
+        self._slot_owner: list[str | None] = [None] * n_slots
+        self._records: dict[str, proc_mod.ProcessRecord] = {}
+        self._samplers: dict[str, gpu_mod.GpuSampler] = {}
+
+    # -- overridable pieces (SimLauncher) --------------------------------------------------
+    def _count_real_gpus(self) -> int:
+        return gpu_mod.gpu_count()
+
+    def _probe_env(self, spec: RunSpec, run_dir: Path) -> dict[str, str]:
+        """Extra environment for one probe (on top of os.environ, extra_env and spec.env)."""
+        return {}
+
+    # -- capacity ----------------------------------------------------------------------------
+    @property
+    def max_concurrent(self) -> int:
+        return len(self._slots)
+
+    def free_slots(self) -> int:
+        return sum(1 for owner in self._slot_owner if owner is None)
+
+    def slot_gpus(self, run_id: str) -> tuple[int, ...] | None:
+        """The GPU ids a run holds, or None when it holds no slot."""
+        for index, owner in enumerate(self._slot_owner):
+            if owner == run_id:
+                return self._slots[index]
+        return None
+
+    def _take_slot(self, run_id: str, preferred: int | None = None) -> int | None:
+        order = list(range(len(self._slots)))
+        if preferred is not None and 0 <= preferred < len(order):
+            order.remove(preferred)
+            order.insert(0, preferred)
+        for index in order:
+            if self._slot_owner[index] is None:
+                self._slot_owner[index] = run_id
+                return index
+        return None
+
+    def _release(self, run_id: str) -> None:
+        for index, owner in enumerate(self._slot_owner):
+            if owner == run_id:
+                self._slot_owner[index] = None
+        sampler = self._samplers.pop(run_id, None)
+        if sampler is not None:
+            sampler.stop()
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _start(self, spec: RunSpec) -> RunHandle:
+        if spec.n_gpus > self.gpus_per_probe:
+            raise LauncherError(
+                f"a probe's n_gpus must be <= gpus_per_probe ({self.gpus_per_probe}), but got {spec.n_gpus}. "
+                "Raise gpus_per_probe or lower the probe's GPU count."
+            )
+        run_dir = self._run_dir(spec.run_id)
+        old = proc_mod.read_record(run_dir)
+        if old is not None and proc_mod.is_alive(old):
+            raise LauncherError(
+                f"run {spec.run_id!r} must not be running already, but pid {old.pid} still is. "
+                "Re-attach to it, or cancel it first."
+            )
+        slot = self._take_slot(spec.run_id)
+        if slot is None:
+            raise NoCapacityError(
+                f"a free GPU slot is needed to start {spec.run_id!r}, but all {self.max_concurrent} are busy. "
+                "Wait until poll reports a run finished."
+            )
+        try:
+            return self._launch(spec, run_dir, slot)
+        except BaseException:
+            self._release(spec.run_id)
+            raise
+
+    def _launch(self, spec: RunSpec, run_dir: Path, slot: int) -> RunHandle:
+        gpus = self._slots[slot]
+        if self._nvml:
+            self._preflight(gpus)
+        metrics_path = run_dir / "metrics.jsonl"
+        stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
+        ray_dir = private_ray_dir(run_dir)
+        pins = [
+            *probe_pins(spec.run_id, run_dir, metrics_path),
+            # A private Ray per probe: ray.init() would otherwise join any running cluster.
+            "+ray_kwargs.ray_init.address=local",
+            f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
+            f"trainer.n_gpus_per_node={self.gpus_per_probe}",
+        ]
+        overrides = merge_overrides(spec.overrides, pins)
+        argv = [*self.command, *overrides]
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env.update(spec.env)
+        env.update(self._probe_env(spec, run_dir))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so CUDA's numbering is NVML's
+        started_at = self.clock()
+        # Remove last attempt's outputs so a reader never mixes two runs.
+        for path in (metrics_path, stdout_path, stderr_path, run_dir / "gpu_samples.jsonl"):
+            path.unlink(missing_ok=True)
+        write_spec(
+            run_dir,
+            spec,
+            {
+                "launcher": self.name,
+                "argv": argv,
+                "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"],
+                "slot": slot,
+                "ray_temp_dir": ray_dir,
+                "started_at": started_at,
+            },
+        )
+        _popen, record = proc_mod.spawn(
+            argv,
+            run_dir=run_dir,
+            env=env,
+            stdout_path=stdout_path,
+            stderr_path=stderr_path,
+            markers=(ray_dir,),
+            # cwd stays the driver's: relative data/model paths in overrides mean what the user meant.
+        )
+        self._records[spec.run_id] = record
+        if self._sample_gpus:
+            sampler = gpu_mod.GpuSampler(run_dir / "gpu_samples.jsonl", gpus, clock=self.clock)
+            sampler.start()
+            self._samplers[spec.run_id] = sampler
+        return RunHandle(
+            run_id=spec.run_id,
+            launcher=self.name,
+            run_dir=run_dir,
+            metrics_path=metrics_path,
+            stdout_path=stdout_path,
+            stderr_path=stderr_path,
+            external_id=str(record.pid),
+            started_at=started_at,
+        )
+
+    def _preflight(self, gpus: Sequence[int]) -> None:
+        """Refuse GPUs with too little free memory (BRIEF §2: never start below 5 GB free)."""
+        for reading in gpu_mod.read_gpus(gpus):
+            free_gb = reading.mem_free_mb / 1024.0
+            if free_gb < self.min_free_gpu_memory_gb:
+                raise LauncherError(
+                    f"GPU {reading.index} must have at least {self.min_free_gpu_memory_gb:g} GB free to start a probe, "
+                    f"but has {free_gb:.1f} GB free. Free it (nvidia-smi shows who holds it) or lower min_free_gpu_memory_gb."
+                )
+
+    def _record(self, handle: RunHandle) -> proc_mod.ProcessRecord:
+        record = self._records.get(handle.run_id) or proc_mod.read_record(handle.run_dir)
+        if record is None:
+            raise LauncherError(
+                f"run {handle.run_id!r} must have a process.json in {handle.run_dir}, but it has none. "
+                "The run directory was moved or deleted."
+            )
+        self._records[handle.run_id] = record
+        return record
+
+    def _poll(self, handle: RunHandle) -> RunState:
+        record = self._record(handle)
+        finished, code = proc_mod.exit_code(record)
+        if not finished:
+            return RunState(RunStatus.RUNNING)
+        self._release(handle.run_id)
+        proc_mod.forget_child(record.pid)
+        self._remove_empty_ray_dir(handle.run_dir)
+        if code == 0:
+            return RunState(RunStatus.SUCCEEDED, exit_code=0)
+        if code is None:
+            return RunState(
+                RunStatus.FAILED,
+                message="exit code unknown: the probe was started by another driver; judge it by its metrics",
+            )
+        tail = stderr_tail(handle.stderr_path)
+        return RunState(RunStatus.FAILED, exit_code=code, message=f"exit code {code}: {tail}" if tail else f"exit code {code}")
+
+    def _cancel(self, handle: RunHandle) -> None:
+        record = self._record(handle)
+        n = proc_mod.kill_tree(record, grace_s=self.kill_grace_s)
+        logger.debug("cancelled %s (%d process(es))", handle.run_id, n)
+        self._release(handle.run_id)
+        proc_mod.forget_child(record.pid)
+
+    def _reattach(self, run_id: str) -> RunHandle | None:
+        run_dir = self.root_dir / run_id
+        record = proc_mod.read_record(run_dir)
+        if record is None:
+            return None
+        try:
+            spec = json.loads((run_dir / "spec.json").read_text())
+        except (OSError, ValueError):
+            spec = {}
+        self._records[run_id] = record
+        if proc_mod.is_alive(record):
+            slot = self._take_slot(run_id, preferred=spec.get("slot"))
+            if slot is None:
+                logger.warning("re-attached %s holds no slot: all are busy", run_id)
+        return RunHandle(
+            run_id=run_id,
+            launcher=self.name,
+            run_dir=run_dir,
+            metrics_path=run_dir / "metrics.jsonl",
+            stdout_path=run_dir / "stdout.log",
+            stderr_path=run_dir / "stderr.log",
+            external_id=str(record.pid),
+            started_at=float(spec.get("started_at", 0.0)),
+        )
+
+    # -- maintenance -------------------------------------------------------------------------
+    def kill_leftovers(self) -> list[str]:
+        """Kill probe trees under ``root_dir`` that this launcher does not track (left by a
+        driver that died); returns their run ids. A restarted driver calls it before starting."""
+        active = {owner for owner in self._slot_owner if owner is not None}
+        killed = []
+        for path in sorted(self.root_dir.glob(f"*/{proc_mod.PROCESS_FILE}")):
+            run_id = path.parent.name
+            if run_id in active:
+                continue
+            record = proc_mod.read_record(path.parent)
+            if record is None:
+                continue
+            if proc_mod.is_alive(record) or proc_mod.find_marked(record.markers):
+                proc_mod.kill_tree(record, grace_s=self.kill_grace_s)
+                killed.append(run_id)
+        return killed
+
+    def close(self) -> None:
+        for run_id in list(self._samplers):
+            self._samplers.pop(run_id).stop()
+
+    @staticmethod
+    def _remove_empty_ray_dir(run_dir: Path) -> None:
+        try:
+            os.rmdir(private_ray_dir(run_dir))  # only if Ray never used it; logs are kept
+        except OSError:
+            pass

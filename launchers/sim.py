@@ -1,0 +1,80 @@
+"""SimLauncher: the LocalLauncher mechanics around the verl simulator process.
+
+Contract: each probe runs ``python -m launchers.simulator <overrides>`` with fake GPU ids,
+``VERL_SIM_TIME_SCALE``, ``VERL_SIM_LANDSCAPE`` and ``VERL_SIM_GPU_SAMPLES_PATH`` set; no
+NVML preflight or sampling. ``clock`` reads SIMULATED seconds (real elapsed seconds since the
+launcher was made × ``time_scale``), so the scorer, the budgets and the simulator share one
+clock. ``max_concurrent`` slots of ``gpus_per_probe`` fake GPUs each.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+from launchers.base import Clock, LauncherError, RunSpec
+from launchers.local import LocalLauncher
+
+SIMULATOR_COMMAND: tuple[str, ...] = (sys.executable, "-m", "launchers.simulator")
+
+
+class SimClock:
+    """Simulated seconds: real (monotonic) seconds since creation × ``time_scale``."""
+
+    def __init__(self, time_scale: float, *, real_clock: Clock = time.monotonic) -> None:
+        self.time_scale = time_scale
+        self._real_clock = real_clock
+        self._origin = real_clock()
+
+    def __call__(self) -> float:
+        return (self._real_clock() - self._origin) * self.time_scale
+
+
+class SimLauncher(LocalLauncher):
+    """Simulated verl probes on fake GPUs (see module docstring)."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        root_dir: Path | str,
+        *,
+        max_concurrent: int = 2,
+        time_scale: float = 1000.0,
+        landscape: str = "default",
+        # The default landscape models 8 GPUs per run (7B on 8×A100), and verl's default
+        # rollout TP of 2 cannot fit on fewer than 2.
+        gpus_per_probe: int = 8,
+        clock: Clock | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        command: tuple[str, ...] | list[str] = SIMULATOR_COMMAND,
+        kill_grace_s: float = 2.0,
+    ) -> None:
+        if max_concurrent < 1:
+            raise LauncherError(f"max_concurrent must be >= 1, but got {max_concurrent}.")
+        if not time_scale > 0:
+            raise LauncherError(f"time_scale must be > 0, but got {time_scale}. It is simulated seconds per real second.")
+        self.time_scale = float(time_scale)
+        self.landscape = landscape
+        super().__init__(
+            root_dir,
+            gpu_ids=list(range(max_concurrent * gpus_per_probe)),
+            gpus_per_probe=gpus_per_probe,
+            command=list(command),
+            clock=clock if clock is not None else SimClock(self.time_scale),
+            extra_env=extra_env,
+            sample_gpus=False,
+            kill_grace_s=kill_grace_s,
+        )
+
+    def _count_real_gpus(self) -> int:
+        return 0  # fake ids: no NVML preflight, no sampler, even on a GPU machine
+
+    def _probe_env(self, spec: RunSpec, run_dir: Path) -> dict[str, str]:
+        return {
+            "VERL_SIM_TIME_SCALE": repr(self.time_scale),
+            "VERL_SIM_LANDSCAPE": self.landscape,
+            "VERL_SIM_GPU_SAMPLES_PATH": str(run_dir / "gpu_samples.jsonl"),
+        }
