@@ -17,7 +17,7 @@ from pydantic import (
 
 from search.errors import BadInputError
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.overrides import OverrideError, check_key, format_value
+from spaces.overrides import OverrideError, check_key, format_value, merge
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 MAX_FILE_BYTES = 1_000_000
@@ -135,6 +135,18 @@ class StudySpec(_Strict):
 
     def stage_probe_steps(self, stage: StageSettings) -> int:
         return stage.probe_steps or self.probe.steps
+
+    def baseline_config(self) -> dict[str, Any]:
+        """The baseline overrides plus what the study's facts imply (algorithm, GPU count,
+        sequence lengths); the base config of stage 1."""
+        implied = {
+            "algorithm.adv_estimator": self.algorithm.adv_estimator,
+            "trainer.n_gpus_per_node": self.hardware.gpus_per_node,
+            "trainer.nnodes": self.hardware.nodes,
+            "data.max_prompt_length": self.model.max_prompt_length,
+            "data.max_response_length": self.model.max_response_length,
+        }
+        return merge(implied, self.baseline)
 
     def storage_url(self) -> str:
         if self.storage:

@@ -1,0 +1,294 @@
+"""The ``verl-sweep`` command. Exit codes: 0 success, 1 runtime failure, 2 bad input,
+130 stopped by Ctrl-C/SIGTERM (its trials re-queued; ``resume`` continues)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from search.errors import BadInputError, SweepError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Staged, noise-aware hyperparameter search for verl (GRPO/PPO) runs.",
+    pretty_exceptions_enable=False,
+)
+
+StorageOption = typer.Option(None, "--storage", help="Study database URL (default: the SQLite file beside the study file, or $VERL_SWEEP_STORAGE).")
+DebugOption = typer.Option(False, "--debug", help="Show tracebacks for errors.")
+
+_debug = False
+
+
+def _fail(error: BaseException) -> None:
+    """Hydra's run_and_report: the message for expected errors, the traceback with --debug."""
+    code = getattr(error, "exit_code", 1)
+    if _debug or not isinstance(error, SweepError):
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    if isinstance(error, SweepError):
+        for line in str(error).splitlines() or [type(error).__name__]:
+            print(f"error: {line}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def _guard(action: Callable[[], Any]) -> Any:
+    from launchers.base import LauncherError
+
+    try:
+        return action()
+    except typer.Exit:
+        raise
+    except LauncherError as e:
+        _fail(BadInputError(str(e)) if getattr(e, "bad_input", False) else SweepError(str(e)))
+    except SweepError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        print("stopped (Ctrl-C); running trials were queued again. Continue with `verl-sweep resume`.", file=sys.stderr)
+        raise typer.Exit(130)
+
+
+def _setup(debug: bool) -> None:
+    global _debug
+    _debug = debug
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _open_study(name: str, storage: Optional[str]):  # type: ignore[no-untyped-def]
+    from search.driver import load_spec
+    from search.storage import default_storage_for, open_storage
+
+    url = storage or default_storage_for(name)
+    if url is None:
+        raise BadInputError(
+            f"no database found for study {name!r} (looked for {name}.db and studies/{name}.db). "
+            "Pass --storage URL."
+        )
+    opened = open_storage(url, create=False)
+    return opened, load_spec(opened, name)
+
+
+def _make_runner(spec, storage, launcher_kind: Optional[str], quiet: bool = False):  # type: ignore[no-untyped-def]
+    from launchers import make_launcher
+    from search.console import Console
+    from search.driver import StudyRunner
+    from spaces import build_space
+
+    kind = launcher_kind or spec.launcher.kind
+    runs_dir = (spec.source_dir or Path.cwd()) / "runs" / spec.name
+    options = dict(spec.launcher.options)
+    if kind in ("sim", "ray"):
+        options.setdefault("max_concurrent", spec.launcher.max_concurrent)
+    launcher = make_launcher(kind, runs_dir, **options)
+    return StudyRunner(spec, storage, launcher, console=Console(quiet=quiet), build_space=build_space)
+
+
+def _run_with_signals(runner) -> None:  # type: ignore[no-untyped-def]
+    def on_term(signum: int, frame: Any) -> None:
+        runner.request_stop(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        runner.launcher.close()
+
+
+def _print_summary(spec, storage) -> None:  # type: ignore[no-untyped-def]
+    from search.status import finished_results
+
+    results = finished_results(storage, spec)
+    for r in results:
+        print(f"  {r.stage}: {r.decision}")
+    print(f"Export the winner: verl-sweep export {spec.name} -o best.yaml")
+
+
+@app.command()
+def run(
+    study_file: Path = typer.Argument(..., help="Study definition (studies/*.yaml)."),
+    storage: Optional[str] = StorageOption,
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
+    debug: bool = DebugOption,
+) -> None:
+    """Run a study from its YAML file (continues it if it already exists with the same definition)."""
+    _setup(debug)
+
+    def action() -> None:
+        from search.driver import save_spec
+        from search.storage import open_storage
+        from search.study_file import load_study
+
+        spec = load_study(study_file)
+        if launcher is not None and launcher not in ("sim", "local", "ray"):
+            raise BadInputError(f"--launcher must be one of sim, local, ray, but got {launcher!r}.")
+        runner_factory = _make_runner  # build the launcher before touching the database
+        url = storage or spec.storage_url()
+        opened = open_storage(url)
+        save_spec(opened, spec)
+        runner = runner_factory(spec, opened, launcher)
+        print(f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")
+        _run_with_signals(runner)
+        print(f"study {spec.name} finished.")
+        _print_summary(spec, opened)
+
+    _guard(action)
+
+
+@app.command()
+def resume(
+    name: str = typer.Argument(..., help="Study name."),
+    storage: Optional[str] = StorageOption,
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
+    debug: bool = DebugOption,
+) -> None:
+    """Continue a study from its database: finished stages and trials are kept, trials a dead
+    driver left running are queued again."""
+    _setup(debug)
+
+    def action() -> None:
+        opened, spec = _open_study(name, storage)
+        runner = _make_runner(spec, opened, launcher)
+        print(f"resuming study {spec.name}")
+        _run_with_signals(runner)
+        print(f"study {spec.name} finished.")
+        _print_summary(spec, opened)
+
+    _guard(action)
+
+
+@app.command()
+def status(
+    name: str = typer.Argument(..., help="Study name."),
+    storage: Optional[str] = StorageOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    debug: bool = DebugOption,
+) -> None:
+    """Stages, trials, incumbents, winners and η of a study."""
+    _setup(debug)
+
+    def action() -> None:
+        from search.status import study_status
+
+        opened, spec = _open_study(name, storage)
+        data = study_status(opened, spec)
+        if as_json:
+            print(json.dumps(data, indent=2, default=str))
+        else:
+            _print_status_table(data)
+
+    _guard(action)
+
+
+def _print_status_table(data: dict[str, Any]) -> None:
+    from rich.console import Console as RichConsole
+    from rich.table import Table
+
+    from search.console import format_params
+
+    console = RichConsole(highlight=False)
+    table = Table(title=f"study {data['study']} ({data['algorithm']})")
+    for column in ("stage", "state", "trials", "winner", "η", "decision"):
+        table.add_column(column)
+    for stage in data["stages"]:
+        counts = stage.get("counts", {})
+        winner = stage.get("winner") or {}
+        eta = f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" if winner else "—"
+        table.add_row(
+            stage["name"], stage["state"],
+            ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
+            format_params(winner.get("overrides", {})) if winner else "—",
+            eta, winner.get("decision", ""),
+        )
+    console.print(table)
+    for stage in data["stages"]:
+        for row in stage.get("trials", []):
+            if row["state"] in ("pruned", "fail") and row.get("reason"):
+                console.print(f"  {stage['name']} trial {row['number']} {row['state']}: {row['reason']}",
+                              markup=False)
+
+
+@app.command()
+def export(
+    name: str = typer.Argument(..., help="Study name."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="File to write (default: stdout)."),
+    fmt: str = typer.Option("yaml", "--format", help="yaml (a --config-name file), overrides, command or json."),
+    storage: Optional[str] = StorageOption,
+    debug: bool = DebugOption,
+) -> None:
+    """Export the best config: YAML that verl composes, or an override list."""
+    _setup(debug)
+
+    def action() -> None:
+        from search import export as exporter
+        from search.status import finished_results
+
+        if fmt not in exporter.FORMATS:
+            raise BadInputError(f"--format must be one of {', '.join(exporter.FORMATS)}, but got {fmt!r}.")
+        opened, spec = _open_study(name, storage)
+        results = finished_results(opened, spec)
+        if not results:
+            raise BadInputError(f"study {name!r} has no finished stage yet; nothing to export.")
+        config = results[-1].config
+        if len(results) < len(spec.stages):
+            print(f"warning: only {len(results)} of {len(spec.stages)} stages are finished; "
+                  "exporting the best config so far.", file=sys.stderr)
+        config_name = output.stem if output else "best"
+        text = exporter.render(spec, results, config, fmt, config_name=config_name)
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text)
+            print(f"wrote {output}")
+
+    _guard(action)
+
+
+@app.command()
+def validate(
+    study_file: Path = typer.Argument(..., help="Study definition (studies/*.yaml)."),
+    debug: bool = DebugOption,
+) -> None:
+    """Check a study file and the configs its spaces can produce, without launching anything."""
+    _setup(debug)
+
+    def action() -> None:
+        from search.study_file import load_study
+        from search.validate import validate_study
+
+        spec = load_study(study_file)
+        problems, lines = validate_study(spec)
+        for line in lines:
+            print(line)
+        if problems:
+            raise BadInputError("\n".join(problems))
+        print(f"{study_file}: OK")
+
+    _guard(action)
+
+
+def _masked(url: str) -> str:
+    from search.storage import mask_url
+
+    return mask_url(url)
+
+
+def main() -> None:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    app()
+
+
+if __name__ == "__main__":
+    main()

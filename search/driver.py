@@ -1,0 +1,616 @@
+"""The staged driver: the method's coarse-to-fine steps as sequential Optuna studies.
+
+Stage k is the Optuna study ``<study>.<stage>`` in one storage. It first runs its incumbent
+(the baseline, then the previous stage's winner), then candidates from its space; it ends at
+its budget or when η has stopped improving; its winner becomes the next stage's base. The
+chain is stored on the studies (``base_config`` and ``result`` user attributes), so every
+process that resumes — or joins as a worker — computes the same chain from the database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from launchers.base import Launcher, LauncherError, NoCapacityError, RunSpec
+from objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
+from objectives.score import Score, eta as eta_of
+from search import liveness
+from search.console import Console
+from search.errors import BadInputError, SweepError
+from search.storage import HEARTBEAT_INTERVAL_S, with_retries
+from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
+from spaces.base import Space, SpaceError
+from spaces.overrides import Config, merge, to_overrides
+
+if TYPE_CHECKING:
+    import optuna
+
+logger = logging.getLogger(__name__)
+
+SPEC_ATTR = "verl_sweep_spec"
+POLL_INTERVAL_S = 0.05
+
+
+class Interrupted(SweepError):
+    """The driver was asked to stop (Ctrl-C, SIGTERM); its trials were re-queued."""
+
+    exit_code = 130
+
+
+# -- the study root: what was asked, stored so that resume needs only the database ------------
+
+
+def stage_study_name(spec: StudySpec, stage: StageSettings) -> str:
+    return f"{spec.name}.{stage.name}"
+
+
+def save_spec(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> None:
+    """Create the root study holding the study definition; refuse a different definition
+    under the same name (that would mix two experiments in one database)."""
+    import optuna
+
+    data = spec_to_dict(spec)
+    try:
+        root = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize")
+        root.set_user_attr(SPEC_ATTR, data)
+        return
+    except optuna.exceptions.DuplicatedStudyError:
+        pass
+    root = optuna.load_study(study_name=spec.name, storage=storage)
+    stored = root.user_attrs.get(SPEC_ATTR)
+    if stored is None:
+        raise BadInputError(
+            f"the database already has an Optuna study named {spec.name!r} that verl-sweep did not "
+            "create. Pick another study name or another --storage."
+        )
+    comparable = {k: v for k, v in stored.items() if k != "source_dir"}
+    if comparable != {k: v for k, v in data.items() if k != "source_dir"}:
+        raise BadInputError(
+            f"study {spec.name!r} already exists in this database with a different definition. "
+            f"Run `verl-sweep resume {spec.name}` to continue it, or rename the study."
+        )
+
+
+def load_spec(storage: "optuna.storages.BaseStorage", name: str) -> StudySpec:
+    import optuna
+
+    try:
+        root = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        known = sorted(
+            s.study_name
+            for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+            if "." not in s.study_name
+        )
+        hint = f" Studies here: {', '.join(known)}." if known else " This database has no studies."
+        raise BadInputError(f"no study named {name!r} in this database.{hint}") from None
+    stored = root.user_attrs.get(SPEC_ATTR)
+    if stored is None:
+        raise BadInputError(f"study {name!r} was not created by verl-sweep; nothing to resume.")
+    return spec_from_dict(stored)
+
+
+# -- samplers and pruners, rebuilt from the saved settings on every resume ---------------------
+
+
+def build_sampler(stage: StageSettings, n_existing_trials: int) -> "optuna.samplers.BaseSampler":
+    import optuna
+
+    settings = stage.sampler
+    # A fixed seed would repeat the same suggestions after a resume and across workers:
+    # offset it by what the study already holds.
+    seed = None if settings.seed is None else settings.seed + n_existing_trials
+    if settings.name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if settings.name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=settings.n_startup_trials)
+    if settings.name == "grid":
+        raise BadInputError(f"stages {stage.name}: sampler 'grid' is not supported yet; use tpe or random.")
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True
+    )
+
+
+def build_pruner(stage: StageSettings, probe_steps: int) -> "optuna.pruners.BasePruner":
+    import optuna
+
+    p = stage.pruner
+    if p.name == "none":
+        return optuna.pruners.NopPruner()
+    if p.name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=p.warmup_steps)
+    if p.name == "wilcoxon":
+        return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=p.warmup_steps)
+    return optuna.pruners.PatientPruner(
+        optuna.pruners.PercentilePruner(
+            p.percentile, n_startup_trials=2, n_warmup_steps=p.warmup_steps
+        ),
+        patience=p.patience,
+    )
+
+
+# -- one trial in flight -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ActiveTrial:
+    trial: "optuna.trial.Trial"
+    probe: Probe
+    role: str
+    seed: int
+    overrides: Config
+    next_report_step: int
+    outcome: ProbeOutcome | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StageResult:
+    stage: str
+    winner_trial: int | None
+    eta: float
+    eta_low: float
+    eta_high: float
+    decision: str
+    config: Config
+    overrides: Config
+
+    def to_attr(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class StudyRunner:
+    """Runs (or resumes, or joins) a staged study. One instance per driver process."""
+
+    def __init__(
+        self,
+        spec: StudySpec,
+        storage: "optuna.storages.RDBStorage",
+        launcher: Launcher,
+        *,
+        console: Console,
+        build_space: Callable[..., Space],
+        poll_interval_s: float = POLL_INTERVAL_S,
+    ) -> None:
+        self.spec = spec
+        self.storage = storage
+        self.launcher = launcher
+        self.console = console
+        self.build_space = build_space
+        self.poll_interval_s = poll_interval_s
+        self._stop_requested: str | None = None
+
+    # -- public ---------------------------------------------------------------------------------
+    def request_stop(self, why: str) -> None:
+        """Called from a signal handler: finish the current poll, then stop cleanly."""
+        self._stop_requested = why
+
+    def run(self) -> Config:
+        """Run every stage not yet finished; returns the final config."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        base = self.spec.baseline_config()
+        for index, stage in enumerate(self.spec.stages):
+            result = self.stage_result(stage)
+            if result is None:
+                result = self.run_stage(index, stage, base)
+            else:
+                self.console.stage_skipped(stage.name, result)
+            base = result.config
+        return base
+
+    def stage_result(self, stage: StageSettings) -> StageResult | None:
+        import optuna
+
+        try:
+            study = optuna.load_study(study_name=stage_study_name(self.spec, stage), storage=self.storage)
+        except KeyError:
+            return None
+        data = study.user_attrs.get("result")
+        return None if data is None else StageResult(**data)
+
+    # -- one stage ------------------------------------------------------------------------------
+    def _open_stage(self, stage: StageSettings, base: Config) -> tuple["optuna.Study", bool]:
+        import optuna
+
+        name = stage_study_name(self.spec, stage)
+        probe_steps = self.spec.stage_probe_steps(stage)
+        created = False
+        try:
+            study = optuna.create_study(
+                study_name=name,
+                storage=self.storage,
+                direction="maximize",
+                sampler=build_sampler(stage, 0),
+                pruner=build_pruner(stage, probe_steps),
+            )
+            study.set_user_attr("base_config", base)
+            study.set_user_attr("stage", stage.model_dump(mode="json"))
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            existing = optuna.load_study(study_name=name, storage=self.storage)
+            n = len(existing.get_trials(deepcopy=False))
+            study = optuna.load_study(
+                study_name=name,
+                storage=self.storage,
+                sampler=build_sampler(stage, n),
+                pruner=build_pruner(stage, probe_steps),
+            )
+            stored_base = study.user_attrs.get("base_config")
+            if stored_base is not None and stored_base != base:
+                raise SweepError(
+                    f"stage {stage.name}: the database's base config differs from the chain computed "
+                    "now; the study was changed after it started. Start a new study name."
+                )
+        return study, created
+
+    def run_stage(self, index: int, stage: StageSettings, base: Config) -> StageResult:
+        import optuna
+
+        try:
+            space = self.build_space(
+                stage.space,
+                model=self.spec.model,
+                hardware=self.spec.hardware,
+                algorithm=self.spec.algorithm,
+                base=base,
+                options=stage.params,
+                where=f"stages[{index}]",
+            )
+        except SpaceError as e:
+            raise BadInputError(str(e)) from None
+        study, created = with_retries(lambda: self._open_stage(stage, base), what="open the stage study")
+        if created:
+            self._enqueue_incumbents(study, space, base)
+        probe_steps = self.spec.stage_probe_steps(stage)
+        settings = ProbeSettings(
+            steps=probe_steps,
+            speed_only=space.speed_only,
+            warmup_steps=self.spec.probe.warmup_steps,
+            hang_timeout_s=self.spec.probe.hang_timeout_s,
+            n_gpus=self.spec.hardware.n_gpus,
+        )
+        self.console.stage_started(index, stage, base, space.explain(), stage.budget.max_trials)
+        self._adopt_or_close_orphans(study)
+        active: dict[int, ActiveTrial] = {}
+        stage_clock_start = self.launcher.clock()
+        used_before = float(study.user_attrs.get("wall_clock_used_s", 0.0))
+        last_heartbeat = 0.0
+        last_saved = time.monotonic()
+        try:
+            while True:
+                if self._stop_requested:
+                    raise Interrupted(f"stopped by {self._stop_requested}")
+                wall_used = used_before + self.launcher.clock() - stage_clock_start
+                trials = study.get_trials(deepcopy=False)
+                over_time = (
+                    stage.budget.max_wall_clock_s is not None and wall_used >= stage.budget.max_wall_clock_s
+                )
+                may_start = not over_time and self._may_start(study, trials, stage, active)
+                if not active and not may_start and not self._waiting_on_others(trials, active):
+                    break
+                while may_start and self.launcher.free_slots() > 0:
+                    started = self._start_trial(study, stage, space, base, settings, active)
+                    if not started:
+                        break
+                    trials = study.get_trials(deepcopy=False)
+                    may_start = self._may_start(study, trials, stage, active)
+                self._poll_active(study, stage, settings, active)
+                self._tell_finished(study, active)
+                now = time.monotonic()
+                if now - last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
+                    for item in active.values():
+                        self.storage.record_heartbeat(item.trial._trial_id)
+                    optuna.storages.fail_stale_trials(study)
+                    last_heartbeat = now
+                if now - last_saved > 5.0:
+                    study.set_user_attr("wall_clock_used_s", wall_used)
+                    last_saved = now
+                time.sleep(self.poll_interval_s)
+        except BaseException as e:
+            self._abandon(study, active, why=str(e) or type(e).__name__)
+            raise
+        study.set_user_attr("wall_clock_used_s", used_before + self.launcher.clock() - stage_clock_start)
+        result = self._decide(study, stage, base)
+        study.set_user_attr("result", result.to_attr())
+        self.console.stage_finished(stage.name, result)
+        return result
+
+    # -- starting ---------------------------------------------------------------------------------
+    def _enqueue_incumbents(self, study: "optuna.Study", space: Space, base: Config) -> None:
+        params = space.incumbent_params(base) or {}
+        for repeat in range(self.spec.probe.incumbent_repeats):
+            seed = self.spec.seeds[repeat % len(self.spec.seeds)]
+            study.enqueue_trial(params, user_attrs={"role": "incumbent", "seed": seed}, skip_if_exists=False)
+
+    def _counted(self, trials: list["optuna.trial.FrozenTrial"]) -> int:
+        """Trials that use the stage's budget: all, except failures that were queued again."""
+        requeued = liveness.requeued_numbers(trials)
+        return sum(1 for t in trials if t.number not in requeued)
+
+    def _may_start(
+        self,
+        study: "optuna.Study",
+        trials: list["optuna.trial.FrozenTrial"],
+        stage: StageSettings,
+        active: dict[int, ActiveTrial],
+    ) -> bool:
+        from optuna.trial import TrialState
+
+        if any(t.state == TrialState.WAITING for t in trials):
+            return True  # queued work (incumbents, re-queued trials) is already inside the budget
+        if self._counted(trials) >= stage.budget.max_trials:
+            return False
+        return not self._stable(trials, stage)
+
+    def _waiting_on_others(self, trials: list["optuna.trial.FrozenTrial"], active: dict[int, ActiveTrial]) -> bool:
+        """Trials RUNNING in other processes (workers) that this stage's result needs."""
+        from optuna.trial import TrialState
+
+        return any(t.state == TrialState.RUNNING and t.number not in active for t in trials)
+
+    def _start_trial(
+        self,
+        study: "optuna.Study",
+        stage: StageSettings,
+        space: Space,
+        base: Config,
+        settings: ProbeSettings,
+        active: dict[int, ActiveTrial],
+    ) -> bool:
+        trial = study.ask()
+        role = trial.user_attrs.get("role", "candidate")
+        seed = int(trial.user_attrs.get("seed", self.spec.seeds[0]))
+        try:
+            overrides = space.suggest(trial, base) if (role != "incumbent" or trial.params) else {}
+        except SpaceError as e:
+            study.tell(trial, state=_fail_state())
+            raise BadInputError(f"stage {stage.name}: {e}") from None
+        if role == "incumbent":
+            overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
+        config = merge(base, overrides, {"data.seed": seed})
+        run_id = f"{self.spec.name}.{stage.name}.t{trial.number:04d}"
+        spec = RunSpec(
+            run_id=run_id,
+            overrides=tuple(to_overrides(config)),
+            n_gpus=self.spec.hardware.n_gpus,
+            metadata={"study": self.spec.name, "stage": stage.name, "trial": str(trial.number)},
+        )
+        probe = Probe(self.launcher, spec, settings)
+        try:
+            handle = probe.start()
+        except NoCapacityError:
+            self._release(study, trial, reason="no free launcher slot")
+            return False
+        except LauncherError as e:
+            self._release(study, trial, reason=str(e))
+            raise
+        trial.set_user_attr("role", role)
+        trial.set_user_attr("seed", seed)
+        trial.set_user_attr("overrides", overrides)
+        trial.set_user_attr("run_id", run_id)
+        trial.set_user_attr("run_dir", str(handle.run_dir))
+        trial.set_user_attr("owner", liveness.owner_record())
+        self.storage.record_heartbeat(trial._trial_id)
+        interval = stage.pruner.interval_steps
+        active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, next_report_step=interval)
+        self.console.trial_started(stage.name, trial.number, role, overrides)
+        return True
+
+    def _release(self, study: "optuna.Study", trial: "optuna.trial.Trial", *, reason: str) -> None:
+        """Give back a trial we asked for but could not start (its assignment re-queued)."""
+        frozen = study._storage.get_trial(trial._trial_id)
+        study.tell(trial, state=_fail_state())
+        liveness.requeue(study, frozen, reason=reason)
+
+    def _adopt_or_close_orphans(self, study: "optuna.Study") -> None:
+        closed = liveness.close_dead_owners(study)
+        if closed:
+            self.console.note(
+                f"closed {len(closed)} trial(s) left running by a dead driver and queued them again: "
+                + ", ".join(map(str, closed))
+            )
+        for trial in study.get_trials(deepcopy=False):
+            if trial.number in closed:
+                self.launcher.cleanup_leftover(Path(trial.user_attrs.get("run_dir", "")))
+
+    # -- following --------------------------------------------------------------------------------
+    def _poll_active(
+        self, study: "optuna.Study", stage: StageSettings, settings: ProbeSettings, active: dict[int, ActiveTrial]
+    ) -> None:
+        for item in list(active.values()):
+            if item.outcome is not None:
+                continue
+            outcome = item.probe.poll()
+            if outcome is None:
+                self._report(study, stage, item)
+            else:
+                item.outcome = outcome
+            self.console.trial_progress(stage.name, item.trial.number, item.probe)
+
+    def _report(self, study: "optuna.Study", stage: StageSettings, item: ActiveTrial) -> None:
+        """Report the running rate every K steps and let the pruner decide (candidates only)."""
+        follower = item.probe.follower
+        if follower is None or follower.last_step < item.next_report_step:
+            return
+        step = item.next_report_step
+        item.next_report_step += stage.pruner.interval_steps
+        score = item.probe.running_score()
+        if score is None or not math.isfinite(score.rate):
+            return
+        item.trial.report(score.rate, step)
+        if item.role == "candidate" and item.trial.should_prune():
+            item.outcome = item.probe.stop(
+                ProbeState.PRUNED, reason=f"pruned at step {step}: rate {score.rate:.3g} below the stage's others"
+            )
+
+    def _incumbent_scores(self, study: "optuna.Study", active: dict[int, ActiveTrial]) -> list[Score] | None:
+        """Scores of the incumbent runs, once all of them are finished (None until then)."""
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False)
+        requeued = liveness.requeued_numbers(trials)
+        scores: list[Score] = []
+        for t in trials:
+            if t.user_attrs.get("role") != "incumbent" or t.number in requeued:
+                continue
+            if t.state in (TrialState.WAITING, TrialState.RUNNING):
+                item = active.get(t.number)
+                if item is None or item.outcome is None:
+                    return None
+                if item.outcome.score is not None and item.outcome.state is ProbeState.COMPLETE:
+                    scores.append(item.outcome.score)
+                continue
+            if "score" in t.user_attrs and t.state == TrialState.COMPLETE:
+                scores.append(Score(**t.user_attrs["score"]))
+        if not scores and not any(
+            t.user_attrs.get("role") == "incumbent" and t.state in (TrialState.WAITING, TrialState.RUNNING)
+            for t in trials
+        ):
+            raise SweepError(
+                f"every run of the stage's incumbent failed, so no η can be computed. "
+                f"Check the baseline config (see the failed trials with `verl-sweep status {self.spec.name}`)."
+            )
+        return scores
+
+    def _tell_finished(self, study: "optuna.Study", active: dict[int, ActiveTrial]) -> None:
+        finished = [item for item in active.values() if item.outcome is not None]
+        if not finished:
+            return
+        incumbents = self._incumbent_scores(study, active)
+        for item in finished:
+            outcome = item.outcome
+            assert outcome is not None
+            if outcome.state is ProbeState.COMPLETE and incumbents is None:
+                continue  # η needs the incumbent; tell once its runs are done
+            self._tell(study, item, outcome, incumbents or [])
+            del active[item.trial.number]
+
+    def _tell(self, study: "optuna.Study", item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[Score]) -> None:
+        from optuna.trial import TrialState
+
+        trial = item.trial
+        trial.set_user_attr("probe", outcome.summary())
+        if outcome.score is not None:
+            trial.set_user_attr("score", dataclasses.asdict(outcome.score))
+        if outcome.state is ProbeState.COMPLETE:
+            assert outcome.score is not None
+            eta = eta_of(outcome.score, incumbents)
+            trial.set_user_attr("eta", eta.value)
+            trial.set_user_attr("eta_interval", [eta.low, eta.high])
+            study.tell(trial, eta.value)
+            self.console.trial_finished(study, trial.number, item.role, item.overrides, eta=eta.value,
+                                        interval=(eta.low, eta.high))
+            return
+        trial.set_user_attr("reason", outcome.reason)
+        if outcome.state in (ProbeState.PRUNED, ProbeState.STOPPED):
+            study.tell(trial, state=TrialState.PRUNED)
+            self.console.trial_finished(study, trial.number, item.role, item.overrides, reason=outcome.reason,
+                                        state="pruned")
+            return
+        failure = outcome.failure
+        if failure is not None:
+            trial.set_user_attr("failure_kind", failure.value)
+            if failure.value == "oom":
+                # Infeasible, not broken: a constraint the sampler and the spaces can learn from.
+                trial.set_constraint("oom", 1.0)
+        frozen = study._storage.get_trial(trial._trial_id)
+        study.tell(trial, state=TrialState.FAIL)
+        retried = ""
+        attempt = int(item.trial.user_attrs.get("attempt", 0))
+        if failure is not None and failure.retryable and attempt < self.spec.probe.max_retries:
+            frozen.user_attrs["attempt"] = attempt + 1
+            if liveness.requeue(study, frozen, reason=outcome.reason) is not None:
+                retried = " (queued again)"
+        self.console.trial_finished(study, trial.number, item.role, item.overrides,
+                                    reason=outcome.reason + retried, state="failed",
+                                    stderr_tail=outcome.stderr_tail)
+
+    def _abandon(self, study: "optuna.Study", active: dict[int, ActiveTrial], *, why: str) -> None:
+        """Stop this process's runs and queue their trials again (Ctrl-C, SIGTERM, an error)."""
+        from optuna.trial import TrialState
+
+        for item in active.values():
+            try:
+                if item.outcome is None and item.probe.handle is not None:
+                    self.launcher.cancel(item.probe.handle)
+                frozen = study._storage.get_trial(item.trial._trial_id)
+                if frozen.state == TrialState.RUNNING:
+                    study.tell(item.trial, state=TrialState.FAIL)
+                    liveness.requeue(study, frozen, reason=f"its driver stopped ({why})")
+            except Exception:  # noqa: BLE001 - best effort on the way out; the heartbeat covers the rest
+                logger.exception("could not close trial %d", item.trial.number)
+        active.clear()
+
+    # -- ending -----------------------------------------------------------------------------------
+    def _stable(self, trials: list["optuna.trial.FrozenTrial"], stage: StageSettings) -> bool:
+        """The method's stop rule: none of the last N finished candidates beat the best before
+        them (the incumbent at first, η = 1) by more than the tolerance."""
+        from optuna.trial import TrialState
+
+        done = sorted(
+            (t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate"),
+            key=lambda t: (t.datetime_complete, t.number),
+        )
+        n = stage.stop.stable_trials
+        if len(done) < n:
+            return False
+        best_before = max([1.0] + [float(t.value) for t in done[:-n] if t.value is not None])
+        return all((t.value or 0.0) <= best_before * (1 + stage.stop.tolerance) for t in done[-n:])
+
+    def _decide(self, study: "optuna.Study", stage: StageSettings, base: Config) -> StageResult:
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        candidates = [
+            t for t in trials
+            if t.user_attrs.get("role") == "candidate" and t.value is not None and not _infeasible(t)
+        ]
+        incumbent_etas = [float(t.value) for t in trials if t.user_attrs.get("role") == "incumbent" and t.value is not None]
+        keep = StageResult(
+            stage=stage.name, winner_trial=None,
+            eta=1.0,
+            eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
+            decision="kept the incumbent: no candidate beat it by more than "
+                     f"{stage.stop.tolerance:.0%}",
+            config=base, overrides={},
+        )
+        if not candidates:
+            return dataclasses.replace(keep, decision="kept the incumbent: no candidate finished")
+        best = max(candidates, key=lambda t: float(t.value))  # type: ignore[arg-type]
+        low, high = best.user_attrs.get("eta_interval", [best.value, best.value])
+        if float(best.value) <= 1 + stage.stop.tolerance:  # type: ignore[arg-type]
+            return keep
+        if low <= 1 + stage.stop.tolerance:
+            return dataclasses.replace(
+                keep,
+                decision=f"no significant gain: best trial {best.number} has η {best.value:.3f} "
+                         f"but its interval [{low:.3f}, {high:.3f}] reaches the incumbent's",
+            )
+        overrides = dict(best.user_attrs.get("overrides", {}))
+        return StageResult(
+            stage=stage.name, winner_trial=best.number, eta=float(best.value),  # type: ignore[arg-type]
+            eta_low=float(low), eta_high=float(high),
+            decision=f"trial {best.number} beat the incumbent (η {best.value:.3f})",
+            config=merge(base, overrides), overrides=overrides,
+        )
+
+
+def _infeasible(trial: "optuna.trial.FrozenTrial") -> bool:
+    return any(v > 0 for v in (trial.constraints or {}).values()) if hasattr(trial, "constraints") else False
+
+
+def _fail_state() -> "optuna.trial.TrialState":
+    from optuna.trial import TrialState
+
+    return TrialState.FAIL
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None

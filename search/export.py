@@ -1,0 +1,79 @@
+"""Export the winning config as a YAML file verl composes, or as an override list.
+
+The export is the config for the full run, not for a probe: the settings a probe pins
+(logger, resume mode, validation, step limit, experiment name, seed) are never part of the
+chain's config, and the method's guards are added where the baseline is silent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+from typing import Any
+
+import yaml
+
+from search.driver import StageResult
+from search.study_file import StudySpec
+from spaces.overrides import Config, get, merge, nest, to_overrides
+
+#: the method's guards (BRIEF §2): keep the last 3 checkpoints
+GUARDS: Config = {"trainer.max_actor_ckpt_to_keep": 3, "trainer.max_critic_ckpt_to_keep": 3}
+
+FORMATS = ("yaml", "overrides", "command", "json")
+
+
+def final_config(base: Config) -> Config:
+    guards = {k: v for k, v in GUARDS.items() if get(base, k) is None}
+    return merge(guards, base)
+
+
+def header_lines(spec: StudySpec, results: list[StageResult]) -> list[str]:
+    lines = [
+        f"verl-sweep export of study '{spec.name}' ({spec.algorithm.value}), "
+        f"{datetime.date.today().isoformat()}",
+    ]
+    for result in results:
+        if result.winner_trial is None:
+            lines.append(f"stage {result.stage}: {result.decision}")
+        else:
+            lines.append(
+                f"stage {result.stage}: trial {result.winner_trial}, η {result.eta:.3f} "
+                f"[{result.eta_low:.3f}, {result.eta_high:.3f}]: " + ", ".join(
+                    f"{k}={v}" for k, v in sorted(result.overrides.items())
+                )
+            )
+    return lines
+
+
+def to_yaml(spec: StudySpec, results: list[StageResult], config: Config, *, config_name: str = "best") -> str:
+    """A primary Hydra config: ``defaults: [ppo_trainer, _self_]`` with verl's config package on
+    the search path, so ``python -m verl.trainer.main_ppo --config-path DIR --config-name
+    <name>`` composes it."""
+    comments = header_lines(spec, results) + [
+        f"run: python -m verl.trainer.main_ppo --config-path <this dir> --config-name {config_name}",
+    ]
+    body: dict[str, Any] = {
+        "hydra": {"searchpath": ["pkg://verl.trainer.config"]},
+        "defaults": ["ppo_trainer", "_self_"],
+    }
+    body.update(nest(config))
+    text = yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
+    return "".join(f"# {line}\n" for line in comments) + text
+
+
+def render(spec: StudySpec, results: list[StageResult], base: Config, fmt: str, *, config_name: str = "best") -> str:
+    config = final_config(base)
+    if fmt == "yaml":
+        return to_yaml(spec, results, config, config_name=config_name)
+    overrides = to_overrides(config)
+    if fmt == "overrides":
+        return "\n".join(overrides) + "\n"
+    if fmt == "command":
+        return shlex.join(["python", "-m", "verl.trainer.main_ppo", *overrides]) + "\n"
+    if fmt == "json":
+        return json.dumps(
+            {"study": spec.name, "stages": [r.to_attr() for r in results], "config": config}, indent=2
+        ) + "\n"
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}, but got {fmt!r}.")

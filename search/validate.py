@@ -1,0 +1,64 @@
+"""``verl-sweep validate``: the study file, its bounds and the configs its spaces can produce,
+checked without launching anything (our rules, then verl's own config and validation)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from search.study_file import StudySpec
+from spaces import SpaceError, build_space, check_config
+from spaces.overrides import Config, merge
+
+logger = logging.getLogger(__name__)
+
+#: how many configs per stage are sampled for verl's own validation
+N_SAMPLES_PER_STAGE = 4
+
+
+def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Config]:
+    """Configs the space can produce: Optuna's RandomSampler over the space, in memory."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    configs = []
+    for _ in range(n):
+        trial = study.ask()
+        configs.append(merge(base, space.suggest(trial, base)))
+        study.tell(trial, 0.0)
+    return configs
+
+
+def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:
+    """Returns (problems, report lines). Problems are one line each; none means valid."""
+    problems: list[str] = []
+    lines: list[str] = []
+    base = spec.baseline_config()
+    facts = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
+    problems += [f"baseline: {p}" for p in check_config(base, **facts)]
+    configs: list[tuple[str, Config]] = [("baseline", base)]
+    for index, stage in enumerate(spec.stages):
+        where = f"stages[{index}]"
+        try:
+            space = build_space(stage.space, base=base, options=stage.params, where=where, **facts)
+        except SpaceError as e:
+            problems.append(str(e))
+            continue
+        lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
+        lines += [f"  {text}" for text in space.explain()]
+        for config in sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
+            for p in check_config(config, **facts):
+                problems.append(f"{where} ({stage.name}) would produce a config that breaks a rule: {p}")
+            configs.append((stage.name, config))
+    if with_verl and not problems:
+        from spaces import verl_check
+
+        if verl_check.verl_available():
+            lines.append(f"checking {len(configs)} configs with verl {verl_check.verl_version()}'s own config and validation")
+            for label, config in configs:
+                for p in verl_check.validate_with_verl(config):
+                    problems.append(f"{label}: verl rejects the config: {p}")
+        else:
+            lines.append("verl is not installed here: checked with verl-sweep's rules only")
+    return sorted(set(problems), key=problems.index), lines
