@@ -126,11 +126,12 @@ def run(
     _setup(debug)
 
     def action() -> None:
-        from search.driver import save_spec
-        from search.storage import open_storage
         from search.study_file import load_study
 
-        spec = load_study(study_file)
+        spec = load_study(study_file)  # before any heavy import or database access
+        from search.driver import save_spec
+        from search.storage import open_storage
+
         if launcher is not None and launcher not in ("sim", "local", "ray"):
             raise BadInputError(f"--launcher must be one of sim, local, ray, but got {launcher!r}.")
         runner_factory = _make_runner  # build the launcher before touching the database

@@ -1,0 +1,87 @@
+"""Study files: a malformed file gives exit 2 and one line naming the field, and no database."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import cli, demo_data, write_study
+from search.errors import BadInputError
+from search.study_file import default_stages, load_study
+from spaces.facts import Algorithm
+
+
+def _with(change: Any) -> dict[str, Any]:
+    data = copy.deepcopy(demo_data())
+    change(data)
+    return data
+
+
+BAD_FILES = [
+    ("wrong type", lambda d: d["hardware"].update(gpus_per_node="eight"), r"^study\.yaml: hardware\.gpus_per_node: must be an integer, but got 'eight'$"),
+    ("unknown key", lambda d: d.update(stagez=[]), r"^study\.yaml: stagez: is not a known field"),
+    ("unknown nested key", lambda d: d["stages"][1]["budget"].update(max_trails=3), r"^study\.yaml: stages\[1\]\.budget\.max_trails: is not a known field"),
+    ("missing field", lambda d: d.pop("hardware"), r"^study\.yaml: hardware: is required, but it is missing$"),
+    ("out-of-range budget", lambda d: d["stages"][1]["budget"].update(max_trials=0), r"^study\.yaml: stages\[1\]\.budget\.max_trials: must be ≥ 1, but got 0$"),
+    ("bad algorithm", lambda d: d.update(algorithm="dpo"), r"^study\.yaml: algorithm: must be 'grpo' or 'ppo', but got 'dpo'$"),
+    ("NaN", lambda d: d["probe"].update(steps=float("nan")), r"^study\.yaml: probe\.steps: must be"),
+    ("bad name", lambda d: d.update(name="../etc"), r"^study\.yaml: name: must be 1-64 letters"),
+    ("bad override key", lambda d: d["baseline"].update({"a b": 1}), r"^study\.yaml: baseline: a b: override key must be a dotted config path"),
+]
+
+
+@pytest.mark.parametrize("label,change,message", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_bad_study_file_exit_2_one_line_no_database(tmp_path: Path, label: str, change: Any, message: str) -> None:
+    path = write_study(tmp_path, _with(change))
+    for command in ("run", "validate"):
+        result = cli(command, str(path), cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("error: ")
+        import re
+
+        assert re.search(message, lines[0][len("error: "):]), lines[0]
+    assert not list(tmp_path.glob("*.db")), "a bad study file must not create a database"
+
+
+def test_yaml_python_tags_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "study.yaml"
+    path.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(BadInputError, match=r"not valid YAML at line 1"):
+        load_study(path)
+
+
+def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "study.yaml"
+    path.write_text("name: a\nname: b\n")
+    with pytest.raises(BadInputError, match=r"duplicate key 'name'"):
+        load_study(path)
+
+
+def test_missing_file_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match=r"no such study file"):
+        load_study(tmp_path / "nope.yaml")
+
+
+def test_default_stages_follow_the_algorithm() -> None:
+    assert [s.name for s in default_stages(Algorithm.GRPO)] == ["minibatch", "kl", "tokens", "lr"]
+    assert [s.name for s in default_stages(Algorithm.PPO)] == ["minibatch", "kl", "tokens", "lr", "lam"]
+
+
+def test_storage_defaults_to_sqlite_beside_the_file(tmp_path: Path) -> None:
+    data = demo_data()
+    data.pop("storage", None)
+    spec = load_study(write_study(tmp_path, data))
+    assert spec.storage_url() == f"sqlite:///{tmp_path.resolve()}/demo.db"
+
+
+def test_model_facts_from_config_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"hidden_size": 3584, "num_attention_heads": 28}')
+    data = demo_data()
+    data["model"] = {"config_json": "config.json", "n_params_b": 7}
+    spec = load_study(write_study(tmp_path, data))
+    assert (spec.model.hidden_size, spec.model.num_attention_heads) == (3584, 28)
