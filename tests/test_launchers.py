@@ -1,0 +1,257 @@
+"""Local and simulator launchers: the shared contract, plus what only they do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launchers import LAUNCHERS, make_launcher
+from launchers import gpu as gpu_mod
+from launchers import process as proc_mod
+from launchers.base import LauncherError, RunSpec, RunStatus
+from launchers.local import LocalLauncher, merge_overrides, private_ray_dir
+from launchers.sim import SimClock, SimLauncher
+from launcher_contract import (
+    FAKE_PROBE,
+    ContractKit,
+    LauncherContract,
+    leftovers,
+    leader_env,
+    long_spec,
+    ok_spec,
+    probe_command,
+    running_with_metrics,
+    wait_for,
+)
+
+FAKE_GPUS = [0, 1, 2, 3]
+NO_NVML = not gpu_mod.has_gpus()
+
+
+def local_launcher(root: Path, **options: object) -> LocalLauncher:
+    kwargs: dict[str, object] = {
+        "gpu_ids": FAKE_GPUS,
+        "gpus_per_probe": 2,
+        "command": probe_command(),
+        "extra_env": {"VERL_SIM_TIME_SCALE": "2000"},
+        "kill_grace_s": 2.0,
+    }
+    kwargs.update(options)
+    return LocalLauncher(root, **kwargs)  # type: ignore[arg-type]
+
+
+class TestLocalLauncherContract(LauncherContract):
+    @pytest.fixture
+    def kit(self) -> ContractKit:
+        if not NO_NVML:
+            pytest.skip("fake GPU ids are only fake on a machine without NVML GPUs")
+        return ContractKit(make=local_launcher)
+
+
+class TestSimLauncherContract(LauncherContract):
+    @pytest.fixture
+    def kit(self) -> ContractKit:
+        def make(root: Path) -> SimLauncher:
+            return SimLauncher(root, max_concurrent=2, time_scale=2000.0, gpus_per_probe=2, command=probe_command())
+
+        return ContractKit(make=make)
+
+
+# -- registry ------------------------------------------------------------------------------
+
+
+def test_registry_names_and_unknown_kind_lists_valid_ones(tmp_path: Path) -> None:
+    assert set(LAUNCHERS) == {"sim", "local", "ray"}
+    with pytest.raises(LauncherError, match=r"launcher kind must be one of local, ray, sim, but got 'slurm'"):
+        make_launcher("slurm", tmp_path)
+    sim = make_launcher("sim", tmp_path, max_concurrent=3)
+    assert isinstance(sim, SimLauncher) and sim.max_concurrent == 3
+
+
+def test_import_launchers_does_not_import_ray() -> None:
+    code = "import sys, launchers; print('ray' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+# -- local launcher specifics --------------------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_NVML, reason="needs a machine without GPUs")
+def test_local_launcher_without_gpus_says_so_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match=r"^the local launcher needs GPUs, but NVML found none") as info:
+        LocalLauncher(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_slot_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match=r"gpus_per_probe must be <= the number of GPUs \(2\), but got 4"):
+        LocalLauncher(tmp_path, gpu_ids=[0, 1], gpus_per_probe=4)
+    with pytest.raises(LauncherError, match=r"gpu_ids must not repeat, but got \[0, 0\]"):
+        LocalLauncher(tmp_path, gpu_ids=[0, 0])
+    launcher = LocalLauncher(tmp_path, gpu_ids=[0, 1, 2, 3, 4], gpus_per_probe=2)
+    assert launcher.max_concurrent == 2  # the odd GPU out is never half-used
+    with pytest.raises(LauncherError, match=r"n_gpus must be <= gpus_per_probe \(2\), but got 3"):
+        launcher.start(RunSpec(run_id="big", overrides=(), n_gpus=3))
+
+
+def test_pins_are_appended_and_win_over_caller_overrides(tmp_path: Path) -> None:
+    launcher = local_launcher(tmp_path)
+    spec = RunSpec(run_id="pins", overrides=(*ok_spec("x").overrides, "trainer.save_freq=10", "trainer.logger=[wandb]"))
+    handle = launcher.start(spec)
+    wait_for(launcher, handle, lambda s: s.status.is_finished, 60)
+    argv = json.loads((handle.run_dir / "spec.json").read_text())["argv"]
+    tail = argv[len(argv) - 10 :]
+    run_dir = handle.run_dir
+    assert tail == [
+        "trainer.resume_mode=disable",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        "trainer.experiment_name=pins",
+        f"hydra.run.dir={run_dir}/hydra",
+        "trainer.logger=[console,file]",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir}/metrics.jsonl",
+        "+ray_kwargs.ray_init.address=local",
+        f"+ray_kwargs.ray_init._temp_dir={private_ray_dir(run_dir)}",
+        "trainer.n_gpus_per_node=2",
+    ]
+    assert "trainer.save_freq=10" not in argv and "trainer.logger=[wandb]" not in argv
+    # Ray's unix socket paths (~60 bytes under the temp dir) must stay below 107 bytes.
+    assert len(private_ray_dir(run_dir)) <= 24
+
+
+def test_merge_overrides_matches_keys_with_plus_prefixes() -> None:
+    merged = merge_overrides(["+ray_kwargs.ray_init.address=auto", "a.b=1"], ["++ray_kwargs.ray_init.address=local"])
+    assert merged == ["a.b=1", "++ray_kwargs.ray_init.address=local"]
+
+
+def _fake_probe_launcher(root: Path) -> LocalLauncher:
+    return LocalLauncher(root, gpu_ids=FAKE_GPUS, gpus_per_probe=2, command=FAKE_PROBE, kill_grace_s=1.0)
+
+
+@pytest.mark.parametrize("child", ["group", "detached"])
+def test_cancel_kills_children_that_left_the_group(tmp_path: Path, child: str) -> None:
+    launcher = _fake_probe_launcher(tmp_path)
+    spec = RunSpec(run_id=f"tree-{child}", overrides=(*long_spec("x").overrides, f"+fake.child={child}", "+fake.ignore_sigterm=true"))
+    handle = launcher.start(spec)
+    wait_for(launcher, handle, running_with_metrics(handle), 30)
+    before = leftovers(handle)
+    assert len(before) == 2  # the probe and its sleeping child
+    if child == "detached":
+        leader = psutil.Process(int(handle.external_id))
+        assert any(os.getpgid(p.pid) != leader.pid for p in before)
+    launcher.cancel(handle)  # the probe ignores SIGTERM: only SIGKILL after the grace ends it
+    assert leftovers(handle) == []
+    assert not psutil.pid_exists(int(handle.external_id)) or psutil.Process(int(handle.external_id)).status() == psutil.STATUS_ZOMBIE
+
+
+def test_kill_leftovers_of_a_dead_driver(tmp_path: Path) -> None:
+    # A driver in its own process starts a probe and dies by SIGKILL; the probe lives on.
+    code = (
+        "import sys, time\n"
+        "from launchers.local import LocalLauncher\n"
+        "from launchers.base import RunSpec\n"
+        f"l = LocalLauncher(sys.argv[1], gpu_ids=[0, 1], command={FAKE_PROBE!r})\n"
+        "l.start(RunSpec(run_id='orphan', overrides=('actor_rollout_ref.rollout.name=vllm', 'trainer.total_training_steps=100000')))\n"
+        "print('started', flush=True); time.sleep(60)\n"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert driver.stdout is not None and driver.stdout.readline().strip() == "started"
+    driver.kill()
+    driver.wait()
+    record = proc_mod.read_record(tmp_path / "orphan")
+    assert record is not None and proc_mod.is_alive(record)
+    later = _fake_probe_launcher(tmp_path)
+    assert later.kill_leftovers() == ["orphan"]
+    assert not proc_mod.is_alive(record)
+    assert proc_mod.find_marked(record.markers) == []
+
+
+def test_start_refuses_a_run_that_is_still_running(tmp_path: Path) -> None:
+    first = _fake_probe_launcher(tmp_path)
+    handle = first.start(long_spec("busy"))
+    second = _fake_probe_launcher(tmp_path)
+    with pytest.raises(LauncherError, match=r"run 'busy' must not be running already, but pid \d+ still is"):
+        second.start(long_spec("busy"))
+    first.cancel(handle)
+
+
+def test_reattach_from_another_driver_process_reports_unknown_exit(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from launchers.local import LocalLauncher\n"
+        "from launchers.base import RunSpec\n"
+        f"l = LocalLauncher(sys.argv[1], gpu_ids=[0, 1], command={FAKE_PROBE!r})\n"
+        "l.start(RunSpec(run_id='other', overrides=('actor_rollout_ref.rollout.name=vllm', 'trainer.total_training_steps=25')))\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)  # driver exits, probe lives
+    launcher = _fake_probe_launcher(tmp_path)
+    handle = launcher.reattach("other")
+    assert handle is not None
+    state, _ = wait_for(launcher, handle, lambda s: s.status.is_finished, 30)
+    assert state.status is RunStatus.FAILED and state.exit_code is None
+    assert "exit code unknown" in state.message
+    assert len(handle.metrics_path.read_text().splitlines()) == 25  # its metrics are all there
+
+
+# -- simulator launcher specifics ----------------------------------------------------------
+
+
+def test_sim_clock_reads_scaled_seconds() -> None:
+    now = [100.0]
+    clock = SimClock(500.0, real_clock=lambda: now[0])
+    assert clock() == 0.0
+    now[0] = 100.5
+    assert clock() == pytest.approx(250.0)
+
+
+def test_sim_launcher_clock_runs_at_time_scale(tmp_path: Path) -> None:
+    launcher = SimLauncher(tmp_path, time_scale=1000.0)
+    t0, r0 = launcher.clock(), time.monotonic()
+    time.sleep(0.2)
+    elapsed_sim, elapsed_real = launcher.clock() - t0, time.monotonic() - r0
+    assert elapsed_sim == pytest.approx(1000.0 * elapsed_real, rel=0.05)
+
+
+def test_sim_launcher_sets_simulator_env_and_fake_gpus(tmp_path: Path) -> None:
+    launcher = SimLauncher(tmp_path, max_concurrent=2, time_scale=750.0, landscape="kl_edge", gpus_per_probe=4, command=probe_command())
+    handle = launcher.start(long_spec("env-run"))
+    wait_for(launcher, handle, running_with_metrics(handle), 30)
+    env = leader_env(handle)
+    assert env["VERL_SIM_TIME_SCALE"] == "750.0"
+    assert env["VERL_SIM_LANDSCAPE"] == "kl_edge"
+    assert env["VERL_SIM_GPU_SAMPLES_PATH"] == str(handle.run_dir / "gpu_samples.jsonl")
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0,1,2,3", "4,5,6,7")
+    assert handle.started_at >= 0.0 and launcher.clock() > handle.started_at
+    launcher.cancel(handle)
+
+
+# -- GPU reading without GPUs --------------------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_NVML, reason="needs a machine without GPUs")
+def test_read_gpus_without_nvml_raises_one_line() -> None:
+    assert gpu_mod.has_gpus() is False
+    assert gpu_mod.visible_gpu_ids() == []
+    with pytest.raises(LauncherError, match=r"NVML must start to read GPUs, but nvmlInit failed|GPU index must be in \[0, 0\)"):
+        gpu_mod.read_gpus([0])
+
+
+def test_gpu_reading_sample_format() -> None:
+    reading = gpu_mod.GpuReading(1, 55.0, 1000.0, 81920.0, 80920.0, pcie_tx_kbps=2048.0, pcie_rx_kbps=1024.0)
+    assert reading.as_sample() == {
+        "index": 1,
+        "util": 55.0,
+        "mem_used_mb": 1000.0,
+        "mem_total_mb": 81920.0,
+        "mem_free_mb": 80920.0,
+        "pcie_mbps": 3.0,
+    }
+    assert gpu_mod.GpuReading(0, float("nan"), 0, 0, 0).as_sample()["util"] is None
