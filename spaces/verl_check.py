@@ -1,0 +1,240 @@
+"""Compose a config with verl's own Hydra config and run verl's CPU-side checks on it.
+
+verl is imported lazily: without it, :func:`validate_with_verl` logs one warning and accepts
+everything (the rules in :func:`spaces.limits.check_config` still apply). With it, each config
+is composed from ``ppo_trainer`` (unknown keys fail here), checked by
+``verl.utils.config.validate_config`` as ``main_ppo`` does, and the config dataclasses the
+trainer builds later (rollout, algorithm, ref, model, KL controller, advantage estimator) are
+instantiated so their ``__post_init__`` checks run too. Nothing is downloaded: a model path
+that is not a local directory is not instantiated (verl's critic check reads the critic's
+``config.json`` and tokenizer itself, so point ``critic.model.path`` at a local directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import os
+import threading
+import warnings
+from types import TracebackType
+from typing import Any, Mapping
+
+from spaces.overrides import to_overrides
+
+logger = logging.getLogger(__name__)
+
+#: verl keys that moved between releases: name → [(first version, key), ...] newest last
+_MOVED_KEYS: dict[str, list[tuple[tuple[int, ...], str]]] = {
+    "grad_clip": [
+        ((0,), "actor_rollout_ref.actor.grad_clip"),
+        ((0, 8), "actor_rollout_ref.actor.optim.clip_grad"),  # grad_clip unread since 0.8
+    ],
+    "lr_scheduler": [
+        ((0,), "actor_rollout_ref.actor.optim.warmup_style"),
+        ((0, 6), "actor_rollout_ref.actor.optim.lr_scheduler_type"),
+    ],
+    "reward_manager": [
+        ((0,), "reward_model.reward_manager"),
+        ((0, 7, 1), "reward.reward_manager.name"),
+    ],
+    "reward_function_path": [
+        ((0,), "custom_reward_function.path"),
+        ((0, 7, 1), "reward.custom_reward_function.path"),
+    ],
+    "reward_function_name": [
+        ((0,), "custom_reward_function.name"),
+        ((0, 7, 1), "reward.custom_reward_function.name"),
+    ],
+}
+
+_lock = threading.Lock()
+_warned_missing = False
+
+
+def _parse_version(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):  # "1rc2": stop after the numeric head
+            break
+    return tuple(parts)
+
+
+def key_for(name: str, version: str | None = None) -> str:
+    """verl's config path for a knob that moved between releases (default: installed verl)."""
+    if name not in _MOVED_KEYS:
+        raise KeyError(
+            f"name must be one of {sorted(_MOVED_KEYS)}, but got {name!r}. Use one of those."
+        )
+    version = version or verl_version() or "0.9.1"
+    parsed = _parse_version(version)
+    key = _MOVED_KEYS[name][0][1]
+    for since, candidate in _MOVED_KEYS[name]:
+        if parsed >= since:
+            key = candidate
+    return key
+
+
+@functools.lru_cache(maxsize=1)
+def verl_version() -> str | None:
+    """The installed verl's version, without importing verl (which takes seconds)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def verl_available() -> bool:
+    """True when verl and hydra can be imported."""
+    try:
+        import hydra  # noqa: F401
+        import verl  # noqa: F401
+    except Exception as e:  # verl's import chain may raise more than ImportError
+        logger.debug("verl is not importable: %s", e)
+        return False
+    return True
+
+
+def _config_dir() -> str:
+    import verl
+
+    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+
+
+def _one_line(e: BaseException) -> str:
+    # Hydra wraps the real error; its first line names the target, the cause says what broke.
+    text = str(e).strip() or type(e).__name__
+    cause = e.__cause__ or e.__context__
+    if cause is not None and str(cause).strip() and str(cause).strip() not in text:
+        text = f"{text} ({str(cause).strip()})"
+    return " ".join(text.split())
+
+
+class VerlValidator:
+    """One Hydra initialisation of verl's config directory, reused for many configs.
+
+    Use as a context manager (``with VerlValidator() as v: v.validate(cfg)``); Hydra's global
+    state is released on exit, so other code may initialise Hydra afterwards.
+    """
+
+    def __init__(self, *, config_name: str = "ppo_trainer") -> None:
+        self.config_name = config_name
+        self._context: Any = None
+
+    def __enter__(self) -> "VerlValidator":
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        _lock.acquire()
+        try:
+            GlobalHydra.instance().clear()  # a stale initialisation would make ours fail
+            self._context = initialize_config_dir(config_dir=_config_dir(), version_base=None)
+            self._context.__enter__()
+        except BaseException:
+            _lock.release()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._context is not None:
+                self._context.__exit__(exc_type, exc, tb)
+        finally:
+            self._context = None
+            _lock.release()
+
+    def validate(self, config: Mapping[str, Any]) -> list[str]:
+        """Problems verl finds in ``config`` (flat dotted keys); [] when verl accepts it."""
+        if self._context is None:
+            raise RuntimeError("VerlValidator must be entered (with VerlValidator() as v) before validate.")
+        from hydra import compose
+
+        try:
+            overrides = to_overrides(config)
+        except ValueError as e:
+            return [f"override: {e}"]
+        try:
+            cfg = compose(self.config_name, overrides=overrides)
+        except Exception as e:
+            return [f"verl compose: {_one_line(e)}"]
+        return _validate_composed(cfg)
+
+
+def _validate_composed(cfg: Any) -> list[str]:
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    problems: list[str] = []
+    sink = io.StringIO()
+    # validate_config prints its verdict; library code must not write to the console.
+    with contextlib.redirect_stdout(sink), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            use_ref = need_reference_policy(cfg)
+            use_critic = need_critic(cfg)
+            validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
+        except Exception as e:
+            return [f"verl validate_config: {_one_line(e)}"]
+
+        # What the trainer and workers instantiate later, in the order they do it.
+        sections: list[tuple[str, Any]] = [
+            ("actor_rollout_ref.rollout", cfg.actor_rollout_ref.rollout),
+            ("algorithm", cfg.algorithm),
+        ]
+        if use_ref:
+            sections.append(("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref))
+        model_path = cfg.actor_rollout_ref.model.get("path")
+        if isinstance(model_path, str) and os.path.isdir(os.path.expanduser(model_path)):
+            sections.append(("actor_rollout_ref.model", cfg.actor_rollout_ref.model))
+        for name, node in sections:
+            try:
+                omega_conf_to_dataclass(node)
+            except Exception as e:
+                problems.append(f"verl {name}: {_one_line(e)}")
+        try:
+            core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+        except Exception as e:
+            problems.append(f"verl algorithm.adv_estimator: {_one_line(e)}")
+        if cfg.algorithm.get("use_kl_in_reward", False):
+            try:
+                core_algos.get_kl_controller(cfg.algorithm.kl_ctrl)
+            except Exception as e:
+                problems.append(f"verl algorithm.kl_ctrl: {_one_line(e)}")
+    logger.debug("verl validation output: %s", sink.getvalue().strip())
+    return problems
+
+
+def validate_with_verl(config: Mapping[str, Any]) -> list[str]:
+    """Compose ``config`` with the installed verl and return its problems ([] = accepted).
+
+    Without verl, logs one warning and returns []. For many configs, use
+    :class:`VerlValidator` (one Hydra initialisation).
+    """
+    global _warned_missing
+    if not verl_available():
+        if not _warned_missing:
+            logger.warning("verl is not installed: configs are checked by verl-sweep's own rules only")
+            _warned_missing = True
+        return []
+    with VerlValidator() as validator:
+        return validator.validate(config)
+
+
+def validate_many(configs: list[Mapping[str, Any]]) -> list[list[str]]:
+    """:func:`validate_with_verl` for many configs under one Hydra initialisation."""
+    if not verl_available():
+        return [validate_with_verl(c) for c in configs]
+    with VerlValidator() as validator:
+        return [validator.validate(c) for c in configs]
