@@ -1,0 +1,31 @@
+"""A simulated verl: a process started like ``verl.trainer.main_ppo`` and its Python model.
+
+``python -m launchers.simulator <overrides>`` runs the process; tests and benchmarks use the
+same model in-process through :func:`load_landscape` / :class:`Landscape`.
+"""
+
+from __future__ import annotations
+
+from launchers.simulator.config import ConfigError, check_config, parse_overrides
+from launchers.simulator.landscape import (
+    Expectation,
+    Failure,
+    Landscape,
+    LandscapeError,
+    StepRecord,
+    load_landscape,
+    shipped_landscapes,
+)
+
+__all__ = [
+    "ConfigError",
+    "Expectation",
+    "Failure",
+    "Landscape",
+    "LandscapeError",
+    "StepRecord",
+    "check_config",
+    "load_landscape",
+    "parse_overrides",
+    "shipped_landscapes",
+]

@@ -1,0 +1,204 @@
+"""``python -m launchers.simulator <verl overrides...>``: a process that behaves like verl.
+
+Started exactly like ``python -m verl.trainer.main_ppo``; writes verl's metrics file and
+console lines on a simulated clock (env ``VERL_SIM_TIME_SCALE`` simulated seconds per real
+second, default 1000), fails the way verl fails, and exits when its parent dies.
+Environment: ``VERL_SIM_LANDSCAPE`` (name or path), ``VERL_SIM_GPU_MEMORY_GB``,
+``VERL_SIM_GPU_SAMPLES_PATH`` (NVML-format samples), ``VERL_SIM_PDEATHSIG=0`` to rely on
+polling alone (prctl's signal fires when the parent *thread* ends, see ``_watch_parent``).
+Exit codes: 0 finished, 1 config error / OOM / hang / worker death, 143 SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from typing import IO, Any, Mapping
+
+from launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
+
+_PARENT_POLL_S = 0.1
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    sys.stderr.write("Received SIGTERM, shutting down\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def _watch_parent() -> int:
+    """Ask Linux to SIGTERM us when the parent goes; return the parent pid for polling too.
+
+    PR_SET_PDEATHSIG fires when the parent *thread* that forked us exits, which would kill a
+    probe started from a short-lived thread; ``VERL_SIM_PDEATHSIG=0`` turns it off and leaves
+    the getppid() polling in ``_sleep`` (≤ 0.1 s late) as the only watch.
+    """
+    parent = os.getppid()
+    if sys.platform.startswith("linux") and os.environ.get("VERL_SIM_PDEATHSIG", "1") != "0":
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass  # polling still covers it
+    return parent
+
+
+class _Clock:
+    """Simulated seconds since start; sleeping scaled, watching the parent while asleep."""
+
+    def __init__(self, scale: float, parent: int) -> None:
+        self.scale = scale
+        self.parent = parent
+        self.now = 0.0
+
+    def sleep(self, simulated_s: float) -> None:
+        self.now += simulated_s
+        end = time.monotonic() + simulated_s / self.scale
+        while True:
+            if os.getppid() != self.parent:
+                os._exit(1)  # orphaned: the driver died without stopping us
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, _PARENT_POLL_S))
+
+
+def _fmt(value: float | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return f"np.float64({value!r})"
+
+
+def _clean(value: float | int) -> float | int | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _open_append(path: str | None) -> IO[str] | None:
+    if not path:
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    return open(path, "w", buffering=1)  # verl opens "wb": truncated, line by line
+
+
+def _fail(text: str, code: int = 1) -> None:
+    sys.stdout.flush()
+    sys.stderr.write(text.rstrip("\n") + "\n")
+    sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def run(argv: list[str]) -> int:
+    """The simulated ``main_ppo``; returns the exit code."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parent = _watch_parent()
+    pid = os.getpid()
+    prefix = f"(TaskRunnerV1 pid={pid})"
+    try:
+        config = parse_overrides(argv)
+        check_config(config)
+    except ConfigError as e:
+        _fail(
+            f"Error executing job with overrides: {argv!r}\n{e}\n\n"
+            "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."
+        )
+        return 1  # unreachable; keeps type checkers calm
+
+    from launchers.simulator.landscape import LandscapeError, load_landscape
+
+    try:
+        landscape = load_landscape(os.environ.get("VERL_SIM_LANDSCAPE") or "default")
+        expectation = landscape.expected(config)
+    except (LandscapeError, ConfigError) as e:
+        _fail(f"Error executing job with overrides: {argv!r}\n{e}")
+        return 1
+    scale = float(os.environ.get("VERL_SIM_TIME_SCALE", "1000"))
+    clock = _Clock(scale if scale > 0 else 1000.0, parent)
+    out = sys.stdout
+    out.write(f"{prefix} TaskRunner hostname: sim, PID: {pid}\n")
+    out.write(f"{prefix} landscape={landscape.name} total_training_steps={expectation.total_steps}\n")
+    out.flush()
+    clock.sleep(expectation.startup_s)  # model load, engine start: never in timing_s/step
+
+    failure = expectation.failure
+    if failure is not None and failure.kind == "hang":
+        clock.sleep(float(get(config, "actor_rollout_ref.nccl_timeout") or 600))
+        _fail(
+            f"[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] {failure.message}, "
+            f"WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)="
+            f"{int(float(get(config, 'actor_rollout_ref.nccl_timeout') or 600) * 1000)}) ran for longer "
+            f"than the timeout ({failure.reason}).\nA worker died or was killed while executing a task."
+        )
+    if failure is not None and failure.at_step == 0:
+        _fail(f"{prefix} Traceback (most recent call last):\n{failure.message}")
+
+    metrics_file = _open_append(logger_path(config))
+    samples_file = _open_append(os.environ.get("VERL_SIM_GPU_SAMPLES_PATH"))
+    if metrics_file is not None and bool(get(config, "trainer.val_before_train")):
+        val = {"val-core/default/reward/mean@1": expectation.r0}
+        metrics_file.write(json.dumps({"step": 0, "data": val}) + "\n")
+        out.write(f"{prefix} step:0 - " + " - ".join(f"{k}:{_fmt(v)}" for k, v in val.items()) + "\n")
+    n_gpus = int(get(config, "trainer.n_gpus_per_node"))
+    gpu_mb = landscape.gpu_memory_gb * 1024.0
+    seed = get(config, "data.seed")
+    jitter = random.Random(f"gpu:{landscape.seed}:{0 if seed is None else seed}")
+    last = 0
+    for record in landscape.simulate(config):
+        clock.sleep(record.step_time_s)
+        last = record.step
+        if metrics_file is not None:
+            data = {k: _clean(v) for k, v in record.metrics.items()}
+            metrics_file.write(json.dumps({"step": record.step, "data": data}) + "\n")
+        out.write(
+            f"{prefix} step:{record.step} - "
+            + " - ".join(f"{k}:{_fmt(v)}" for k, v in record.metrics.items())
+            + "\n"
+        )
+        out.flush()
+        if samples_file is not None:
+            samples_file.write(json.dumps(_gpu_sample(clock.now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)) + "\n")
+
+    if failure is not None:  # the failing step ran out of memory part-way
+        clock.sleep(expectation.step_time_s * 0.3)
+        _fail(f"{prefix} Traceback (most recent call last):\n{prefix} {failure.message}")
+    p_died = float((landscape.data.get("failures") or {}).get("worker_died_probability", 0.0))
+    if p_died > 0 and jitter.random() < p_died:
+        _fail(
+            f"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+            f"A worker died or was killed while executing a task by an unexpected system error. (after step {last})"
+        )
+    out.write(f"{prefix} Training finished at step {last}\n")
+    out.flush()
+    return 0
+
+
+def _gpu_sample(
+    t: float, util: float, mem_gb: float, n_gpus: int, gpu_mb: float, config: Mapping[str, Any], rng: random.Random
+) -> dict[str, Any]:
+    """One NVML-sampler line: per-GPU util, memory and PCIe traffic at simulated time ``t``."""
+    tp = int(get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size"))
+    sp = int(get(config, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
+    pcie = 2000.0 * (1.0 + 0.4 * math.log2(tp) + 0.8 * math.log2(sp))
+    gpus = []
+    for i in range(n_gpus):
+        gpus.append({
+            "index": i,
+            "util": round(min(100.0, max(0.0, util + rng.gauss(0.0, 2.0))), 1),
+            "mem_used_mb": round(min(gpu_mb, mem_gb * 1024.0 * (1.0 + rng.gauss(0.0, 0.01))), 1),
+            "mem_total_mb": round(gpu_mb, 1),
+            "pcie_mbps": round(max(0.0, pcie * (1.0 + rng.gauss(0.0, 0.05))), 1),
+        })  # fmt: skip
+    return {"t": round(t, 3), "gpus": gpus}
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

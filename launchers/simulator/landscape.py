@@ -1,0 +1,643 @@
+"""A landscape: the simulated model, hardware and training dynamics of a verl run.
+
+One YAML file (``landscapes/<name>.yaml``) holds the facts and the parameters; this module
+turns a flat verl config into (a) a noise-free expectation and (b) a seeded step-by-step
+trace. The simulated process (``python -m launchers.simulator``) and the in-process API used
+by tests and benchmarks share :meth:`Landscape.simulate`, so they cannot drift apart.
+
+The model, in short (every constant lives in the landscape file):
+
+- Reward follows R(t) = R0 + (A − R0) / (1 + (t_mid / t)^B) in steps. ``t_mid`` scales with
+  updates per step (mini-batch), train batch, group size, KL strength and lr; the ceiling A
+  drops for a too weak or too strong KL, for too many updates per rollout (stale data), and in
+  the unstable region of lr × updates-per-step. Far past that region the run diverges: KL and
+  grad norm explode, reward collapses and becomes NaN.
+- Step time = generation + log-prob passes + actor (and critic) update + optimiser steps;
+  generation speed follows the token budget, memory fraction and rollout layout; the update
+  follows padding (dynamic batching), recomputation, offload, ulysses and the FSDP flavour.
+- GPU memory decides OOM (token budget activations, KV cache room, FSDP states + micro-batch
+  activations); pathological layouts hang until the NCCL timeout.
+
+Calibration "effect" of a parameter (``tests/test_simulator_calibration.py``): over its safe
+range (the table in BRIEF §2) with everything else at the landscape's baseline config,
+effect = (max − min) / (2 · value at the baseline) of a measured quantity, each point the mean
+of 10 seeded runs. Quantities: steps to converge (first step where the 10-run mean reward,
+smoothed over 25 steps, reaches R0 + 0.9·(A − R0) of that config) for mini-batch, KL and lr;
+tokens/s/GPU (``perf/throughput``) for the token budget; the variance of the step-to-step
+reward noise for GAE's λ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from launchers.simulator.config import ConfigError, DEFAULTS, get
+
+LANDSCAPE_DIR = Path(__file__).with_name("landscapes")
+GIB = 1024.0**3
+
+
+class LandscapeError(ValueError):
+    """A landscape file that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """How a run fails: ``kind`` is ``oom`` or ``hang``; ``at_step`` is the step it dies in."""
+
+    kind: str
+    reason: str
+    at_step: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """Noise-free facts of one config (what a run would show without seeds).
+
+    ``step_time_s`` is the simulated seconds of step 1; phases are in ``phases_s``.
+    ``diverge_step`` is the step where a diverging run blows up (None when stable).
+    """
+
+    step_time_s: float
+    phases_s: Mapping[str, float]
+    tokens_per_step: float
+    throughput: float  # tokens/s/GPU at step 1
+    gpu_util: float  # percent, cluster mean
+    r0: float
+    ceiling: float
+    t_mid: float
+    steepness: float
+    steps_to_converge: float  # t where R reaches R0 + 0.9 (A - R0)
+    instability: float  # lr × updates-per-step, relative to the landscape's reference
+    unstable: bool
+    diverges: bool
+    diverge_step: int | None
+    failure: Failure | None
+    reward_sd: float
+    startup_s: float
+    steps_per_epoch: int
+    total_steps: int
+    n_gpus: int
+
+    @property
+    def oom(self) -> bool:
+        return self.failure is not None and self.failure.kind == "oom"
+
+    @property
+    def hang(self) -> bool:
+        return self.failure is not None and self.failure.kind == "hang"
+
+    def reward(self, step: float) -> float:
+        """Noise-free reward after ``step`` steps (before any divergence)."""
+        if step <= 0:
+            return self.r0
+        return self.r0 + (self.ceiling - self.r0) / (1.0 + (self.t_mid / step) ** self.steepness)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One simulated training step: its metrics (NaN allowed) and its GPU picture."""
+
+    step: int
+    step_time_s: float
+    metrics: Mapping[str, float | int]
+    gpu_util: float
+    mem_used_gb: float
+
+
+def _f(section: Mapping[str, Any], key: str) -> float:
+    try:
+        return float(section[key])
+    except (KeyError, TypeError, ValueError) as e:
+        raise LandscapeError(f"landscape needs a number at {key!r}, but got {section.get(key)!r}.") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class Landscape:
+    """Parameters of one simulated world; build with :func:`load_landscape`."""
+
+    name: str
+    data: Mapping[str, Any]
+
+    # -- sections ---------------------------------------------------------------------------
+    def _s(self, name: str) -> Mapping[str, Any]:
+        section = self.data.get(name)
+        if not isinstance(section, Mapping):
+            raise LandscapeError(f"landscape {self.name!r} needs a mapping {name!r}, but got {section!r}.")
+        return section
+
+    @property
+    def seed(self) -> int:
+        return int(self.data.get("seed", 0))
+
+    @property
+    def baseline(self) -> dict[str, Any]:
+        """The config the calibration figures and η are relative to (flat verl keys)."""
+        return dict(self._s("baseline"))
+
+    @property
+    def gpu_memory_gb(self) -> float:
+        import os
+
+        env = os.environ.get("VERL_SIM_GPU_MEMORY_GB")
+        return float(env) if env else _f(self._s("hardware"), "gpu_memory_gb")
+
+    def config_value(self, config: Mapping[str, Any], key: str) -> Any:
+        """A key's value: given in ``config``, else verl's default (not the baseline's)."""
+        return get(config, key)
+
+    # -- noise-free model -------------------------------------------------------------------
+    def expected(self, config: Mapping[str, Any]) -> Expectation:
+        """The noise-free behaviour of ``config`` (flat verl keys; missing → verl defaults).
+
+        Raises ``ConfigError`` for values the model cannot read (verl's own checks are in
+        ``launchers.simulator.config.check_config``).
+        """
+        g = lambda key: _value(config, key)  # noqa: E731
+        model, rw, mb, kl, lrs, lam = (self._s(s) for s in ("model", "reward", "mini_batch", "kl", "lr", "lam"))
+        base = self.baseline
+        gb = lambda key: _value(base, key)  # noqa: E731
+
+        adv = str(g("algorithm.adv_estimator"))
+        n_gpus = int(g("trainer.n_gpus_per_node")) * int(g("trainer.nnodes"))
+        batch = float(g("data.train_batch_size"))
+        mini = float(g("actor_rollout_ref.actor.ppo_mini_batch_size"))
+        n = max(1.0, float(g("actor_rollout_ref.rollout.n")))
+        epochs = max(1.0, float(g("actor_rollout_ref.actor.ppo_epochs")))
+        updates = epochs * batch / max(mini, 1.0)
+        ref_updates = float(gb("data.train_batch_size")) / float(gb("actor_rollout_ref.actor.ppo_mini_batch_size"))
+        lr = float(g("actor_rollout_ref.actor.optim.lr"))
+        k = _kl_strength(config)
+        k_eff = k if k > 0 else _f(kl, "none_equivalent")
+
+        # Speed of learning (t_mid in steps).
+        t_mid = _f(rw, "t_mid_steps")
+        t_mid *= (ref_updates / updates) ** _f(mb, "speed_exponent")
+        t_mid *= (float(gb("data.train_batch_size")) / batch) ** _f(mb, "train_batch_exponent")
+        t_mid *= (float(gb("actor_rollout_ref.rollout.n")) / n) ** _f(mb, "group_exponent")
+        t_mid *= (k_eff / _f(kl, "ref")) ** _f(kl, "speed_exponent")
+        t_mid *= (_f(lrs, "ref") / lr) ** _f(lrs, "speed_exponent")
+        if adv == "gae":
+            t_mid *= _f(rw, "gae_speed_factor")
+        warmup = float(g("actor_rollout_ref.actor.optim.lr_warmup_steps"))
+        steepness = _f(rw, "steepness")
+
+        # Stability: lr × updates-per-step, scaled by the KL's restoring pull.
+        instability = (lr / _f(lrs, "ref")) * (updates / ref_updates) ** _f(lrs, "batch_coupling")
+        instability *= (_f(kl, "ref") / max(k_eff, _f(kl, "ref"))) ** _f(lrs, "kl_tolerance_exponent")
+        unstable_above, diverge_above = _f(lrs, "unstable_above"), _f(lrs, "diverge_above")
+        diverges = instability >= diverge_above or k >= _f(kl, "diverge_above")
+        diverge_step: int | None = None
+        if diverges:
+            severity = max(instability / diverge_above, k / _f(kl, "diverge_above"), 1.0)
+            diverge_step = max(3, int(_f(lrs, "diverge_steps") / severity**2))
+
+        # Ceiling.
+        ceiling = _f(rw, "ceiling")
+        k_opt = _f(kl, "optimum")
+        ratio = math.log(k_eff / k_opt)
+        ceiling -= _f(kl, "weak_penalty") * max(0.0, -ratio) + _f(kl, "strong_penalty") * max(0.0, ratio)
+        stale = max(0.0, updates - _f(mb, "max_updates_per_step"))
+        ceiling -= _f(mb, "staleness_penalty") * stale**2
+        if instability > unstable_above:
+            ceiling -= _f(lrs, "unstable_penalty") * (instability / unstable_above - 1.0)
+        if adv == "gae":
+            lam_value = float(g("algorithm.lam"))
+            ceiling -= _f(lam, "bias_penalty") * max(0.0, 1.0 - lam_value) / 0.05
+        r0 = _f(rw, "r0")
+        ceiling = max(r0 + 0.02, ceiling)
+        steps_to_converge = t_mid * 9.0 ** (1.0 / steepness) + max(0.0, warmup) / 2.0
+
+        # Reward noise: GAE's λ moves the variance linearly (see the module docstring).
+        reward_sd = _f(self._s("noise"), "reward_sd")
+        if adv == "gae":
+            lam_value = float(g("algorithm.lam"))
+            var_scale = 1.0 + _f(lam, "variance_per_step") * (lam_value - _f(lam, "ref")) / _f(lam, "step")
+            reward_sd *= math.sqrt(max(0.05, var_scale))
+        if instability > unstable_above:
+            reward_sd *= 1.0 + 0.5 * (instability / unstable_above - 1.0)
+
+        phases, tokens, util = self._step_phases(config, progress=0.0)
+        step_time = sum(phases.values())
+        failure = self._failure(config)
+        total_steps, per_epoch = self._run_length(config)
+        return Expectation(
+            step_time_s=step_time,
+            phases_s=phases,
+            tokens_per_step=tokens,
+            throughput=tokens / step_time / n_gpus,
+            gpu_util=util,
+            r0=r0,
+            ceiling=ceiling,
+            t_mid=t_mid,
+            steepness=steepness,
+            steps_to_converge=steps_to_converge,
+            instability=instability,
+            unstable=instability > unstable_above,
+            diverges=diverges,
+            diverge_step=diverge_step,
+            failure=failure,
+            reward_sd=reward_sd,
+            startup_s=_f(self._s("timing"), "startup_s") * (_f(model, "n_params_b") / 7.0) ** 0.5,
+            steps_per_epoch=per_epoch,
+            total_steps=total_steps,
+            n_gpus=n_gpus,
+        )
+
+    def _run_length(self, config: Mapping[str, Any]) -> tuple[int, int]:
+        per_epoch = max(1, int(self.data.get("dataset_size", 100000)) // int(_value(config, "data.train_batch_size")))
+        by_epochs = per_epoch * int(_value(config, "trainer.total_epochs"))
+        steps = _value(config, "trainer.total_training_steps")
+        return (min(int(steps), by_epochs) if steps is not None else by_epochs), per_epoch
+
+    def _response_length(self, progress: float) -> float:
+        rl = self._s("response_length")
+        return _f(rl, "start") + (_f(rl, "end") - _f(rl, "start")) * min(1.0, max(0.0, progress))
+
+    def _step_phases(self, config: Mapping[str, Any], *, progress: float) -> tuple[dict[str, float], float, float]:
+        """(phase → simulated seconds, tokens in the step, GPU util %) at training ``progress``.
+
+        Each phase time is ``ideal / efficiency``; the ideal rates are fixed so that the
+        landscape's baseline config takes ``timing.*_s`` seconds at step 1.
+        """
+        timing = self._s("timing")
+        ideal = self._ideal_rates()
+        phases: dict[str, float] = {}
+        busy = 0.0
+        work, tokens = self._work(config, progress)
+        effs = self._efficiencies(config)
+        for phase, amount in work.items():
+            if amount <= 0:
+                continue
+            ideal_s = amount / ideal[phase]
+            phases[phase] = ideal_s / effs[phase]
+            busy += ideal_s
+        phases["other"] = _f(timing, "other_s")
+        total = sum(phases.values())
+        util = min(99.0, 100.0 * _f(timing, "peak_util") * busy / total)
+        return phases, tokens, util
+
+    def _work(self, config: Mapping[str, Any], progress: float) -> tuple[dict[str, float], float]:
+        """(work per phase per GPU: tokens or optimiser steps, total tokens) of one step."""
+        g = lambda key: _value(config, key)  # noqa: E731
+        batch = float(g("data.train_batch_size"))
+        n = max(1.0, float(g("actor_rollout_ref.rollout.n")))
+        epochs = max(1.0, float(g("actor_rollout_ref.actor.ppo_epochs")))
+        n_gpus = int(g("trainer.n_gpus_per_node")) * int(g("trainer.nnodes"))
+        prompt = float(self._s("response_length").get("prompt", 300))
+        response = self._response_length(progress)
+        tokens = batch * n * (prompt + response)
+        per_gpu = tokens / n_gpus
+        has_ref = _kl_strength(config) > 0
+        has_critic = str(g("algorithm.adv_estimator")) == "gae"
+        work = {
+            "gen": batch * n * response / n_gpus,
+            "old_log_prob": per_gpu,
+            "ref": per_gpu if has_ref else 0.0,
+            "values": per_gpu if has_critic else 0.0,
+            "update_actor": per_gpu * epochs,
+            "update_critic": per_gpu * epochs if has_critic else 0.0,
+            "optimizer": epochs * batch / max(1.0, float(g("actor_rollout_ref.actor.ppo_mini_batch_size"))),
+        }
+        return work, tokens
+
+    def _ideal_rates(self) -> dict[str, float]:
+        """Work units per simulated second at efficiency 1, from the baseline's phase times."""
+        cached = self.__dict__.get("_rates")
+        if cached is not None:
+            return cached
+        timing = self._s("timing")
+        base = self.baseline
+        work, _ = self._work(base, 0.0)
+        effs = self._efficiencies(base)
+        rates: dict[str, float] = {}
+        for phase, seconds_key in (
+            ("gen", "gen_s"), ("old_log_prob", "log_prob_s"), ("ref", "log_prob_s"),
+            ("values", "log_prob_s"), ("update_actor", "update_s"), ("update_critic", "update_s"),
+            ("optimizer", "optimizer_step_s"),
+        ):  # fmt: skip
+            seconds = _f(timing, seconds_key)
+            if phase == "optimizer":
+                rates[phase] = 1.0 / (seconds * effs[phase])
+                continue
+            amount = work[phase] if work[phase] > 0 else work["old_log_prob"]
+            rates[phase] = amount / (seconds * effs[phase])
+        object.__setattr__(self, "_rates", rates)  # frozen dataclass: cache by hand
+        return rates
+
+    def _efficiencies(self, config: Mapping[str, Any]) -> dict[str, float]:
+        """Fraction of peak each phase reaches under this layout (1 = the ideal)."""
+        g = lambda key: _value(config, key)  # noqa: E731
+        lay, mem, model = self._s("layout"), self._s("memory"), self._s("model")
+        tp = int(g("actor_rollout_ref.rollout.tensor_model_parallel_size"))
+        pp = int(g("actor_rollout_ref.rollout.pipeline_model_parallel_size"))
+        table = lay.get("rollout_efficiency", {}) or {}
+        rollout_eff = float(table.get(f"{tp}x{pp}", lay.get("rollout_efficiency_other", 0.5)))
+        budget = float(g("actor_rollout_ref.rollout.max_num_batched_tokens"))
+        half = _f(lay, "budget_half_tokens")
+        budget_eff = budget / (budget + half)
+        peak = float(lay.get("budget_peak_tokens", 0) or 0)
+        if peak and budget > peak:  # past the sweet spot: preemption and fragmentation
+            budget_eff *= max(0.2, 1.0 - _f(lay, "budget_decline") * (budget - peak) / peak)
+        frac = float(g("actor_rollout_ref.rollout.gpu_memory_utilization"))
+        weights_gb = _f(model, "n_params_b") * 2.0 / (tp * pp)
+        kv_gb = max(0.1, frac * self.gpu_memory_gb - weights_gb)
+        kv_half = _f(mem, "kv_half_gb")
+        kv_eff = kv_gb / (kv_gb + kv_half)
+        gen = rollout_eff * budget_eff * kv_eff
+
+        dynamic = bool(g("actor_rollout_ref.actor.use_dynamic_bsz"))
+        train = _f(lay, "dynamic_bsz_efficiency") if dynamic else _f(lay, "static_bsz_efficiency")
+        sp = int(g("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
+        train *= float((lay.get("ulysses_efficiency", {}) or {}).get(sp, 0.6))
+        if str(g("actor_rollout_ref.actor.strategy")) == "fsdp2":
+            train *= _f(lay, "fsdp2_gain")
+        elif bool(g("actor_rollout_ref.actor.fsdp_config.forward_prefetch")):
+            train *= _f(lay, "forward_prefetch_gain")
+        update = train
+        if bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")):
+            update /= _f(lay, "recompute_cost")
+        if bool(g("actor_rollout_ref.model.enable_activation_offload")):
+            update /= _f(lay, "activation_offload_cost")
+        offload = 1.0
+        if bool(g("actor_rollout_ref.actor.fsdp_config.param_offload")):
+            offload *= _f(lay, "param_offload_cost")
+        if bool(g("actor_rollout_ref.actor.fsdp_config.optimizer_offload")):
+            offload *= _f(lay, "optimizer_offload_cost")
+        return {
+            "gen": gen,
+            "old_log_prob": train / offload**0.5,
+            "ref": train / offload**0.5,
+            "values": train / offload**0.5,
+            "update_actor": update / offload,
+            "update_critic": update / offload,
+            "optimizer": 1.0 / offload,
+        }
+
+    def memory_gb(self, config: Mapping[str, Any]) -> dict[str, float]:
+        """Peak GPU memory (GiB) of each phase and the limits it is held against."""
+        g = lambda key: _value(config, key)  # noqa: E731
+        model, mem = self._s("model"), self._s("memory")
+        gpu = self.gpu_memory_gb
+        n_gpus = int(g("trainer.n_gpus_per_node")) * int(g("trainer.nnodes"))
+        tp = int(g("actor_rollout_ref.rollout.tensor_model_parallel_size"))
+        pp = int(g("actor_rollout_ref.rollout.pipeline_model_parallel_size"))
+        params_b = _f(model, "n_params_b")
+        hidden = _f(model, "hidden_size")
+        layers = _f(model, "num_layers")
+        vocab = _f(model, "vocab_size")
+        budget = float(g("actor_rollout_ref.rollout.max_num_batched_tokens"))
+        frac = float(g("actor_rollout_ref.rollout.gpu_memory_utilization"))
+        # The source's rule: a batched token costs hidden/8 KiB in the engine.
+        budget_gb = budget * hidden / 8.0 * 1024.0 / GIB
+        weights_gb = params_b * 2.0 / (tp * pp)
+        # FSDP: bf16 params + fp32 grads/master/Adam = 16 bytes/param, sharded over all GPUs.
+        params_bytes, optim_bytes = 4.0, 12.0
+        if bool(g("actor_rollout_ref.actor.fsdp_config.param_offload")):
+            params_bytes = 0.5
+        if bool(g("actor_rollout_ref.actor.fsdp_config.optimizer_offload")):
+            optim_bytes = 0.5
+        states_gb = params_b * 1e9 * (params_bytes + optim_bytes) / n_gpus / GIB
+        sp = int(g("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
+        if bool(g("actor_rollout_ref.actor.use_dynamic_bsz")):
+            micro_tokens = float(g("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
+        else:
+            micro = g("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") or 1
+            seq = float(g("data.max_prompt_length")) + float(g("data.max_response_length"))
+            micro_tokens = float(micro) * seq / sp
+        ckpt = bool(g("actor_rollout_ref.model.enable_gradient_checkpointing"))
+        # Korthikanti et al.: ~34·hidden bytes/token/layer without recomputation.
+        per_token = (2.0 * layers + 34.0) * hidden if ckpt else 34.0 * hidden * layers
+        if bool(g("actor_rollout_ref.model.enable_activation_offload")):
+            per_token *= 0.3
+        act_gb = micro_tokens * (per_token + 4.0 * vocab) / GIB
+        return {
+            "rollout_gb": weights_gb + budget_gb,
+            "rollout_limit_gb": gpu * _f(mem, "budget_oom_fraction") + weights_gb,
+            "kv_gb": frac * gpu - weights_gb,
+            "kv_min_gb": _f(mem, "kv_min_gb"),
+            "reserved_gb": frac * gpu,
+            "reserved_limit_gb": gpu * _f(mem, "max_utilization"),
+            "train_gb": states_gb + act_gb + _f(mem, "train_overhead_gb"),
+            "train_limit_gb": gpu * 0.97,
+            "act_gb": act_gb,
+        }
+
+    def _failure(self, config: Mapping[str, Any]) -> Failure | None:
+        g = lambda key: _value(config, key)  # noqa: E731
+        model, fail = self._s("model"), self.data.get("failures", {}) or {}
+        after = int(fail.get("oom_after_steps", 0))
+        mem = self.memory_gb(config)
+        gpu = self.gpu_memory_gb
+        sp = int(g("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
+        heads = int(_f(model, "num_attention_heads"))
+        if heads % sp:
+            return Failure("hang", f"ulysses size {sp} does not divide {heads} attention heads", 1,
+                           "Watchdog caught collective operation timeout")  # fmt: skip
+        for trap in fail.get("nccl_traps", []) or []:
+            if all(_matches(g(k), v) for k, v in dict(trap.get("when", {})).items()):
+                return Failure("hang", str(trap.get("reason", "NCCL trap")), int(trap.get("at_step", 1)),
+                               "Watchdog caught collective operation timeout")  # fmt: skip
+        if mem["kv_gb"] < mem["kv_min_gb"]:
+            return Failure("oom", "no room for the KV cache", 0,
+                           "ValueError: No available memory for the cache blocks. Try increasing "
+                           "`gpu_memory_utilization` when initializing the engine.")  # fmt: skip
+        if mem["reserved_gb"] > mem["reserved_limit_gb"]:
+            return Failure("oom", "engine wake-up over the memory fraction", 1 + after,
+                           _oom_text(mem["reserved_gb"] - mem["reserved_limit_gb"] + 1.0, gpu))  # fmt: skip
+        if mem["rollout_gb"] > mem["rollout_limit_gb"]:
+            return Failure("oom", "token budget activations", 1 + after,
+                           _oom_text(mem["rollout_gb"] - mem["rollout_limit_gb"] + 0.5, gpu))  # fmt: skip
+        if mem["train_gb"] > mem["train_limit_gb"]:
+            return Failure("oom", "actor micro-batch activations", 1 + after,
+                           _oom_text(mem["act_gb"] / 4.0, gpu))  # fmt: skip
+        return None
+
+    # -- rates --------------------------------------------------------------------------------
+    def true_rate(self, config: Mapping[str, Any], steps: int = 500) -> float:
+        """Noise-free reward gain per simulated second of training over the first ``steps``.
+
+        (R(steps) − R0) / Σ step times (start-up excluded, as η requires). NaN when the run
+        cannot be scored: OOM, hang, or a reward that turns NaN before ``steps``.
+        """
+        exp = self.expected(config)
+        if exp.failure is not None or (exp.diverge_step is not None and exp.diverge_step <= steps):
+            return math.nan
+        seconds = sum(self.step_time(config, t, exp) for t in range(1, steps + 1))
+        return (exp.reward(steps) - exp.r0) / seconds
+
+    def step_time(self, config: Mapping[str, Any], step: int, exp: Expectation | None = None) -> float:
+        """Noise-free simulated seconds of ``step`` (responses grow as reward rises)."""
+        exp = exp or self.expected(config)
+        progress = (exp.reward(step) - exp.r0) / max(1e-9, exp.ceiling - exp.r0)
+        phases, _, _ = self._step_phases(config, progress=progress)
+        return sum(phases.values())
+
+    def eta(self, config: Mapping[str, Any], baseline: Mapping[str, Any] | None = None, steps: int = 500) -> float:
+        """The source's η: (ΔR1/T1) / (ΔR0/T0) over ``steps`` steps, noise-free."""
+        return self.true_rate(config, steps) / self.true_rate(self.baseline if baseline is None else baseline, steps)
+
+    # -- seeded trace -------------------------------------------------------------------------
+    def simulate(self, config: Mapping[str, Any], *, max_steps: int | None = None) -> Iterator[StepRecord]:
+        """Step records of one seeded run (seed = landscape seed + ``data.seed``).
+
+        The random stream draws the same numbers in the same order whatever the config, so
+        two configs under one seed share their noise (paired comparisons stay paired).
+        Stops at the run length, at ``max_steps``, or just before a failure's step.
+        """
+        exp = self.expected(config)
+        noise = self._s("noise")
+        data_seed = _value(config, "data.seed")
+        rng = random.Random(f"{self.seed}:{0 if data_seed is None else int(data_seed)}")
+        t_mid_factor = math.exp(rng.gauss(0.0, _f(noise, "t_mid_sd")))
+        ceiling_shift = rng.gauss(0.0, _f(noise, "ceiling_sd"))
+        run_time_factor = math.exp(rng.gauss(0.0, _f(noise, "run_time_sd")))
+        step_sd = _f(noise, "step_time_sd")
+        curve = dataclasses.replace(exp, t_mid=exp.t_mid * t_mid_factor, ceiling=exp.ceiling + ceiling_shift)
+        g = lambda key: _value(config, key)  # noqa: E731
+        lr = float(g("actor_rollout_ref.actor.optim.lr"))
+        warmup = max(0, int(g("actor_rollout_ref.actor.optim.lr_warmup_steps")))
+        k = _kl_strength(config)
+        use_kl_loss = bool(g("actor_rollout_ref.actor.use_kl_loss"))
+        kl_cfg = self._s("kl")
+        kl_ref_scale = _f(kl_cfg, "ref_kl_at_convergence") * (_f(kl_cfg, "ref") / max(k, _f(kl_cfg, "none_equivalent"))) ** 0.5
+        unstable_excess = max(0.0, exp.instability / _f(self._s("lr"), "unstable_above") - 1.0)
+        stop = exp.total_steps if max_steps is None else min(exp.total_steps, max_steps)
+        if exp.failure is not None:
+            stop = min(stop, exp.failure.at_step - 1)
+        n_gpus = exp.n_gpus
+        for step in range(1, stop + 1):
+            z = [rng.gauss(0.0, 1.0) for _ in range(6)]  # fixed count: keeps configs paired
+            t_eff = max(0.0, step - warmup / 2.0)
+            smooth = curve.reward(t_eff)
+            progress = (smooth - curve.r0) / max(1e-9, curve.ceiling - curve.r0)
+            phases, tokens, util = self._step_phases(config, progress=progress)
+            factor = run_time_factor * math.exp(step_sd * z[0])
+            phases = {p: s * factor for p, s in phases.items()}
+            step_time = sum(phases.values())
+            reward = smooth + curve.reward_sd * z[1]
+            ref_kl = kl_ref_scale * progress * (1.0 + unstable_excess) * math.exp(0.05 * z[2])
+            ppo_kl = 1e-3 * (exp.instability**1.5) * (1.0 + unstable_excess) * math.exp(0.2 * z[3])
+            grad_norm = 0.3 * (1.0 + 2.0 * unstable_excess) * math.exp(0.15 * z[4])
+            entropy = 1.2 - 0.7 * progress * (1.0 + 0.2 * math.log(max(k, 1e-6) / _f(kl_cfg, "ref")) * -0.2)
+            if exp.diverge_step is not None and step >= exp.diverge_step:
+                blow = step - exp.diverge_step
+                ref_kl *= 2.0**blow
+                ppo_kl *= 3.0**blow
+                grad_norm *= 3.0**blow
+                reward = smooth * math.exp(-blow / 4.0) + curve.reward_sd * z[1]
+                if blow >= 12:
+                    reward = ref_kl = ppo_kl = grad_norm = entropy = math.nan
+            lr_now = lr * min(1.0, step / warmup) if warmup > 0 else lr
+            response = self._response_length(progress)
+            metrics: dict[str, float | int] = {
+                "critic/score/mean": reward,
+                "critic/rewards/mean": reward - (k * ref_kl if bool(g("algorithm.use_kl_in_reward")) else 0.0),
+                "actor/ppo_kl": ppo_kl,
+                "actor/pg_clipfrac": min(1.0, 0.002 + 2.0 * ppo_kl) if ppo_kl == ppo_kl else math.nan,
+                "actor/grad_norm": grad_norm,
+                "actor/entropy": entropy,
+                "actor/lr": lr_now,
+                "response_length/mean": response * math.exp(0.02 * z[5]),
+                "prompt_length/mean": float(self._s("response_length").get("prompt", 300)),
+                "timing_s/gen": phases["gen"],
+                "timing_s/old_log_prob": phases.get("old_log_prob", 0.0),
+                "timing_s/update_actor": phases.get("update_actor", 0.0) + phases.get("optimizer", 0.0),
+                "timing_s/step": step_time,
+                "perf/total_num_tokens": int(tokens),
+                "perf/time_per_step": step_time,
+                "perf/throughput": tokens / step_time / n_gpus,
+                "training/global_step": step,
+                "training/epoch": (step - 1) // exp.steps_per_epoch,
+            }
+            if use_kl_loss:
+                metrics["actor/kl_loss"] = ref_kl
+                metrics["actor/kl_coef"] = k
+            if "ref" in phases:
+                metrics["timing_s/ref"] = phases["ref"]
+            if "values" in phases:
+                metrics["timing_s/values"] = phases["values"]
+                metrics["timing_s/update_critic"] = phases["update_critic"]
+            if bool(g("algorithm.use_kl_in_reward")):
+                metrics["actor/reward_kl_penalty"] = ref_kl
+                metrics["actor/reward_kl_penalty_coeff"] = k
+            mem = self.memory_gb(config)
+            used = max(mem["reserved_gb"], mem["train_gb"])
+            yield StepRecord(step, step_time, metrics, util, used)
+
+
+def _oom_text(tried_gb: float, gpu_gb: float) -> str:
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {max(0.02, tried_gb):.2f} GiB. "
+        f"GPU 0 has a total capacity of {gpu_gb * 0.99:.2f} GiB of which 312.19 MiB is free. "
+        "Including non-PyTorch memory, this process has "
+        f"{gpu_gb * 0.98:.2f} GiB memory in use."
+    )
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    """A trap condition: a scalar means equality; ``{min: x}`` / ``{max: y}`` a range."""
+    if isinstance(expected, Mapping):
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return False
+        return v >= float(expected.get("min", -math.inf)) and v <= float(expected.get("max", math.inf))
+    return bool(value == expected)
+
+
+def _value(config: Mapping[str, Any], key: str) -> Any:
+    value = get(config, key)
+    if value is None and key not in DEFAULTS:
+        raise ConfigError(f"the simulator has no default for {key!r}; set it in the config.")
+    return value
+
+
+def _kl_strength(config: Mapping[str, Any]) -> float:
+    """The KL coefficient in force: the GRPO loss term and/or the PPO in-reward penalty."""
+    k = 0.0
+    if bool(get(config, "actor_rollout_ref.actor.use_kl_loss")):
+        k += float(get(config, "actor_rollout_ref.actor.kl_loss_coef"))
+    if bool(get(config, "algorithm.use_kl_in_reward")):
+        k += float(get(config, "algorithm.kl_ctrl.kl_coef"))
+    return k
+
+
+def shipped_landscapes() -> list[str]:
+    """Names of the landscapes shipped in ``launchers/simulator/landscapes``."""
+    return sorted(p.stem for p in LANDSCAPE_DIR.glob("*.yaml"))
+
+
+def load_landscape(name_or_path: str | Path = "default") -> Landscape:
+    """A shipped landscape by name, or a YAML file by path."""
+    import yaml
+
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = LANDSCAPE_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise LandscapeError(
+                f"landscape must be a file or one of {shipped_landscapes()}, but got {str(name_or_path)!r}. "
+                "Pass a path to a YAML file or a shipped name."
+            )
+    try:
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError) as e:
+        raise LandscapeError(f"landscape file must be readable YAML, but got {path}: {e}.") from e
+    if not isinstance(data, dict):
+        raise LandscapeError(f"landscape file must hold a mapping, but got {type(data).__name__} in {path}.")
+    parent = data.pop("extends", None)
+    if parent:  # a landscape may extend another and change a few sections
+        base = dict(load_landscape(parent).data)
+        for key, value in data.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                base[key] = {**base[key], **value}
+            else:
+                base[key] = value
+        data = base
+    return Landscape(name=str(data.get("name", path.stem)), data=data)
