@@ -1,0 +1,179 @@
+"""The staged sweep end to end on the simulator: run, status, export, kill -9 and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import REPO, cli, demo_data, write_study
+
+
+def _fast_demo(tmp_path: Path, **launcher_options: Any) -> Path:
+    data = demo_data()
+    data["launcher"]["options"].update(launcher_options)
+    return write_study(tmp_path, data, "demo.yaml")
+
+
+def _status(tmp_path: Path) -> dict[str, Any]:
+    result = cli("status", "demo", "--json", "--storage", f"sqlite:///{tmp_path}/demo.db", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _leftover_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp_path = tmp_path_factory.mktemp("demo")
+    study = _fast_demo(tmp_path)
+    started = time.monotonic()
+    result = cli("run", str(study), cwd=tmp_path, timeout=600)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"demo study took {elapsed:.1f} s")
+    return tmp_path
+
+
+def test_status_json_reports_every_stage(finished_demo: Path) -> None:
+    status = _status(finished_demo)
+    assert [s["name"] for s in status["stages"]] == ["minibatch", "kl", "tokens", "lr"]
+    budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
+    for stage in status["stages"]:
+        assert stage["state"] == "finished"
+        roles = [t["role"] for t in stage["trials"]]
+        assert roles.count("incumbent") >= 2
+        assert "candidate" in roles
+        winner = stage["winner"]
+        assert winner["eta"] > 0 and winner["eta_low"] <= winner["eta"] <= winner["eta_high"]
+        assert stage["incumbent"]["config"]
+        complete = [t for t in stage["trials"] if t["state"] == "complete"]
+        assert complete and all(t["eta"] is not None for t in complete)
+        counted = [t for t in stage["trials"] if not t["requeued"]]
+        assert len(counted) <= budgets[stage["name"]]
+    # the chain: each stage's base is the previous stage's result
+    for before, after in zip(status["stages"], status["stages"][1:]):
+        assert after["incumbent"]["config"] == before["winner"]["config"]
+
+
+@pytest.mark.verl
+def test_export_composes_with_real_verl(finished_demo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    result = cli("export", "demo", "--storage", f"sqlite:///{finished_demo}/demo.db", "-o", str(out / "best.yaml"),
+                 cwd=finished_demo)
+    assert result.returncode == 0, result.stderr
+    text = (out / "best.yaml").read_text()
+    assert text.startswith("# verl-sweep export of study 'demo'")
+    final = _status(finished_demo)["stages"][-1]["winner"]["config"]
+    code = f"""
+import json, sys
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+with initialize_config_dir(config_dir={str(out)!r}, version_base=None):
+    cfg = compose(config_name="best")
+print(json.dumps(OmegaConf.to_container(cfg, resolve=False)))
+"""
+    composed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert composed.returncode == 0, composed.stderr[-2000:]
+    cfg = json.loads(composed.stdout.strip().splitlines()[-1])
+    for key, value in final.items():
+        node: Any = cfg
+        for part in key.lstrip("+").split("."):
+            node = node[part]
+        assert node == value, key
+    # the full run's settings, not the probe's; and the method's checkpoint guard
+    assert cfg["trainer"]["resume_mode"] == "auto"
+    assert cfg["trainer"]["val_before_train"] is True
+    assert cfg["trainer"]["max_actor_ckpt_to_keep"] == 3
+    assert "ppo_trainer" not in json.dumps(cfg["trainer"])  # composed, not a raw defaults list
+
+
+def test_export_overrides_format(finished_demo: Path) -> None:
+    result = cli("export", "demo", "--storage", f"sqlite:///{finished_demo}/demo.db", "--format", "overrides",
+                 cwd=finished_demo)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert "actor_rollout_ref.rollout.name=vllm" in lines
+    assert all("=" in line for line in lines)
+
+
+def _trials_db(db: Path) -> dict[str, list[dict[str, Any]]]:
+    import optuna
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        out[summary.study_name] = [
+            {"number": t.number, "state": t.state.name, "value": t.value, "run_id": t.user_attrs.get("run_id"),
+             "params": t.params, "complete": str(t.datetime_complete)}
+            for t in study.get_trials(deepcopy=False)
+        ]
+    return out
+
+
+def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
+    study = _fast_demo(tmp_path, time_scale=4000)
+    db = tmp_path / "demo.db"
+    driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert driver.poll() is None, f"driver ended early: {driver.stderr.read() if driver.stderr else ''}"
+            if db.exists():
+                trials = _trials_db(db).get("demo.kl", [])
+                if sum(t["state"] == "COMPLETE" for t in trials) >= 2 and any(t["state"] == "RUNNING" for t in trials):
+                    break
+            time.sleep(0.3)
+        else:
+            pytest.fail("stage 2 never had a running trial")
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    before = _trials_db(db)
+    completed_before = {
+        (name, t["number"]): t for name, trials in before.items() for t in trials if t["state"] == "COMPLETE"
+    }
+    assert any(name == "demo.kl" for name, _ in completed_before)
+
+    result = cli("resume", "demo", "--storage", f"sqlite:///{db}", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "closed 1 trial" in result.stdout or "closed 2 trial" in result.stdout
+
+    after = _trials_db(db)
+    status = _status(tmp_path)
+    assert all(s["state"] == "finished" for s in status["stages"])
+    # completed trials are kept exactly as they were, and none was run again
+    for (name, number), trial in completed_before.items():
+        assert after[name][number] == trial
+    for name, trials in after.items():
+        run_ids = [t["run_id"] for t in trials if t["run_id"]]
+        assert len(run_ids) == len(set(run_ids)), f"a run id was used twice in {name}"
+        assert not [t for t in trials if t["state"] in ("RUNNING", "WAITING")], name
+    # budgets held: requeued failures do not count
+    budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
+    for stage in status["stages"]:
+        counted = [t for t in stage["trials"] if not t["requeued"]]
+        assert len(counted) <= budgets[stage["name"]], stage["name"]
+    # the dead driver's probes were killed; nothing of the study is left running
+    assert _leftover_processes(str(tmp_path)) == []
