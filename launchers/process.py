@@ -153,7 +153,7 @@ def find_process(record: ProcessRecord) -> psutil.Process | None:
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
         return proc
-    except psutil.Error:
+    except (psutil.Error, ValueError):  # ValueError: a placeholder record with pid <= 0
         return None
 
 
