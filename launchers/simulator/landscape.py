@@ -259,7 +259,9 @@ class Landscape:
         rl = self._s("response_length")
         return _f(rl, "start") + (_f(rl, "end") - _f(rl, "start")) * min(1.0, max(0.0, progress))
 
-    def _step_phases(self, config: Mapping[str, Any], *, progress: float) -> tuple[dict[str, float], float, float]:
+    def _step_phases(
+        self, config: Mapping[str, Any], *, progress: float, effs: Mapping[str, float] | None = None
+    ) -> tuple[dict[str, float], float, float]:
         """(phase → simulated seconds, tokens in the step, GPU util %) at training ``progress``.
 
         Each phase time is ``ideal / efficiency``; the ideal rates are fixed so that the
@@ -270,7 +272,7 @@ class Landscape:
         phases: dict[str, float] = {}
         busy = 0.0
         work, tokens = self._work(config, progress)
-        effs = self._efficiencies(config)
+        effs = effs or self._efficiencies(config)
         for phase, amount in work.items():
             if amount <= 0:
                 continue
@@ -279,7 +281,8 @@ class Landscape:
             busy += ideal_s
         phases["other"] = _f(timing, "other_s")
         total = sum(phases.values())
-        util = min(99.0, 100.0 * _f(timing, "peak_util") * busy / total)
+        # Affine in the busy fraction: fitted to the source (a bad layout 42%, a fitting one 79%).
+        util = min(99.0, max(1.0, _f(timing, "util_floor") + _f(timing, "util_slope") * busy / total))
         return phases, tokens, util
 
     def _work(self, config: Mapping[str, Any], progress: float) -> tuple[dict[str, float], float]:
@@ -511,12 +514,15 @@ class Landscape:
         if exp.failure is not None:
             stop = min(stop, exp.failure.at_step - 1)
         n_gpus = exp.n_gpus
+        effs = self._efficiencies(config)  # fixed for the run: computed once
+        mem = self.memory_gb(config)
+        used_gb = max(mem["reserved_gb"], mem["train_gb"])
         for step in range(1, stop + 1):
             z = [rng.gauss(0.0, 1.0) for _ in range(6)]  # fixed count: keeps configs paired
             t_eff = max(0.0, step - warmup / 2.0)
             smooth = curve.reward(t_eff)
             progress = (smooth - curve.r0) / max(1e-9, curve.ceiling - curve.r0)
-            phases, tokens, util = self._step_phases(config, progress=progress)
+            phases, tokens, util = self._step_phases(config, progress=progress, effs=effs)
             factor = run_time_factor * math.exp(step_sd * z[0])
             phases = {p: s * factor for p, s in phases.items()}
             step_time = sum(phases.values())
@@ -566,9 +572,7 @@ class Landscape:
             if bool(g("algorithm.use_kl_in_reward")):
                 metrics["actor/reward_kl_penalty"] = ref_kl
                 metrics["actor/reward_kl_penalty_coeff"] = k
-            mem = self.memory_gb(config)
-            used = max(mem["reserved_gb"], mem["train_gb"])
-            yield StepRecord(step, step_time, metrics, util, used)
+            yield StepRecord(step, step_time, metrics, util, used_gb)
 
 
 def _oom_text(tried_gb: float, gpu_gb: float) -> str:
