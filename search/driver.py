@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from launchers.base import Launcher, LauncherError, NoCapacityError, RunSpec
 from objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
-from objectives.score import Score, eta as eta_of
+from objectives.score import Score, combine, eta as eta_of
 from search import liveness
 from search.console import Console
 from search.errors import BadInputError, SweepError
@@ -294,7 +294,9 @@ class StudyRunner:
                 )
                 may_start = not over_time and self._may_start(study, trials, stage, active)
                 if not active and not may_start and not self._waiting_on_others(trials, active):
-                    break
+                    if over_time or not self._enqueue_confirmations(study, stage, trials):
+                        break
+                    continue
                 while may_start and self.launcher.free_slots() > 0:
                     started = self._start_trial(study, stage, space, base, settings, active)
                     if not started:
@@ -330,9 +332,38 @@ class StudyRunner:
             study.enqueue_trial(params, user_attrs={"role": "incumbent", "seed": seed}, skip_if_exists=False)
 
     def _counted(self, trials: list["optuna.trial.FrozenTrial"]) -> int:
-        """Trials that use the stage's budget: all, except failures that were queued again."""
+        """Trials that use the stage's search budget: all but failures that were queued again
+        and the confirmation re-runs (which come on top, at most ``confirm_top``)."""
         requeued = liveness.requeued_numbers(trials)
-        return sum(1 for t in trials if t.number not in requeued)
+        return sum(1 for t in trials if t.number not in requeued and t.user_attrs.get("role") != "rerun")
+
+    def _enqueue_confirmations(
+        self, study: "optuna.Study", stage: StageSettings, trials: list["optuna.trial.FrozenTrial"]
+    ) -> bool:
+        """Queue re-runs of the top candidates on fresh seeds (once per stage); False when
+        there is nothing (more) to confirm."""
+        from optuna.trial import TrialState
+
+        if stage.confirm_top == 0 or study.user_attrs.get("confirmations_queued"):
+            return False
+        study.set_user_attr("confirmations_queued", True)
+        done = [
+            t for t in trials
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate" and t.value is not None
+            and not _infeasible(t) and float(t.value) > 1.0
+        ]
+        top = sorted(done, key=lambda t: float(t.value), reverse=True)[: stage.confirm_top]  # type: ignore[arg-type]
+        fresh = self.spec.seeds[self.spec.probe.incumbent_repeats:] or self.spec.seeds
+        for i, trial in enumerate(top):
+            study.enqueue_trial(
+                trial.params,
+                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": fresh[i % len(fresh)]},
+                skip_if_exists=False,
+            )
+        if top:
+            self.console.note(f"{study.study_name}: re-running the top {len(top)} on fresh seeds: "
+                              + ", ".join(f"trial {t.number}" for t in top))
+        return bool(top)
 
     def _may_start(
         self,
@@ -565,39 +596,53 @@ class StudyRunner:
         return all((t.value or 0.0) <= best_before * (1 + stage.stop.tolerance) for t in done[-n:])
 
     def _decide(self, study: "optuna.Study", stage: StageSettings, base: Config) -> StageResult:
+        """The winner: the best candidate by η over its runs (the first and its re-runs on
+        fresh seeds), if it beats the incumbent by more than the tolerance and its interval
+        stays clear of the incumbent; otherwise the incumbent is kept."""
         from optuna.trial import TrialState
 
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        candidates = [
-            t for t in trials
-            if t.user_attrs.get("role") == "candidate" and t.value is not None and not _infeasible(t)
-        ]
+        incumbents = [Score(**t.user_attrs["score"]) for t in trials
+                      if t.user_attrs.get("role") == "incumbent" and "score" in t.user_attrs]
         incumbent_etas = [float(t.value) for t in trials if t.user_attrs.get("role") == "incumbent" and t.value is not None]
         keep = StageResult(
-            stage=stage.name, winner_trial=None,
-            eta=1.0,
+            stage=stage.name, winner_trial=None, eta=1.0,
             eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
-            decision="kept the incumbent: no candidate beat it by more than "
-                     f"{stage.stop.tolerance:.0%}",
+            decision=f"kept the incumbent: no candidate beat it by more than {stage.stop.tolerance:.0%}",
             config=base, overrides={},
         )
-        if not candidates:
+        candidates = [t for t in trials if t.user_attrs.get("role") == "candidate" and t.value is not None
+                      and not _infeasible(t) and "score" in t.user_attrs]
+        if not candidates or not incumbents:
             return dataclasses.replace(keep, decision="kept the incumbent: no candidate finished")
-        best = max(candidates, key=lambda t: float(t.value))  # type: ignore[arg-type]
-        low, high = best.user_attrs.get("eta_interval", [best.value, best.value])
-        if float(best.value) <= 1 + stage.stop.tolerance:  # type: ignore[arg-type]
-            return keep
-        if low <= 1 + stage.stop.tolerance:
+        reruns: dict[int, list[Score]] = {}
+        for t in trials:
+            if t.user_attrs.get("role") == "rerun" and "score" in t.user_attrs:
+                reruns.setdefault(int(t.user_attrs["rerun_of"]), []).append(Score(**t.user_attrs["score"]))
+
+        def pooled(t: "optuna.trial.FrozenTrial") -> tuple[float, float, float, int]:
+            scores = [Score(**t.user_attrs["score"])] + reruns.get(t.number, [])
+            e = eta_of(combine(scores) if len(scores) > 1 else scores[0], incumbents)
+            return e.value, e.low, e.high, len(scores)
+
+        # Confirmed candidates (with re-runs) are judged on their mean; others on their one run.
+        confirmed = [t for t in candidates if t.number in reruns] or candidates
+        ranked = sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True)
+        (value, low, high, n_runs), best = ranked[0]
+        threshold = 1 + stage.stop.tolerance
+        if value <= threshold:
+            return dataclasses.replace(keep, decision=f"kept the incumbent: best η {value:.3f} (trial {best.number}, "
+                                                      f"{n_runs} runs) is within {stage.stop.tolerance:.0%}")
+        if low <= threshold:
             return dataclasses.replace(
                 keep,
-                decision=f"no significant gain: best trial {best.number} has η {best.value:.3f} "
-                         f"but its interval [{low:.3f}, {high:.3f}] reaches the incumbent's",
+                decision=f"no significant gain: trial {best.number} has η {value:.3f} over {n_runs} runs, "
+                         f"but its interval [{low:.3f}, {high:.3f}] reaches {threshold:.2f}",
             )
         overrides = dict(best.user_attrs.get("overrides", {}))
         return StageResult(
-            stage=stage.name, winner_trial=best.number, eta=float(best.value),  # type: ignore[arg-type]
-            eta_low=float(low), eta_high=float(high),
-            decision=f"trial {best.number} beat the incumbent (η {best.value:.3f})",
+            stage=stage.name, winner_trial=best.number, eta=value, eta_low=low, eta_high=high,
+            decision=f"trial {best.number} beat the incumbent: η {value:.3f} [{low:.3f}, {high:.3f}] over {n_runs} runs",
             config=merge(base, overrides), overrides=overrides,
         )
 

@@ -72,6 +72,9 @@ class StageSettings(_Strict):
     stop: StopRule = Field(default_factory=StopRule)
     sampler: SamplerSettings = Field(default_factory=SamplerSettings)
     pruner: PrunerSettings = Field(default_factory=PrunerSettings)
+    #: before a winner is declared, the top this-many candidates are re-run on fresh seeds
+    #: and the winner is chosen on the mean (0: no re-runs)
+    confirm_top: int = Field(default=3, ge=0, le=100)
     #: probe length for this stage (default: the study's probe.steps)
     probe_steps: int | None = Field(default=None, ge=2, le=10_000_000)
 
