@@ -198,7 +198,7 @@ class LauncherContract:
 
     def test_reattach_after_launcher_is_thrown_away(self, kit: ContractKit, tmp_path: Path) -> None:
         first = kit.make(tmp_path)
-        spec = ok_spec("again-run", steps=40)
+        spec = ok_spec("again-run", steps=12)
         handle = first.start(spec)
         wait_for(first, handle, running_with_metrics(handle), kit.timeout_s)
         del first
@@ -210,5 +210,5 @@ class LauncherContract:
         assert again.external_id == handle.external_id  # the same process / job, not a new one
         state, _ = wait_for(second, again, finished, kit.timeout_s)
         assert state.status is RunStatus.SUCCEEDED, state
-        assert metric_steps(again) == list(range(1, 41))  # one run, not a rerun
+        assert metric_steps(again) == list(range(1, 13))  # one run, not a rerun
         assert second.free_slots() == 2

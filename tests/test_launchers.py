@@ -40,7 +40,7 @@ def local_launcher(root: Path, **options: object) -> LocalLauncher:
         "gpu_ids": FAKE_GPUS,
         "gpus_per_probe": 2,
         "command": probe_command(),
-        "extra_env": {"VERL_SIM_TIME_SCALE": "2000"},
+        "extra_env": {"VERL_SIM_TIME_SCALE": "5000"},
         "kill_grace_s": 2.0,
     }
     kwargs.update(options)
@@ -59,7 +59,7 @@ class TestSimLauncherContract(LauncherContract):
     @pytest.fixture
     def kit(self) -> ContractKit:
         def make(root: Path) -> SimLauncher:
-            return SimLauncher(root, max_concurrent=2, time_scale=2000.0, gpus_per_probe=2, command=probe_command())
+            return SimLauncher(root, max_concurrent=2, time_scale=5000.0, gpus_per_probe=2, command=probe_command())
 
         return ContractKit(make=make)
 

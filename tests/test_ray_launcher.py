@@ -100,7 +100,7 @@ def ray_launcher(root: Path, address: str, **options: object) -> RayJobLauncher:
         "address": address,
         "max_concurrent": 2,
         "command": probe_command(),
-        "extra_env": {"VERL_SIM_TIME_SCALE": "2000", "RAY_AUTH_MODE": "disabled"},
+        "extra_env": {"VERL_SIM_TIME_SCALE": "5000", "RAY_AUTH_MODE": "disabled"},
         "gpus_per_probe": 2,
         "stop_timeout_s": 30.0,
     }
