@@ -118,8 +118,8 @@ def run(argv: list[str]) -> int:
     try:
         landscape = load_landscape(os.environ.get("VERL_SIM_LANDSCAPE") or "default")
         expectation = landscape.expected(config)
-    except (LandscapeError, ConfigError) as e:
-        _fail(f"Error executing job with overrides: {argv!r}\n{e}")
+    except (LandscapeError, ConfigError, ValueError, TypeError) as e:  # a value the model cannot read
+        _fail(f"Error executing job with overrides: {argv!r}\n{type(e).__name__}: {e}")
         return 1
     scale = float(os.environ.get("VERL_SIM_TIME_SCALE", "1000"))
     clock = _Clock(scale if scale > 0 else 1000.0, parent)

@@ -203,7 +203,10 @@ class Landscape:
         ratio = math.log(k_eff / k_opt)
         ceiling -= _f(kl, "weak_penalty") * max(0.0, -ratio) + _f(kl, "strong_penalty") * max(0.0, ratio)
         stale = max(0.0, updates - _f(mb, "max_updates_per_step"))
-        ceiling -= _f(mb, "staleness_penalty") * stale**2
+        # Quadratic near the threshold, saturating far past it: verl's default (4 updates/step)
+        # still learns, just towards a lower ceiling.
+        cap = _f(mb, "staleness_max_loss")
+        ceiling -= cap * (1.0 - math.exp(-_f(mb, "staleness_penalty") * stale**2 / cap))
         if instability > unstable_above:
             ceiling -= _f(lrs, "unstable_penalty") * (instability / unstable_above - 1.0)
         if adv == "gae":
