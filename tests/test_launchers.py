@@ -255,3 +255,98 @@ def test_gpu_reading_sample_format() -> None:
         "pcie_mbps": 3.0,
     }
     assert gpu_mod.GpuReading(0, float("nan"), 0, 0, 0).as_sample()["util"] is None
+
+
+# -- NVML paths, through a fake pynvml -----------------------------------------------------
+
+
+class FakeNvml:
+    """A stand-in for the pynvml module: devices with fixed memory and utilisation."""
+
+    NVML_PCIE_UTIL_TX_BYTES = 0
+    NVML_PCIE_UTIL_RX_BYTES = 1
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, free_gb: list[float], total_gb: float = 80.0) -> None:
+        self.free_gb = free_gb
+        self.total_gb = total_gb
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.free_gb)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
+        gib = 1024**3
+        free = int(self.free_gb[handle] * gib)
+        total = int(self.total_gb * gib)
+        return type("Memory", (), {"free": free, "total": total, "used": total - free})()
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> object:
+        return type("Util", (), {"gpu": 10 * handle})()
+
+    def nvmlDeviceGetPcieThroughput(self, handle: int, counter: int) -> int:
+        if handle == 1:
+            raise self.NVMLError("Not Supported")
+        return 2048 if counter == self.NVML_PCIE_UTIL_TX_BYTES else 1024
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    fake = FakeNvml(free_gb=[70.0, 70.0, 3.0, 70.0])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(gpu_mod, "_initialised", False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return fake
+
+
+def test_read_gpus_through_nvml(fake_nvml: FakeNvml) -> None:
+    assert gpu_mod.has_gpus() and gpu_mod.gpu_count() == 4
+    r0, r1 = gpu_mod.read_gpus([0, 1])
+    assert (r0.index, r0.util_pct, r0.mem_free_mb, r0.mem_total_mb) == (0, 0.0, 70 * 1024.0, 80 * 1024.0)
+    assert r0.mem_used_mb == pytest.approx(10 * 1024.0)
+    assert (r0.pcie_tx_kbps, r0.pcie_rx_kbps) == (2048.0, 1024.0)
+    assert (r1.util_pct, r1.pcie_tx_kbps) == (10.0, None)  # unsupported counter: None, not an error
+    with pytest.raises(LauncherError, match=r"GPU index must be in \[0, 4\), but got 7"):
+        gpu_mod.read_gpus([7])
+
+
+def test_visible_gpu_ids_follow_cuda_visible_devices(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert gpu_mod.visible_gpu_ids() == [0, 1, 2, 3]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert gpu_mod.visible_gpu_ids() == [1, 3]
+
+
+def test_preflight_refuses_gpus_without_free_memory(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path, gpus_per_probe=2, command=FAKE_PROBE)
+    assert launcher.gpu_ids == [0, 1, 2, 3] and launcher.max_concurrent == 2
+    first = launcher.start(long_spec("roomy"))  # slot (0, 1): 70 GB free each
+    with pytest.raises(LauncherError, match=r"GPU 2 must have at least 5 GB free to start a probe, but has 3\.0 GB free"):
+        launcher.start(long_spec("cramped"))  # slot (2, 3)
+    assert launcher.free_slots() == 1  # the refused probe did not keep its slot
+    assert not (tmp_path / "cramped" / "process.json").exists()
+    launcher.cancel(first)
+    with pytest.raises(LauncherError, match=r"gpu_ids must be NVML indices in \[0, 4\), but got \[5\]"):
+        LocalLauncher(tmp_path, gpu_ids=[0, 5])
+
+
+def test_sampler_records_the_probes_gpus_while_it_runs(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path, gpu_ids=[0, 1], gpus_per_probe=2, command=FAKE_PROBE, clock=lambda: 42.0)
+    handle = launcher.start(ok_spec("sampled", steps=3))
+    state, _ = wait_for(launcher, handle, lambda s: s.status.is_finished, 30)
+    assert state.status is RunStatus.SUCCEEDED
+    lines = [json.loads(x) for x in (handle.run_dir / "gpu_samples.jsonl").read_text().splitlines()]
+    assert lines and lines[0]["t"] == 42.0
+    assert [g["index"] for g in lines[0]["gpus"]] == [0, 1]
+    assert lines[0]["gpus"][0] == {
+        "index": 0, "util": 0.0, "mem_used_mb": 10240.0, "mem_total_mb": 81920.0, "mem_free_mb": 71680.0, "pcie_mbps": 3.0,
+    }  # fmt: skip
+    n = len(lines)
+    time.sleep(1.2)
+    assert len((handle.run_dir / "gpu_samples.jsonl").read_text().splitlines()) == n  # stopped with the probe
