@@ -1,0 +1,162 @@
+"""Why a verl run ended early: classify the end of its stderr and its exit code.
+
+The driver uses the kind to decide what to tell Optuna: an infrastructure failure
+(``retryable``) is re-run on the same parameters; an OOM or a config error is a property of
+the parameters (infeasible) and is never retried.
+
+Success is judged by the metrics, not the exit code: verl can print "A worker died or was
+killed" while shutting down after a good run, and a probe stopped from outside at step N
+exits non-zero. A run whose last metrics step reached the expected step count succeeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import re
+import signal
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+class FailureKind(enum.Enum):
+    OOM = "oom"
+    NCCL_TIMEOUT = "nccl_timeout"
+    ACTOR_DIED = "actor_died"
+    CONFIG_ERROR = "config_error"
+    KILLED = "killed"
+    HANG = "hang"
+    CRASH = "crash"
+
+    @property
+    def retryable(self) -> bool:
+        """True for infrastructure failures that a re-run on the same parameters may not hit."""
+        return self in _RETRYABLE
+
+
+_RETRYABLE = frozenset(
+    {FailureKind.NCCL_TIMEOUT, FailureKind.ACTOR_DIED, FailureKind.KILLED, FailureKind.HANG}
+)
+
+# Checked in this order: an OOM usually also kills an actor, and a config error can mention
+# anything, so the most specific cause wins.
+_SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
+    (
+        FailureKind.OOM,
+        re.compile(
+            r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA Error: out of memory"
+            r"|HIP out of memory|No available memory for the cache blocks"
+            r"|Insufficient memory|RESOURCE_EXHAUSTED.*memory",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        FailureKind.CONFIG_ERROR,
+        re.compile(
+            r"Error executing job with overrides|Could not override|ConfigCompositionException"
+            r"|ConfigAttributeError|ConfigKeyError|omegaconf\.errors|Key '[^']+' is not in struct"
+            r"|MissingMandatoryValue|InterpolationResolutionError|hydra\.errors",
+        ),
+    ),
+    (
+        FailureKind.NCCL_TIMEOUT,
+        re.compile(
+            r"Watchdog caught collective operation timeout|NCCL (?:communicator|operation).*tim(?:ed)? ?out"
+            r"|ProcessGroupNCCL.*[Tt]imeout|DistBackendError.*[Tt]imeout|NCCL timeout",
+        ),
+    ),
+    (
+        FailureKind.ACTOR_DIED,
+        re.compile(
+            r"ActorDiedError|A worker died or was killed|RayActorError|The actor died"
+            r"|WorkerCrashedError|NodeDiedError|ActorUnavailableError|raylet.*died",
+        ),
+    ),
+    (
+        FailureKind.KILLED,
+        re.compile(r"^Killed$|received SIGTERM|received signal SIGKILL|Terminated$", re.MULTILINE),
+    ),
+)
+
+# Exit codes of a process ended by a signal: negative (Python's subprocess) or 128 + signo.
+_KILL_SIGNALS = {int(signal.SIGKILL), int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A classified failure with the line that gave it away (or why none did)."""
+
+    kind: FailureKind
+    evidence: str
+
+
+def diagnose(
+    stderr_tail: str, exit_code: int | None, *, last_step: int, expected_steps: int
+) -> Failure | None:
+    """Like ``classify`` but also returns the evidence (the matching line or the exit code)."""
+    if expected_steps > 0 and last_step >= expected_steps:
+        return None
+    for kind, pattern in _SIGNATURES:
+        match = pattern.search(stderr_tail)
+        if match:
+            return Failure(kind, _line_at(stderr_tail, match.start()))
+    if exit_code is None:
+        # Not exited by itself: the caller stopped it because its metrics stopped coming.
+        return Failure(FailureKind.HANG, f"no exit code; last metrics step {last_step} of {expected_steps}")
+    if (exit_code < 0 and -exit_code in _KILL_SIGNALS) or (exit_code - 128) in _KILL_SIGNALS:
+        signo = -exit_code if exit_code < 0 else exit_code - 128
+        return Failure(FailureKind.KILLED, f"exit code {exit_code} (signal {signal.Signals(signo).name})")
+    if exit_code == 0:
+        return Failure(
+            FailureKind.CRASH, f"exit code 0 at step {last_step} of {expected_steps} (ended early: data or epochs?)"
+        )
+    lines = [line for line in stderr_tail.splitlines() if line.strip()]
+    return Failure(FailureKind.CRASH, lines[-1].strip() if lines else f"exit code {exit_code}")
+
+
+def classify(
+    stderr_tail: str, exit_code: int | None, *, last_step: int, expected_steps: int
+) -> FailureKind | None:
+    """The failure kind, or None when the run succeeded (its metrics reached ``expected_steps``).
+
+    ``exit_code`` None means the process did not exit by itself (it was stopped from outside
+    after no progress), which is a HANG unless stderr names another cause.
+    """
+    failure = diagnose(stderr_tail, exit_code, last_step=last_step, expected_steps=expected_steps)
+    return None if failure is None else failure.kind
+
+
+def _line_at(text: str, index: int) -> str:
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    return text[start : end if end >= 0 else len(text)].strip()[:300]
+
+
+def tail(path: Path | str, n_lines: int = 20, *, max_bytes: int = 1 << 20) -> str:
+    """The last ``n_lines`` lines of a log file ("" when it does not exist).
+
+    Reads backwards in blocks so a multi-gigabyte stdout costs only its end; undecodable
+    bytes are replaced, never raised.
+    """
+    if n_lines < 1:
+        raise ValueError(f"n_lines must be >= 1, but got {n_lines}. Pass e.g. 20.")
+    path = Path(path)
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return ""
+    with handle:
+        handle.seek(0, os.SEEK_END)
+        end = handle.tell()
+        data = b""
+        pos = end
+        while pos > 0 and data.count(b"\n") <= n_lines and end - pos < max_bytes:
+            step = min(8192, pos)
+            pos -= step
+            handle.seek(pos)
+            data = handle.read(step) + data
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-n_lines:])
