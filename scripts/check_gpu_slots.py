@@ -80,7 +80,8 @@ def _nvml_index_of(pynvml: object, props: object) -> dict[str, object]:
     uuid = getattr(props, "uuid", None)
     if uuid is not None:
         try:
-            handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
+            text = str(uuid)
+            handle = nvml.nvmlDeviceGetHandleByUUID((text if text.startswith("GPU-") else f"GPU-{text}").encode())
             return {"uuid": str(uuid), "nvml_index": nvml.nvmlDeviceGetIndex(handle)}
         except nvml.NVMLError:
             pass
