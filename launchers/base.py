@@ -165,6 +165,11 @@ class Launcher(abc.ABC):
             self._states[run_id] = RunState(RunStatus.PENDING)
         return handle
 
+    def wait(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the launcher's clock between two polls. Real launchers
+        sleep; a simulated-time launcher advances its clock instead (benchmarks)."""
+        time.sleep(seconds)
+
     def cleanup_leftover(self, run_dir: Path) -> None:
         """Kill whatever a dead driver's run left running (its process tree is recorded in
         the run directory). Called before the run's trial is queued again."""

@@ -70,7 +70,8 @@ def merge_overrides(user: Sequence[str], pins: Sequence[str]) -> list[str]:
     kept = []
     for item in user:
         if override_key(item) in pinned:
-            logger.warning("dropping override %r: the launcher pins this key", item)
+            if item not in pins:  # the same setting twice is not worth a warning
+                logger.warning("dropping override %r: the launcher pins this key", item)
             continue
         kept.append(item)
     return [*kept, *pins]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import time
 from typing import Any
 
 from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
@@ -19,6 +20,9 @@ from objectives.metrics import MetricsFollower, StepMetrics
 from objectives.score import Score, ScoreError, score_reward_rate, score_throughput
 
 logger = logging.getLogger(__name__)
+
+#: a probe counts as hung only after this many real seconds without new metrics as well
+MIN_REAL_HANG_S = 10.0
 
 
 class ProbeState(enum.Enum):
@@ -76,6 +80,7 @@ class Probe:
         self.started_at = 0.0
         self.first_step_at: float | None = None
         self._outcome: ProbeOutcome | None = None
+        self._real_last_progress = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> RunHandle:
@@ -90,9 +95,15 @@ class Probe:
 
     def _follow(self, handle: RunHandle) -> None:
         self.started_at = self.launcher.clock()
+        self._real_last_progress = time.monotonic()
         self.follower = MetricsFollower(
             handle.metrics_path, console_path=handle.stdout_path, clock=self.launcher.clock
         )
+
+    def _real_silence_s(self) -> float:
+        """Real seconds since the last new metrics (or the start). On a compressed clock (the
+        simulator) a busy machine's scheduling jitter alone spans simulated hours."""
+        return time.monotonic() - self._real_last_progress
 
     @property
     def steps(self) -> list[StepMetrics]:
@@ -122,6 +133,8 @@ class Probe:
         assert self.handle is not None and self.follower is not None
         new = self.follower.read_new()
         now = self.launcher.clock()
+        if new:
+            self._real_last_progress = time.monotonic()
         if new and self.first_step_at is None:
             first = next((s for s in self.follower.series if s.step >= 1), None)
             if first is not None:
@@ -157,7 +170,7 @@ class Probe:
             self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=kind, stderr=stderr)
             return self._outcome
         last_update = self.follower.last_update_time or self.started_at
-        if now - last_update > self.settings.hang_timeout_s:
+        if now - last_update > self.settings.hang_timeout_s and self._real_silence_s() > MIN_REAL_HANG_S:
             self.launcher.cancel(self.handle)
             reason = f"no new metrics for {now - last_update:.0f} s (hang timeout {self.settings.hang_timeout_s:.0f} s)"
             self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=FailureKind.HANG)

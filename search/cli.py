@@ -200,24 +200,27 @@ def _print_status_table(data: dict[str, Any]) -> None:
 
     console = RichConsole(highlight=False)
     table = Table(title=f"study {data['study']} ({data['algorithm']})")
-    for column in ("stage", "state", "trials", "winner", "η", "decision"):
-        table.add_column(column)
+    for column in ("stage", "state", "trials", "GPU-h", "winner", "η [90% interval]"):
+        table.add_column(column, overflow="fold")
     for stage in data["stages"]:
         counts = stage.get("counts", {})
         winner = stage.get("winner") or {}
         eta = f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" if winner else "—"
         table.add_row(
             stage["name"], stage["state"],
-            ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
-            format_params(winner.get("overrides", {})) if winner else "—",
-            eta, winner.get("decision", ""),
+            " ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
+            f"{stage.get('gpu_hours', 0.0):.1f}",
+            (format_params(winner.get("overrides", {})) if winner.get("winner_trial") is not None
+             else "incumbent") if winner else "—",
+            eta,
         )
     console.print(table)
     for stage in data["stages"]:
+        if stage.get("winner"):
+            console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False)
         for row in stage.get("trials", []):
             if row["state"] in ("pruned", "fail") and row.get("reason"):
-                console.print(f"  {stage['name']} trial {row['number']} {row['state']}: {row['reason']}",
-                              markup=False)
+                console.print(f"  trial {row['number']} {row['state']}: {row['reason']}", markup=False)
 
 
 @app.command()

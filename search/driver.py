@@ -216,11 +216,10 @@ class StudyRunner:
         return None if data is None else StageResult(**data)
 
     # -- one stage ------------------------------------------------------------------------------
-    def _open_stage(self, stage: StageSettings, base: Config) -> tuple["optuna.Study", bool]:
+    def _open_stage(self, stage: StageSettings, base: Config, probe_steps: int) -> tuple["optuna.Study", bool]:
         import optuna
 
         name = stage_study_name(self.spec, stage)
-        probe_steps = self.spec.stage_probe_steps(stage)
         created = False
         try:
             study = optuna.create_study(
@@ -265,14 +264,15 @@ class StudyRunner:
             )
         except SpaceError as e:
             raise BadInputError(str(e)) from None
-        study, created = with_retries(lambda: self._open_stage(stage, base), what="open the stage study")
+        probe_steps = self.spec.stage_probe_steps(stage, speed_only=space.speed_only)
+        study, created = with_retries(lambda: self._open_stage(stage, base, probe_steps),
+                                      what="open the stage study")
         if created:
             self._enqueue_incumbents(study, space, base)
-        probe_steps = self.spec.stage_probe_steps(stage)
         settings = ProbeSettings(
             steps=probe_steps,
             speed_only=space.speed_only,
-            warmup_steps=self.spec.probe.warmup_steps,
+            warmup_steps=self.spec.probe.speed_warmup_steps if space.speed_only else self.spec.probe.warmup_steps,
             hang_timeout_s=self.spec.probe.hang_timeout_s,
             n_gpus=self.spec.hardware.n_gpus,
         )
@@ -314,7 +314,7 @@ class StudyRunner:
                 if now - last_saved > 5.0:
                     study.set_user_attr("wall_clock_used_s", wall_used)
                     last_saved = now
-                time.sleep(self.poll_interval_s)
+                self.launcher.wait(self.poll_interval_s)
         except BaseException as e:
             self._abandon(study, active, why=str(e) or type(e).__name__)
             raise

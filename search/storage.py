@@ -60,10 +60,15 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
 
 def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorage":
     """Open (and, for SQLite with ``create``, create) the database at ``url``."""
+    import warnings
+
     import optuna
     from optuna.storages import RDBStorage
 
     from search.liveness import requeue_stale_trial
+
+    # heartbeat_interval is "experimental" in Optuna 5.0, but it is what we rely on.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
     if "://" not in url:
         raise BadInputError(

@@ -83,6 +83,10 @@ class ProbeSettings(_Strict):
     steps: int = Field(default=500, ge=2, le=10_000_000)
     #: steps at the start that the score leaves out (engine warm-up)
     warmup_steps: int = Field(default=0, ge=0, le=10_000_000)
+    #: probe length for speed-only stages (token budget, systems), scored on throughput
+    speed_steps: int = Field(default=30, ge=2, le=10_000_000)
+    #: steps at the start of a speed-only probe left out of its throughput (warm-up)
+    speed_warmup_steps: int = Field(default=3, ge=0, le=10_000_000)
     #: how often the incumbent of each stage is run (paired seeds with candidates)
     incumbent_repeats: int = Field(default=2, ge=1, le=100)
     #: a probe that writes no new metrics for this long (simulated seconds on the
@@ -136,8 +140,8 @@ class StudySpec(_Strict):
             raise ValueError(f"stage names must be distinct, but got {duplicates} twice")
         return self
 
-    def stage_probe_steps(self, stage: StageSettings) -> int:
-        return stage.probe_steps or self.probe.steps
+    def stage_probe_steps(self, stage: StageSettings, *, speed_only: bool = False) -> int:
+        return stage.probe_steps or (self.probe.speed_steps if speed_only else self.probe.steps)
 
     def baseline_config(self) -> dict[str, Any]:
         """The baseline overrides plus what the study's facts imply (algorithm, GPU count,
