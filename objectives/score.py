@@ -417,11 +417,32 @@ def score_throughput(steps: Sequence[StepMetrics], *, warmup_steps: int = 3, n_g
     )
 
 
-def combine(scores: Sequence[Score]) -> Score:
+def _run_var(score: Score, rel_seed_var: float) -> float:
+    """Variance of one run's rate across seeds: its own bootstrap variance plus the seed
+    component (a combined score already carries the seed component in its ``rate_se``)."""
+    seed_var = rel_seed_var * score.rate**2 if score.n_runs == 1 else 0.0
+    return score.rate_se**2 + seed_var
+
+
+def _seed_var(scores: Sequence[Score], seed_sd: float) -> float:
+    """Relative seed variance: ``seed_sd``² as a floor, or what the repeats' spread shows."""
+    if seed_sd < 0:
+        raise ValueError(f"seed_sd must be >= 0, but got {seed_sd}. Pass 0 to trust each run's own interval.")
+    rel = seed_sd**2
+    if len(scores) >= 2:
+        rates = np.array([s.rate for s in scores])
+        mean = float(rates.mean())
+        excess = float(rates.var(ddof=1)) - float(np.mean([s.rate_se**2 for s in scores]))
+        if mean != 0 and excess > 0:
+            rel = max(rel, excess / mean**2)
+    return rel
+
+
+def combine(scores: Sequence[Score], *, seed_sd: float = 0.02) -> Score:
     """The mean of repeated runs of one config (fresh seeds) as one Score.
 
-    Its standard error takes the larger of the runs' own errors and their spread, so two runs
-    that disagree more than their intervals admit widen the result. ``n_steps`` is the total.
+    Its standard error is that of a mean of runs whose rates vary by their own bootstrap
+    error plus a seed component (see ``eta``); ``n_steps`` is the total over the runs.
     """
     if not scores:
         raise ScoreError("combine needs at least one score, but got none")
@@ -432,9 +453,9 @@ def combine(scores: Sequence[Score]) -> Score:
         return scores[0]
     k = len(scores)
     confidence = scores[0].confidence
-    rates = np.array([s.rate for s in scores])
-    mean_rate = float(rates.mean())
-    se = _pooled_se(scores)
+    mean_rate = float(np.mean([s.rate for s in scores]))
+    rel = _seed_var(scores, seed_sd)
+    se = math.sqrt(float(np.mean([_run_var(s, rel) for s in scores])) / k)
     z = _z(confidence)
 
     def mean_of(values: list[float | None]) -> float | None:
@@ -457,23 +478,22 @@ def combine(scores: Sequence[Score]) -> Score:
     )
 
 
-def _pooled_se(scores: Sequence[Score]) -> float:
-    """Standard error of the mean rate of ``scores``: max(within, between) / √k."""
-    k = len(scores)
-    within = float(np.mean([s.rate_se**2 for s in scores]))
-    between = float(np.var([s.rate for s in scores], ddof=1)) if k >= 2 else 0.0
-    return math.sqrt(max(within, between) / k)
-
-
-def eta(candidate: Score, incumbents: Sequence[Score], *, confidence: float | None = None) -> Eta:
+def eta(
+    candidate: Score,
+    incumbents: Sequence[Score],
+    *,
+    confidence: float | None = None,
+    seed_sd: float = 0.02,
+) -> Eta:
     """η = candidate.rate ÷ mean incumbent rate, with Fieller's interval for a ratio.
 
-    The incumbent's uncertainty is that of the mean of its repeats (``_pooled_se``). When the
-    repeats spread more than their own intervals say, the per-run intervals understate run-
-    to-run noise; the candidate (usually one run) then gets the same inflation factor.
-    Fieller's interval is exact for a ratio of normal estimates and stays honest when the
-    incumbent's rate is itself uncertain: it becomes unbounded (low=-inf, high=inf) when the
-    incumbent's rate is not clearly above zero.
+    A run's bootstrap interval sees only the noise inside that run; a fresh seed also moves
+    the whole curve (RL is as seed-sensitive as it is hyperparameter-sensitive). Each run's
+    variance therefore gets a seed component: ``seed_sd`` (relative sd of a run's rate across
+    seeds, 2% by default: what the simulator's default landscape shows) as a floor, raised to what the incumbent's repeats show when they
+    spread more than their own intervals admit. The incumbent counts as the mean of its
+    repeats. Fieller's interval is exact for a ratio of normal estimates and becomes
+    unbounded (low=-inf, high=inf) when the incumbent's rate is not clearly above zero.
     """
     if not incumbents:
         raise ScoreError("eta needs at least one incumbent score, but got none")
@@ -486,17 +506,12 @@ def eta(candidate: Score, incumbents: Sequence[Score], *, confidence: float | No
     b = float(np.mean([s.rate for s in incumbents]))
     if not b > 0:
         raise ScoreError(f"the incumbent's rate must be > 0 to form a ratio, but got {b:.3g}")
-    sb = _pooled_se(incumbents)
-    inflation = 1.0
-    if k >= 2:
-        within = float(np.mean([s.rate_se**2 for s in incumbents]))
-        between = float(np.var([s.rate for s in incumbents], ddof=1))
-        if within > 0 and between > within:
-            inflation = math.sqrt(between / within)
+    rel = _seed_var(incumbents, seed_sd)
+    sb = math.sqrt(float(np.mean([_run_var(s, rel) for s in incumbents])) / k)
     a = candidate.rate
-    sa = candidate.rate_se * inflation
+    sa = math.sqrt(_run_var(candidate, rel))
     value = a / b
-    # Fieller: {η : (a − η b)² ≤ z² (sa² + η² sb²)} → quadratic q2 η² − 2 a b η + q0 ≤ 0.
+    # Fieller: {η : (a − η b)² ≤ z² (sa² + η² sb²)} → q2 η² − 2 a b η + q0 ≤ 0.
     q2 = b * b - z * z * sb * sb
     q0 = a * a - z * z * sa * sa
     disc = (a * b) ** 2 - q2 * q0
