@@ -135,3 +135,38 @@ def test_thresholds_are_keywords() -> None:
     verdict = screen(steps, kl_max=0.15)
     assert verdict is not None and verdict.kind == "kl_divergence"
     assert math.isclose(float(verdict.reason.split(" ")[2]), np.median([0.2 + 0.001 * k for k in range(50, 60)]), rel_tol=1e-2)
+
+
+def _simulated(config_changes: dict, *, seed: int, steps: int):
+    simulator = pytest.importorskip("launchers.simulator")
+    landscape = simulator.load_landscape("default")
+    config = {**landscape.baseline, **config_changes, "data.seed": seed}
+    records = [
+        StepMetrics(r.step, {k: None if not math.isfinite(v) else float(v) for k, v in r.metrics.items()})
+        for r in landscape.simulate(config, max_steps=steps)
+    ]
+    return landscape.expected(config), records
+
+
+@pytest.mark.parametrize(("lr", "seed"), [(5e-5, 0), (5e-5, 1), (1e-4, 2)])
+def test_simulator_divergence_stopped_within_50_steps(lr: float, seed: int) -> None:
+    expectation, steps = _simulated({"actor_rollout_ref.actor.optim.lr": lr}, seed=seed, steps=300)
+    assert expectation.diverge_step is not None
+    verdict = _first_verdict(steps)
+    assert verdict is not None and verdict.kind in {"kl_divergence", "grad_explosion", "non_finite"}
+    assert 0 <= verdict.step - expectation.diverge_step <= 50
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_simulator_healthy_baseline_passes_500_steps(seed: int) -> None:
+    _, steps = _simulated({}, seed=seed, steps=500)
+    assert _first_verdict(steps) is None
+
+
+def test_simulator_saturated_run_is_called_a_plateau() -> None:
+    # t_mid is ~260 steps at the baseline: by ~1500 steps the curve is flat (rise < 0.01/200).
+    expectation, steps = _simulated({}, seed=3, steps=2500)
+    flat_from = next(t for t in range(1, 2500) if expectation.reward(t + 200) - expectation.reward(t) < 0.01)
+    verdict = _first_verdict(steps)
+    assert verdict is not None and verdict.kind == "plateau"
+    assert verdict.step <= flat_from + 250
