@@ -76,7 +76,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     KL_LOSS_COEF: 0.001,
     ULYSSES: 1,
     ULYSSES_LEGACY: 1,
-    USE_REMOVE_PADDING: False,
+    USE_REMOVE_PADDING: True,  # model.use_remove_padding is true in 0.9.1's model config
     USE_DYNAMIC_BSZ: False,
     MAX_TOKEN_LEN: 16384,
     GRADIENT_CHECKPOINTING: True,

@@ -50,7 +50,10 @@ _MOVED_KEYS: dict[str, list[tuple[tuple[int, ...], str]]] = {
     ],
 }
 
-_lock = threading.Lock()
+# Hydra's config store is process-global: one initialisation at a time, shared by nested users
+# (a validate_with_verl inside an open VerlValidator reuses it instead of deadlocking).
+_lock = threading.RLock()
+_depth = 0
 _warned_missing = False
 
 
@@ -129,16 +132,21 @@ class VerlValidator:
     def __init__(self, *, config_name: str = "ppo_trainer") -> None:
         self.config_name = config_name
         self._context: Any = None
+        self._entered = False
 
     def __enter__(self) -> "VerlValidator":
+        global _depth
         from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
         _lock.acquire()
         try:
-            GlobalHydra.instance().clear()  # a stale initialisation would make ours fail
-            self._context = initialize_config_dir(config_dir=_config_dir(), version_base=None)
-            self._context.__enter__()
+            if _depth == 0:
+                GlobalHydra.instance().clear()  # a stale initialisation would make ours fail
+                self._context = initialize_config_dir(config_dir=_config_dir(), version_base=None)
+                self._context.__enter__()
+            _depth += 1
+            self._entered = True
         except BaseException:
             _lock.release()
             raise
@@ -147,16 +155,19 @@ class VerlValidator:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        global _depth
         try:
+            _depth -= 1
             if self._context is not None:
                 self._context.__exit__(exc_type, exc, tb)
         finally:
             self._context = None
+            self._entered = False
             _lock.release()
 
     def validate(self, config: Mapping[str, Any]) -> list[str]:
         """Problems verl finds in ``config`` (flat dotted keys); [] when verl accepts it."""
-        if self._context is None:
+        if not self._entered:
             raise RuntimeError("VerlValidator must be entered (with VerlValidator() as v) before validate.")
         from hydra import compose
 
@@ -194,7 +205,7 @@ def _validate_composed(cfg: Any) -> list[str]:
             ("algorithm", cfg.algorithm),
         ]
         if use_ref:
-            sections.append(("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref))
+            sections.append(("actor_rollout_ref.ref", _ref_as_worker_builds_it(cfg)))
         model_path = cfg.actor_rollout_ref.model.get("path")
         if isinstance(model_path, str) and os.path.isdir(os.path.expanduser(model_path)):
             sections.append(("actor_rollout_ref.model", cfg.actor_rollout_ref.model))
@@ -214,6 +225,22 @@ def _validate_composed(cfg: Any) -> list[str]:
                 problems.append(f"verl algorithm.kl_ctrl: {_one_line(e)}")
     logger.debug("verl validation output: %s", sink.getvalue().strip())
     return problems
+
+
+def _ref_as_worker_builds_it(cfg: Any) -> Any:
+    """The ref section rewritten the way verl's engine worker does before instantiating it."""
+    import copy
+
+    from omegaconf import open_dict
+
+    ref = copy.deepcopy(cfg.actor_rollout_ref.ref)
+    with open_dict(ref):
+        ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+    return ref
 
 
 def validate_with_verl(config: Mapping[str, Any]) -> list[str]:
