@@ -11,6 +11,7 @@ from spaces.bounds import SAFE_BOUNDS, ParamBound
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.limits import Limit, check_config, token_budget
 from spaces.stages import SPACES, build_space, hardware_tag, oom_ceiling
+from spaces.templates import Template, template_for
 
 __all__ = [
     "SPACES",
@@ -22,9 +23,11 @@ __all__ = [
     "ParamBound",
     "Space",
     "SpaceError",
+    "Template",
     "build_space",
     "check_config",
     "hardware_tag",
     "oom_ceiling",
+    "template_for",
     "token_budget",
 ]

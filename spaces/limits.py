@@ -332,6 +332,9 @@ def check_config(
             )
         if heads % tp:
             problems.append(f"{ROLLOUT_TP}={tp}: must divide the attention heads ({heads})")
+        if pp > 1:
+            # verl 0.9.1's RolloutConfig: no engine implements rollout pipeline parallelism yet.
+            problems.append(f"{ROLLOUT_PP}={pp}: rollout pipeline parallelism > 1 is not implemented for vllm/sglang/trtllm in verl 0.9.1")
     else:
         problems.append(f"{ROLLOUT_TP}={tp}: rollout TP, DP and PP must be integers ≥ 1 (DP={dp_r}, PP={pp})")
 

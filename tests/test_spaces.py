@@ -216,3 +216,65 @@ def test_oom_on_other_hardware_does_not_clamp() -> None:
         values.append(space.suggest(t, GRPO_BASE)[L.TOKEN_BUDGET])
         study.tell(t, 0.0)
     assert max(values) > 3000
+
+
+def test_systems_suggests_only_valid_combinations() -> None:
+    long_model = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7, max_prompt_length=2048,
+                            max_response_length=6144)
+    base = merge(GRPO_BASE, {L.MICRO_BATCH: 8})
+    space = build_space("systems", model=long_model, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    assert space.speed_only
+    seen_prefetch_fsdp2 = False
+    configs = sample(space, base, n=80, seed=5)
+    for config in configs:
+        merged = merge(base, config)
+        assert L.check_config(merged, model=long_model, hardware=A100x8, algorithm=Algorithm.GRPO) == [], config
+        if config[L.STRATEGY] == "fsdp2":
+            seen_prefetch_fsdp2 |= config[L.FORWARD_PREFETCH]
+        if config[L.USE_DYNAMIC_BSZ]:
+            assert config[L.MAX_TOKEN_LEN] * config[L.ULYSSES] >= 8192
+        assert 0.3 <= config[L.GPU_MEMORY] <= 0.9
+    assert not seen_prefetch_fsdp2
+    assert {c[L.ULYSSES] for c in configs} == {1, 2, 4}
+    assert {c[L.ROLLOUT_TP] for c in configs} == {1, 2, 4, 8}
+
+
+def test_systems_options_and_incumbent() -> None:
+    with pytest.raises(SpaceError, match=r"systems\.rollout_tp\[0\]: must be one of \[1, 2, 4, 8\], but got 3"):
+        build("systems", rollout_tp=[3])
+    with pytest.raises(SpaceError, match=r"systems\.gpu_memory_utilization\.high: must be ≤ 0\.9"):
+        build("systems", gpu_memory_utilization={"high": 0.95})
+    space = build("systems", rollout_tp=[2, 4], strategy=["fsdp"])
+    params = space.incumbent_params(GRPO_BASE)
+    assert params is not None and params["rollout_tp"] == 4 and params["forward_prefetch"] is False
+    config = space.suggest(optuna.trial.FixedTrial(params), GRPO_BASE)
+    assert config[L.ROLLOUT_TP] == 4 and config[L.GPU_MEMORY] == 0.9
+    assert space.incumbent_params(merge(GRPO_BASE, {L.ROLLOUT_TP: 8})) is None
+
+
+def test_oom_at_memory_fraction_keeps_later_trials_below_it() -> None:
+    space = build("systems")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    study.enqueue_trial({"gpu_memory_utilization": 0.5})
+    trial = study.ask()
+    assert space.suggest(trial, GRPO_BASE)[L.GPU_MEMORY] == 0.5
+    _oom(study, trial, hardware_tag(A100x8))
+    for _ in range(20):
+        t = study.ask()
+        assert space.suggest(t, GRPO_BASE)[L.GPU_MEMORY] < 0.5
+        study.tell(t, 0.0)
+
+
+def test_templates_follow_the_brief() -> None:
+    from spaces.templates import MEGATRON_TP, MODEL_ENGINE, template_for
+
+    small = template_for(MODEL_7B, A100x8, Algorithm.GRPO)
+    assert small.config[L.ROLLOUT_TP] == 4 and small.config[L.GPU_MEMORY] == 0.6
+    assert small.config[L.USE_DYNAMIC_BSZ] and small.config[L.MAX_TOKEN_LEN] >= 4096
+    assert small.config[L.GRADIENT_CHECKPOINTING]
+    big = template_for(ModelFacts(hidden_size=5120, num_attention_heads=40, n_params_b=32), A100x8, Algorithm.PPO)
+    assert big.config[MODEL_ENGINE] == "megatron" and big.config[MEGATRON_TP] == 8
+    # A long sequence raises the per-GPU token limit so that limit × ulysses still covers it.
+    long_model = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7, max_response_length=31744)
+    t = template_for(long_model, A100x8, Algorithm.GRPO)
+    assert t.config[L.MAX_TOKEN_LEN] * t.config[L.ULYSSES] >= long_model.max_seq_len

@@ -178,3 +178,28 @@ def test_version_and_moved_keys() -> None:
     assert key_for("reward_function_path", "0.10.0rc1") == "reward.custom_reward_function.path"
     with pytest.raises(KeyError, match=r"name must be one of .*, but got 'clip'"):
         key_for("clip")
+
+
+TEMPLATE_CASES = [
+    (ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7), HardwareFacts(gpus_per_node=8, gpu_memory_gb=80), Algorithm.GRPO, "fsdp-small"),
+    (ModelFacts(hidden_size=5120, num_attention_heads=40, n_params_b=14), HardwareFacts(gpus_per_node=8, gpu_memory_gb=80), Algorithm.PPO, "fsdp-offload"),
+    (ModelFacts(hidden_size=5120, num_attention_heads=40, n_params_b=32), HardwareFacts(gpus_per_node=8, nodes=2, gpu_memory_gb=80), Algorithm.GRPO, "megatron"),
+]
+
+
+@needs_verl
+@pytest.mark.parametrize("model, hardware, algorithm, name", TEMPLATE_CASES, ids=[c[3] for c in TEMPLATE_CASES])
+def test_templates_compose_and_validate(
+    validator: tuple[VerlValidator, str], model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm, name: str,
+) -> None:
+    from spaces.templates import CRITIC_MICRO, template_for
+
+    v, model_dir = validator
+    template = template_for(model, hardware, algorithm)
+    assert template.name == name
+    config = merge(template.config, {"actor_rollout_ref.model.path": model_dir, "critic.model.path": model_dir,
+                                     L.TRAIN_BATCH: 1024, L.MINI_BATCH: 256})
+    if algorithm is Algorithm.PPO:
+        config[CRITIC_MICRO] = 4
+    assert L.check_config(config, model=model, hardware=hardware, algorithm=algorithm) == []
+    assert v.validate(config) == [], config
