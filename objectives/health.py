@@ -8,8 +8,8 @@ None. Checks, in order (the first hit wins; thresholds are keyword arguments):
   step on a non-finite grad norm, so a single one is survivable).
 * ``kl_divergence`` — KL to the reference above ``kl_max`` (0.3) and rising: the median of the
   last ``kl_window`` steps is above the limit and their trend is upward. The KL key is the
-  first present of ``kl_keys`` (GRPO's ``actor/kl_loss``, PPO's in-reward
-  ``actor/reward_kl_penalty``); runs that log neither skip this check.
+  first present of ``kl_key`` (one key or several: GRPO's ``actor/kl_loss``, PPO's in-reward
+  ``actor/reward_kl_penalty``); runs that log none of them skip this check.
 * ``grad_explosion`` — the grad norm is above ``grad_high`` (10) in at least
   ``grad_high_fraction`` of the last ``grad_window`` steps ("often above 10").
 * ``grad_vanishing`` — the grad norm is below ``grad_low`` (1e-3) in at least 90% of the
@@ -73,7 +73,7 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
 def screen(
     steps: Sequence[StepMetrics],
     *,
-    kl_keys: Sequence[str] | str = KL_KEYS,
+    kl_key: Sequence[str] | str = KL_KEYS,
     reward_key: str = REWARD_KEY,
     grad_key: str = GRAD_KEY,
     loss_keys: Sequence[str] = LOSS_KEYS,
@@ -98,7 +98,7 @@ def screen(
     last = steps[-1]
     for check in (
         lambda: _non_finite(steps, reward_key, loss_keys, grad_key, max_nonfinite_grad),
-        lambda: _kl(steps, (kl_keys,) if isinstance(kl_keys, str) else tuple(kl_keys), kl_max, kl_window),
+        lambda: _kl(steps, (kl_key,) if isinstance(kl_key, str) else tuple(kl_key), kl_max, kl_window),
         lambda: _grad(steps, grad_key, grad_high, grad_high_fraction, grad_window, grad_low, vanish_window),
         lambda: _plateau(steps, reward_key, plateau_steps, plateau_tol),
     ):
