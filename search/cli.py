@@ -261,6 +261,27 @@ def export(
 
 
 @app.command()
+def report(
+    name: str = typer.Argument(..., help="Study name."),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write."),
+    storage: Optional[str] = StorageOption,
+    debug: bool = DebugOption,
+) -> None:
+    """Write one self-contained HTML report (opens offline): η per trial, best-so-far against
+    GPU-hours, reward curves, parameter importance, failures, GPU idle time, the export."""
+    _setup(debug)
+
+    def action() -> None:
+        from search.report import write_report
+
+        opened, spec = _open_study(name, storage)
+        write_report(opened, spec, output)
+        print(f"wrote {output}")
+
+    _guard(action)
+
+
+@app.command()
 def validate(
     study_file: Path = typer.Argument(..., help="Study definition (studies/*.yaml)."),
     debug: bool = DebugOption,

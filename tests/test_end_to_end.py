@@ -66,8 +66,9 @@ def test_status_json_reports_every_stage(finished_demo: Path) -> None:
         assert stage["incumbent"]["config"]
         complete = [t for t in stage["trials"] if t["state"] == "complete"]
         assert complete and all(t["eta"] is not None for t in complete)
-        counted = [t for t in stage["trials"] if not t["requeued"]]
+        counted = [t for t in stage["trials"] if not t["requeued"] and t["role"] != "rerun"]
         assert len(counted) <= budgets[stage["name"]]
+        assert sum(t["role"] == "rerun" and not t["requeued"] for t in stage["trials"]) <= 3
     # the chain: each stage's base is the previous stage's result
     for before, after in zip(status["stages"], status["stages"][1:]):
         assert after["incumbent"]["config"] == before["winner"]["config"]
@@ -173,7 +174,7 @@ def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
     # budgets held: requeued failures do not count
     budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
     for stage in status["stages"]:
-        counted = [t for t in stage["trials"] if not t["requeued"]]
+        counted = [t for t in stage["trials"] if not t["requeued"] and t["role"] != "rerun"]
         assert len(counted) <= budgets[stage["name"]], stage["name"]
     # the dead driver's probes were killed; nothing of the study is left running
     assert _leftover_processes(str(tmp_path)) == []
