@@ -14,10 +14,11 @@ import time
 from typing import Any
 
 from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
-from objectives.failures import FailureKind, classify, tail
+from objectives.failures import FailureKind, diagnose, tail
 from objectives.health import HealthVerdict, screen
 from objectives.metrics import MetricsFollower, StepMetrics
 from objectives.score import Score, ScoreError, score_reward_rate, score_throughput
+from objectives.utilisation import read_samples, summarise
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class ProbeOutcome:
     #: GPU-seconds the probe held (start to end, × GPUs), on the launcher's clock
     gpu_time_s: float = 0.0
     stderr_tail: str = ""
+    #: GPU utilisation summary and diagnosis (objectives.utilisation), when samples exist
+    gpu: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -113,7 +116,8 @@ class Probe:
     def running_score(self) -> Score | None:
         """The score of the steps so far (for intermediate reports), or None if too few."""
         try:
-            return self._score(self.steps)
+            # Only the value is needed between reports: a small bootstrap keeps the loop cheap.
+            return self._score(self.steps, n_boot=50, final=False)
         except ScoreError:
             return None
 
@@ -156,18 +160,18 @@ class Probe:
             ):
                 self._outcome = self._scored_outcome()
                 return self._outcome
-            stderr = tail(self.handle.stderr_path, n_lines=20)
-            kind = classify(
+            stderr = tail(self.handle.stderr_path, n_lines=40)
+            failure = diagnose(
                 stderr,
                 state.exit_code,
                 last_step=self.follower.last_step,
                 expected_steps=self.settings.steps,
             )
-            if kind is None:
+            if failure is None:
                 self._outcome = self._scored_outcome()
                 return self._outcome
-            reason = _failure_reason(kind, stderr, state.message)
-            self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=kind, stderr=stderr)
+            reason = f"{failure.kind.value}: {failure.evidence.strip()[:200] or state.message}"
+            self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=failure.kind, stderr=stderr)
             return self._outcome
         last_update = self.follower.last_update_time or self.started_at
         if now - last_update > self.settings.hang_timeout_s and self._real_silence_s() > MIN_REAL_HANG_S:
@@ -185,12 +189,14 @@ class Probe:
         )
         return self._outcome
 
-    def _score(self, steps: list[StepMetrics]) -> Score:
+    def _score(self, steps: list[StepMetrics], *, n_boot: int = 500, final: bool = True) -> Score:
         if self.settings.speed_only:
             return score_throughput(
-                steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus
+                steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus, n_boot=n_boot
             )
-        return score_reward_rate(steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=True)
+        return score_reward_rate(
+            steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=final, n_boot=n_boot
+        )
 
     def _scored_outcome(self) -> ProbeOutcome:
         try:
@@ -219,10 +225,11 @@ class Probe:
             startup_s=startup,
             gpu_time_s=max(0.0, ended - self.started_at) * max(1, self.spec.n_gpus),
             stderr_tail=stderr,
+            gpu=self._gpu_summary(),
         )
 
-
-def _failure_reason(kind: FailureKind, stderr: str, message: str) -> str:
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    last = lines[-1] if lines else message
-    return f"{kind.value}: {last[:200]}"
+    def _gpu_summary(self) -> dict[str, Any] | None:
+        if self.handle is None:
+            return None
+        samples = read_samples(self.handle.run_dir / "gpu_samples.jsonl")
+        return summarise(samples, self.follower.series if self.follower else [])

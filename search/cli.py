@@ -219,8 +219,26 @@ def _print_status_table(data: dict[str, Any]) -> None:
         if stage.get("winner"):
             console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False)
         for row in stage.get("trials", []):
-            if row["state"] in ("pruned", "fail") and row.get("reason"):
-                console.print(f"  trial {row['number']} {row['state']}: {row['reason']}", markup=False)
+            if row["state"] in ("running", "waiting"):
+                continue
+            console.print("  " + _trial_line(row), markup=False)
+
+
+def _trial_line(row: dict[str, Any]) -> str:
+    from search.console import format_params
+
+    text = f"trial {row['number']} {row['role']} {row['state']}"
+    if row.get("eta") is not None:
+        low, high = row.get("eta_interval") or (row["eta"], row["eta"])
+        text += f" η {row['eta']:.3f} [{low:.3f}, {high:.3f}]"
+    text += f" ({format_params(row.get('params') or {})})"
+    if row["state"] in ("pruned", "fail") and row.get("reason"):
+        text += f": {row['reason']}"
+    gpu = row.get("gpu")
+    if gpu:
+        text += (f" | GPU util {gpu.get('mean_util_pct')}%, idle {100 * (gpu.get('idle_fraction') or 0):.0f}%, "
+                 f"peak {gpu.get('peak_mem_gb')} GB: {gpu.get('diagnosis')}")
+    return text
 
 
 @app.command()

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from launchers.base import Launcher, LauncherError, NoCapacityError, RunSpec
 from objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
 from objectives.score import Score, combine, eta as eta_of
+from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.console import Console
 from search.errors import BadInputError, SweepError
 from search.storage import HEARTBEAT_INTERVAL_S, with_retries
 from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
+from spaces import hardware_tag, template_for
 from spaces.base import Space, SpaceError
 from spaces.overrides import Config, merge, to_overrides
 
@@ -124,12 +126,12 @@ def build_pruner(stage: StageSettings, probe_steps: int) -> "optuna.pruners.Base
     if p.name == "none":
         return optuna.pruners.NopPruner()
     if p.name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=p.warmup_steps)
+        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.warmup_steps)
     if p.name == "wilcoxon":
         return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=p.warmup_steps)
     return optuna.pruners.PatientPruner(
         optuna.pruners.PercentilePruner(
-            p.percentile, n_startup_trials=2, n_warmup_steps=p.warmup_steps
+            p.percentile, n_startup_trials=p.n_startup_trials, n_warmup_steps=p.warmup_steps
         ),
         patience=p.patience,
     )
@@ -330,6 +332,16 @@ class StudyRunner:
         for repeat in range(self.spec.probe.incumbent_repeats):
             seed = self.spec.seeds[repeat % len(self.spec.seeds)]
             study.enqueue_trial(params, user_attrs={"role": "incumbent", "seed": seed}, skip_if_exists=False)
+        if space.kind == "systems":
+            # The source's layout for this model size and GPU count is the first candidate.
+            template = template_for(self.spec.model, self.spec.hardware, self.spec.algorithm)
+            template_params = space.incumbent_params(merge(base, template.config))
+            if template_params and template_params != params:
+                study.enqueue_trial(
+                    template_params,
+                    user_attrs={"role": "candidate", "seed": self.spec.seeds[0], "origin": f"template {template.name}"},
+                    skip_if_exists=False,
+                )
 
     def _counted(self, trials: list["optuna.trial.FrozenTrial"]) -> int:
         """Trials that use the stage's search budget: all but failures that were queued again
@@ -530,6 +542,12 @@ class StudyRunner:
         trial.set_user_attr("probe", outcome.summary())
         if outcome.score is not None:
             trial.set_user_attr("score", dataclasses.asdict(outcome.score))
+        if outcome.gpu is not None:
+            trial.set_user_attr("gpu", outcome.gpu)
+            free = outcome.gpu.get("min_free_gb")
+            if free is not None:
+                # The method's guard as a constraint: free GPU memory must stay above 5 GB.
+                trial.set_constraint("free_gpu_memory", MIN_FREE_GB - float(free))
         if outcome.state is ProbeState.COMPLETE:
             assert outcome.score is not None
             eta = eta_of(outcome.score, incumbents)
@@ -549,7 +567,9 @@ class StudyRunner:
         if failure is not None:
             trial.set_user_attr("failure_kind", failure.value)
             if failure.value == "oom":
-                # Infeasible, not broken: a constraint the sampler and the spaces can learn from.
+                # Infeasible, not broken: a constraint the sampler and the spaces can learn from
+                # (spaces keep later trials on this hardware below the value that ran out).
+                trial.set_user_attr("hardware", hardware_tag(self.spec.hardware))
                 trial.set_constraint("oom", 1.0)
         frozen = study._storage.get_trial(trial._trial_id)
         study.tell(trial, state=TrialState.FAIL)
