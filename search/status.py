@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,13 @@ def gpu_hours_saved(spec: StudySpec, stage: "Any", trials: list["optuna.trial.Fr
     return saved_s / 3600.0
 
 
+def reason_category(row: dict[str, Any]) -> str:
+    """What a pruned or failed trial's reason is counted under: the failure kind when one was
+    classified, else the reason's head without its step ("pruned at step 200: …" → "pruned")."""
+    text = row.get("failure_kind") or row.get("reason") or "unknown"
+    return re.sub(r"\s+at step \d+", "", str(text).split(":")[0]).strip() or "unknown"
+
+
 def _trial_row(t: "optuna.trial.FrozenTrial", requeued: set[int]) -> dict[str, Any]:
     interval = t.user_attrs.get("eta_interval")
     probe = t.user_attrs.get("probe", {})
@@ -166,10 +174,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
         rows = [_trial_row(t, requeued) for t in trials]
         result = study.user_attrs.get("result")
         counts = collections.Counter(r["state"] for r in rows)
-        reasons = collections.Counter(
-            (r["failure_kind"] or r["reason"] or "").split(":")[0]
-            for r in rows if r["state"] in ("pruned", "fail")
-        )
+        reasons = collections.Counter(reason_category(r) for r in rows if r["state"] in ("pruned", "fail"))
         base: Config = study.user_attrs.get("base_config", {})
         gpu_s = sum(r["gpu_time_s"] or 0.0 for r in rows)
         entry.update(

@@ -1,0 +1,446 @@
+"""One self-contained HTML report of a study (``verl-sweep report NAME -o report.html``).
+
+Contract: ``write_report(storage, spec, output_path)`` reads the study's database (read-only)
+and the probes' run directories and writes ONE HTML file that opens offline: plotly.js is
+inlined once (with the first figure), nothing is fetched. Sections: a stage summary, η of
+every trial per stage with its interval, best η so far against simulated GPU-hours, reward
+curves of each stage's incumbent and winner, parameter importance (or a note why not), prune
+and failure reasons, GPU utilisation, and the exported YAML. Every piece of text is escaped.
+
+After the plots are drawn, a script writes a marker into ``#report-check``
+(``data-expected``, ``data-rendered``, ``data-errors``) so that a headless browser can check
+that every figure rendered without a script error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from objectives.metrics import read_all
+from search import export
+from search.driver import stage_study_name
+from search.status import finished_results, study_status, trial_gpu_summary
+from search.study_file import StageSettings, StudySpec
+
+if TYPE_CHECKING:
+    import optuna
+    import plotly.graph_objects as go
+
+logger = logging.getLogger(__name__)
+
+REWARD_KEY = "critic/score/mean"
+#: fewest complete trials (and varied parameters) before an importance estimate means anything
+MIN_TRIALS_FOR_IMPORTANCE = 5
+MIN_PARAMS_FOR_IMPORTANCE = 2
+#: reward curves are thinned to at most this many points per run (keeps the file small)
+MAX_CURVE_POINTS = 400
+
+ROLE_COLOURS = {"incumbent": "#636efa", "candidate": "#00cc96", "rerun": "#ab63fa"}
+
+_PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.{digits}g}" if abs(value) < 1e-3 or abs(value) >= 1e5 else f"{value:.{digits}f}"
+    return str(value)
+
+
+def _params_text(overrides: dict[str, Any]) -> str:
+    from search.console import format_params
+
+    return format_params(overrides)
+
+
+class _Figures:
+    """Turns plotly figures into HTML fragments: plotly.js inlined with the first one only."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def render(self, fig: "go.Figure", *, height: int = 380) -> str:
+        fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        fragment = fig.to_html(
+            full_html=False,
+            include_plotlyjs=self.count == 0,  # inline (no CDN) exactly once
+            include_mathjax=False,
+            div_id=f"plot-{self.count}",
+            config=_PLOTLY_CONFIG,
+        )
+        self.count += 1
+        return f'<div class="plot">{fragment}</div>'
+
+
+@dataclasses.dataclass
+class _StageData:
+    stage: StageSettings
+    status: dict[str, Any]
+    study: "optuna.Study | None"
+    trials: list["optuna.trial.FrozenTrial"]
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+def _load(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> tuple[dict[str, Any], list[_StageData]]:
+    import optuna
+
+    status = study_status(storage, spec)
+    stages = []
+    for stage, entry in zip(spec.stages, status["stages"]):
+        try:
+            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
+            trials = study.get_trials(deepcopy=False)
+        except KeyError:
+            study, trials = None, []
+        stages.append(_StageData(stage, entry, study, trials))
+    return status, stages
+
+
+def _reward_curve(run_dir: str | None) -> tuple[list[int], list[float]]:
+    if not run_dir:
+        return [], []
+    points = [(m.step, m.get(REWARD_KEY)) for m in read_all(Path(run_dir) / "metrics.jsonl")]
+    points = [(s, r) for s, r in points if r is not None]
+    stride = max(1, math.ceil(len(points) / MAX_CURVE_POINTS))
+    thinned = points[::stride]
+    if points and thinned[-1] != points[-1]:
+        thinned.append(points[-1])
+    return [s for s, _ in thinned], [float(r) for _, r in thinned]  # type: ignore[arg-type]
+
+
+# -- figures ------------------------------------------------------------------------------------
+
+
+def eta_figure(data: _StageData) -> "go.Figure | None":
+    """η of every complete trial of a stage, with its interval, coloured by role."""
+    import plotly.graph_objects as go
+
+    rows = [r for r in data.status.get("trials", []) if r["state"] == "complete" and r.get("eta") is not None]
+    if not rows:
+        return None
+    fig = go.Figure()
+    for role in ("incumbent", "candidate", "rerun"):
+        mine = [r for r in rows if r["role"] == role]
+        if not mine:
+            continue
+        eta = [float(r["eta"]) for r in mine]
+        low = [float((r.get("eta_interval") or [v, v])[0]) for r, v in zip(mine, eta)]
+        high = [float((r.get("eta_interval") or [v, v])[1]) for r, v in zip(mine, eta)]
+        fig.add_trace(go.Scatter(
+            x=[r["number"] for r in mine], y=eta, mode="markers", name=role,
+            marker={"size": 10, "color": ROLE_COLOURS.get(role)},
+            error_y={"type": "data", "symmetric": False,
+                     "array": [h - v for h, v in zip(high, eta)],
+                     "arrayminus": [v - lo for v, lo in zip(eta, low)]},
+            text=[f"trial {r['number']} ({role}, seed {r.get('seed')}): {_params_text(r['params'])}" for r in mine],
+            hovertemplate="%{text}<br>η %{y:.3f}<extra></extra>",
+        ))
+    tolerance = data.stage.stop.tolerance
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="incumbent η = 1")
+    fig.add_hline(y=1 + tolerance, line_dash="dash", line_color="#ef553b",
+                  annotation_text=f"+{tolerance:.0%} to win", annotation_position="bottom right")
+    fig.update_layout(title=f"{data.stage.name}: η per trial (90% interval)",
+                      xaxis_title="trial", yaxis_title="η (rate ÷ incumbent rate)")
+    return fig
+
+
+def best_so_far_figure(stages: list[_StageData]) -> "go.Figure | None":
+    """Best η so far in each stage against the study's cumulative simulated GPU-hours."""
+    import plotly.graph_objects as go
+
+    finished: list[tuple[datetime.datetime, str, "optuna.trial.FrozenTrial"]] = []
+    for data in stages:
+        for t in data.trials:
+            if t.datetime_complete is not None:
+                finished.append((t.datetime_complete, data.stage.name, t))
+    if not finished:
+        return None
+    finished.sort(key=lambda item: (item[0], item[2].number))
+    gpu_h = 0.0
+    best: dict[str, float] = {}
+    series: dict[str, tuple[list[float], list[float], list[str]]] = {}
+    for _, stage, t in finished:
+        gpu_h += float((t.user_attrs.get("probe") or {}).get("gpu_time_s") or 0.0) / 3600.0
+        if t.state.name == "COMPLETE" and t.value is not None and t.user_attrs.get("role") != "rerun":
+            best[stage] = max(best.get(stage, 1.0), float(t.value))
+        xs, ys, texts = series.setdefault(stage, ([], [], []))
+        xs.append(gpu_h)
+        ys.append(best.get(stage, 1.0))
+        texts.append(f"{stage} trial {t.number} ({t.state.name.lower()})")
+    fig = go.Figure()
+    for stage, (xs, ys, texts) in series.items():
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=stage, line_shape="hv", text=texts,
+                                 hovertemplate="%{text}<br>%{x:.2f} GPU-h, best η %{y:.3f}<extra></extra>"))
+    fig.update_layout(title="best η so far against simulated GPU-hours (each stage against its own incumbent)",
+                      xaxis_title="cumulative GPU-hours", yaxis_title="best η so far")
+    return fig
+
+
+def reward_figure(data: _StageData) -> "go.Figure | None":
+    """Reward curves of the stage's incumbent runs and of its winner (with its re-runs); the
+    best candidate stands in, dashed, when the incumbent was kept."""
+    import plotly.graph_objects as go
+
+    result = data.status.get("winner") or {}
+    winner = result.get("winner_trial")
+    complete = [t for t in data.trials if t.state.name == "COMPLETE"]
+    picks: list[tuple[str, "optuna.trial.FrozenTrial", dict[str, Any]]] = []
+    for t in complete:
+        if t.user_attrs.get("role") == "incumbent":
+            picks.append((f"incumbent (trial {t.number}, seed {t.user_attrs.get('seed')})", t,
+                          {"color": ROLE_COLOURS["incumbent"]}))
+    focus = winner
+    label = "winner"
+    if focus is None:
+        candidates = [t for t in complete if t.user_attrs.get("role") == "candidate" and t.value is not None]
+        if candidates:
+            focus = max(candidates, key=lambda t: float(t.value)).number  # type: ignore[arg-type]
+            label = "best candidate, not adopted"
+    for t in complete:
+        if t.number == focus or (focus is not None and t.user_attrs.get("rerun_of") == focus):
+            role = "re-run" if t.user_attrs.get("role") == "rerun" else label
+            style = {"color": "#ef553b"} if winner is not None else {"color": "#ef553b", "dash": "dash"}
+            picks.append((f"{role} (trial {t.number}, seed {t.user_attrs.get('seed')})", t, style))
+    fig = go.Figure()
+    for name, t, style in picks:
+        steps, rewards = _reward_curve(t.user_attrs.get("run_dir"))
+        if steps:
+            fig.add_trace(go.Scatter(x=steps, y=rewards, mode="lines", name=name, line=style))
+    if not fig.data:
+        return None
+    fig.update_layout(title=f"{data.stage.name}: reward ({REWARD_KEY}) against step",
+                      xaxis_title="step", yaxis_title=REWARD_KEY)
+    return fig
+
+
+def _varied_params(trials: Iterable["optuna.trial.FrozenTrial"]) -> list[str]:
+    values: dict[str, set[str]] = {}
+    for t in trials:
+        for k, v in t.params.items():
+            values.setdefault(k, set()).add(repr(v))
+    return sorted(k for k, seen in values.items() if len(seen) > 1)
+
+
+def importance_figure(data: _StageData) -> tuple["go.Figure | None", str]:
+    """Optuna's parameter importance for the stage, or None and a note saying why not."""
+    import optuna
+
+    complete = [t for t in data.trials if t.state.name == "COMPLETE" and t.value is not None]
+    varied = _varied_params(complete)
+    if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
+        return None, (f"{len(complete)} complete trials: importance needs at least "
+                      f"{MIN_TRIALS_FOR_IMPORTANCE}.")
+    if len(varied) < MIN_PARAMS_FOR_IMPORTANCE:
+        what = f"only {varied[0]} varied" if varied else "no parameter varied"
+        return None, f"{what}: importance is trivial with fewer than {MIN_PARAMS_FOR_IMPORTANCE} parameters."
+    assert data.study is not None
+    try:
+        fig = optuna.visualization.plot_param_importances(data.study, params=varied, target_name="η")
+    except Exception as e:  # noqa: BLE001 - Optuna refuses some trial sets; the report says so
+        logger.warning("importance of %s failed: %s", data.stage.name, e)
+        return None, f"Optuna could not compute the importance: {e}"
+    fig.update_layout(title=f"{data.stage.name}: parameter importance (η)")
+    return fig, ""
+
+
+def slice_figure(data: _StageData) -> "go.Figure | None":
+    """Optuna's slice plot: η against each varied parameter."""
+    import optuna
+
+    complete = [t for t in data.trials if t.state.name == "COMPLETE" and t.value is not None]
+    varied = _varied_params(complete)
+    if len(complete) < 2 or not varied or data.study is None:
+        return None
+    try:
+        fig = optuna.visualization.plot_slice(data.study, params=varied, target_name="η")
+    except Exception as e:  # noqa: BLE001
+        logger.warning("slice plot of %s failed: %s", data.stage.name, e)
+        return None
+    fig.update_layout(title=f"{data.stage.name}: η against the stage's parameters")
+    return fig
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+def _table(headers: list[str], rows: list[list[Any]], *, css: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{_e(css)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _summary_table(status: dict[str, Any]) -> str:
+    rows = []
+    for s in status["stages"]:
+        winner = s.get("winner") or {}
+        counts = " ".join(f"{n} {k}" for k, n in sorted((s.get("counts") or {}).items())) or "—"
+        eta = (f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" if winner else "—")
+        rows.append([s["name"], s["space"], s["state"], counts, s.get("gpu_hours", 0.0),
+                     s.get("gpu_hours_saved", 0.0), eta, winner.get("decision", "—")])
+    return _table(["stage", "space", "state", "trials", "GPU-h", "GPU-h saved by pruning", "η [90%]", "decision"], rows)
+
+
+def _reasons_table(status: dict[str, Any]) -> str:
+    rows = []
+    for s in status["stages"]:
+        for r in s.get("trials", []):
+            if r["state"] in ("pruned", "fail"):
+                rows.append([s["name"], r["number"], r["state"], r["role"], _params_text(r["params"]),
+                             r.get("last_step"), r.get("failure_kind") or "—", r.get("reason") or "—",
+                             "yes" if r.get("requeued") else "no"])
+    if not rows:
+        return "<p class=\"note\">No trial was pruned or failed.</p>"
+    counts = []
+    for s in status["stages"]:
+        for reason, n in sorted((s.get("reasons") or {}).items()):
+            counts.append([s["name"], reason or "—", n])
+    return (_table(["stage", "reason", "trials"], counts)
+            + _table(["stage", "trial", "state", "role", "parameters", "last step", "failure kind", "reason",
+                      "queued again"], rows))
+
+
+def _gpu_table(stages: list[_StageData]) -> str:
+    rows = []
+    for data in stages:
+        for t in data.trials:
+            summary = trial_gpu_summary(t)
+            if summary is None:
+                continue
+            rows.append([data.stage.name, t.number, t.user_attrs.get("role", "candidate"),
+                         _params_text(t.user_attrs.get("overrides", {})),
+                         f"{summary['mean_util_pct']:.1f}%", f"{summary['idle_fraction']:.1%}",
+                         f"{summary['peak_mem_gb']:.1f}", summary["n_gpus"], summary["n_samples"]])
+    if not rows:
+        return "<p class=\"note\">No GPU samples were recorded (no <code>gpu</code> attribute, no gpu_samples.jsonl).</p>"
+    return _table(["stage", "trial", "role", "parameters", "mean util", "idle (<10% util)",
+                   "peak memory GB", "GPUs", "samples"], rows)
+
+
+# -- page ---------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd}h3{margin-top:1.4em}
+table{border-collapse:collapse;margin:8px 0 16px;font-size:.9em}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}.note{color:#555;font-style:italic}
+pre{background:#f7f7f7;border:1px solid #ddd;padding:10px;overflow:auto;font-size:.85em}
+#report-check{color:#888;font-size:.8em}
+"""
+
+_ERROR_HOOK = """<script>
+window.__reportErrors = [];
+window.addEventListener('error', function (e) { window.__reportErrors.push(String(e.message || e)); });
+(function () { var original = console.error; console.error = function () {
+  window.__reportErrors.push(Array.prototype.map.call(arguments, String).join(' '));
+  return original.apply(console, arguments); }; })();
+</script>"""
+
+_CHECK_SCRIPT = """<script>
+(function () {
+  var expected = %d, started = Date.now();
+  function rendered() {
+    var n = 0;
+    document.querySelectorAll('.js-plotly-plot').forEach(function (p) { if (p.querySelector('.main-svg')) n++; });
+    return n;
+  }
+  function check() {
+    var n = rendered();
+    if (n < expected && Date.now() - started < 8000) { setTimeout(check, 100); return; }
+    var marker = document.getElementById('report-check');
+    marker.setAttribute('data-rendered', String(n));
+    marker.setAttribute('data-errors', JSON.stringify(window.__reportErrors || []));
+    marker.textContent = 'rendered ' + n + ' of ' + expected + ' plots';
+  }
+  if (document.readyState === 'complete') check(); else window.addEventListener('load', check);
+})();
+</script>"""
+
+
+def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> str:
+    """The report's HTML text (see the module docstring)."""
+    status, stages = _load(storage, spec)
+    figures = _Figures()
+    parts: list[str] = []
+    total_gpu_h = sum(s.get("gpu_hours", 0.0) for s in status["stages"])
+    saved_gpu_h = sum(s.get("gpu_hours_saved", 0.0) for s in status["stages"])
+    parts.append(f"<h1>verl-sweep study {_e(spec.name)} ({_e(status['algorithm'])})</h1>")
+    parts.append(
+        f"<p>{len(spec.stages)} stages, {spec.hardware.n_gpus} GPUs per run, probes of {spec.probe.steps} steps; "
+        f"{total_gpu_h:.2f} simulated GPU-hours used, about {saved_gpu_h:.2f} saved by pruning. "
+        f"Generated {_e(datetime.datetime.now().isoformat(timespec='seconds'))}.</p>"
+    )
+    parts.append("<h2>Stages</h2>" + _summary_table(status))
+
+    overview = best_so_far_figure(stages)
+    parts.append("<h2>Best η so far against GPU-hours</h2>")
+    parts.append(figures.render(overview) if overview is not None else '<p class="note">No trial has finished yet.</p>')
+
+    for data in stages:
+        parts.append(f"<h2>Stage {_e(data.stage.name)} ({_e(data.stage.space)})</h2>")
+        winner = data.status.get("winner")
+        parts.append(f"<p>{_e(winner['decision'])}</p>" if winner else f"<p class=\"note\">{_e(data.status['state'])}</p>")
+        if not data.trials:
+            continue
+        for fig in (eta_figure(data), reward_figure(data), slice_figure(data)):
+            if fig is not None:
+                parts.append(figures.render(fig))
+        importance, why_not = importance_figure(data)
+        parts.append("<h3>Parameter importance</h3>")
+        parts.append(figures.render(importance) if importance is not None else f'<p class="note">{_e(why_not)}</p>')
+
+    parts.append("<h2>Pruned and failed trials</h2>" + _reasons_table(status))
+    parts.append("<h2>GPU utilisation</h2>" + _gpu_table(stages))
+
+    results = finished_results(storage, spec)
+    parts.append("<h2>Exported config</h2>")
+    if results:
+        text = export.render(spec, results, results[-1].config, "yaml")
+        parts.append(f"<p>As written by <code>verl-sweep export {_e(spec.name)} -o best.yaml</code>:</p>"
+                     f"<pre>{_e(text)}</pre>")
+    else:
+        parts.append('<p class="note">No stage has finished yet; nothing to export.</p>')
+
+    parts.append(f'<p id="report-check" data-expected="{figures.count}"></p>')
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>verl-sweep report: {_e(spec.name)}</title><style>{_CSS}</style>{_ERROR_HOOK}</head><body>\n"
+        + "\n".join(parts)
+        + (_CHECK_SCRIPT % figures.count)
+        + "\n</body></html>\n"
+    )
+
+
+def write_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, output_path: Path | str) -> Path:
+    """Write the report to ``output_path`` (parents created); returns the path."""
+    output = Path(output_path)
+    text = build_report(storage, spec)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    logger.info("wrote report %s (%d bytes)", output, len(text))
+    return output
+
+
+def figure_count(report_html: str) -> int:
+    """How many figures a report declares (its ``data-expected`` marker)."""
+    marker = 'id="report-check" data-expected="'
+    start = report_html.index(marker) + len(marker)
+    return int(report_html[start: report_html.index('"', start)])
+
+
+__all__ = ["build_report", "write_report", "figure_count", "REWARD_KEY"]
