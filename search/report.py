@@ -151,7 +151,8 @@ def eta_figure(data: _StageData) -> "go.Figure | None":
             hovertemplate="%{text}<br>η %{y:.3f}<extra></extra>",
         ))
     tolerance = data.stage.stop.tolerance
-    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="incumbent η = 1")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="incumbent η = 1",
+                  annotation_position="top left")
     fig.add_hline(y=1 + tolerance, line_dash="dash", line_color="#ef553b",
                   annotation_text=f"+{tolerance:.0%} to win", annotation_position="bottom right")
     fig.update_layout(title=f"{data.stage.name}: η per trial (90% interval)",
@@ -207,10 +208,8 @@ def reward_figure(data: _StageData) -> "go.Figure | None":
     focus = winner
     label = "winner"
     if focus is None:
-        candidates = [t for t in complete if t.user_attrs.get("role") == "candidate" and t.value is not None]
-        if candidates:
-            focus = max(candidates, key=lambda t: float(t.value)).number  # type: ignore[arg-type]
-            label = "best candidate, not adopted"
+        focus = _best_candidate(complete)
+        label = "best candidate, not adopted"
     for t in complete:
         if t.number == focus or (focus is not None and t.user_attrs.get("rerun_of") == focus):
             role = "re-run" if t.user_attrs.get("role") == "rerun" else label
@@ -226,6 +225,25 @@ def reward_figure(data: _StageData) -> "go.Figure | None":
     fig.update_layout(title=f"{data.stage.name}: reward ({REWARD_KEY}) against step",
                       xaxis_title="step", yaxis_title=REWARD_KEY)
     return fig
+
+
+def _best_candidate(complete: list["optuna.trial.FrozenTrial"]) -> int | None:
+    """The candidate the driver judged best: like its decision, confirmed candidates (those with
+    re-runs) rank by their mean η over all their runs, the others by their one run."""
+    runs: dict[int, list[float]] = {}
+    for t in complete:
+        if t.value is None:
+            continue
+        if t.user_attrs.get("role") == "candidate":
+            runs.setdefault(t.number, []).insert(0, float(t.value))
+        elif t.user_attrs.get("role") == "rerun" and t.user_attrs.get("rerun_of") is not None:
+            runs.setdefault(int(t.user_attrs["rerun_of"]), []).append(float(t.value))
+    candidates = {n: v for n, v in runs.items()
+                  if any(t.number == n and t.user_attrs.get("role") == "candidate" for t in complete)}
+    confirmed = {n: v for n, v in candidates.items() if len(v) > 1} or candidates
+    if not confirmed:
+        return None
+    return max(confirmed, key=lambda n: sum(confirmed[n]) / len(confirmed[n]))
 
 
 def _varied_params(trials: Iterable["optuna.trial.FrozenTrial"]) -> list[str]:
@@ -321,14 +339,16 @@ def _gpu_table(stages: list[_StageData]) -> str:
             summary = trial_gpu_summary(t)
             if summary is None:
                 continue
+            idle = summary.get("idle_fraction")
             rows.append([data.stage.name, t.number, t.user_attrs.get("role", "candidate"),
                          _params_text(t.user_attrs.get("overrides", {})),
-                         f"{summary['mean_util_pct']:.1f}%", f"{summary['idle_fraction']:.1%}",
-                         f"{summary['peak_mem_gb']:.1f}", summary["n_gpus"], summary["n_samples"]])
+                         f"{summary['mean_util_pct']:.1f}%", "—" if idle is None else f"{idle:.1%}",
+                         summary.get("peak_mem_gb"), summary.get("min_free_gb"), summary.get("n_samples"),
+                         summary.get("diagnosis") or "—"])
     if not rows:
         return "<p class=\"note\">No GPU samples were recorded (no <code>gpu</code> attribute, no gpu_samples.jsonl).</p>"
     return _table(["stage", "trial", "role", "parameters", "mean util", "idle (<10% util)",
-                   "peak memory GB", "GPUs", "samples"], rows)
+                   "peak memory GB", "least free GB", "samples", "diagnosis"], rows)
 
 
 # -- page ---------------------------------------------------------------------------------------

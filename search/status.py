@@ -6,8 +6,6 @@ Read-only; the same data feeds ``verl-sweep status``, its ``--json`` and the exp
 from __future__ import annotations
 
 import collections
-import json
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,60 +20,31 @@ if TYPE_CHECKING:
     import optuna
 
 
-#: a GPU below this utilisation (percent) counts as idle
-IDLE_UTIL_PCT = 10.0
 STEP_TIME_KEY = "timing_s/step"
 
 
-def gpu_samples_summary(path: Path | str) -> dict[str, Any] | None:
-    """Mean utilisation, idle fraction (share of GPU samples under ``IDLE_UTIL_PCT``) and peak
-    memory of a ``gpu_samples.jsonl`` file; None when it is missing or holds no sample.
-    Unreadable lines (a half-written last line) are skipped."""
-    path = Path(path)
-    if not path.is_file():
+def gpu_samples_summary(run_dir: Path | str) -> dict[str, Any] | None:
+    """``objectives.utilisation.summarise`` of a run directory's ``gpu_samples.jsonl`` (with
+    the GPU count); None when the run recorded no sample."""
+    from objectives.utilisation import read_samples, summarise
+
+    run_dir = Path(run_dir)
+    samples = read_samples(run_dir / "gpu_samples.jsonl")
+    summary = summarise(samples, read_all(run_dir / "metrics.jsonl")) if samples else None
+    if summary is None or summary.get("mean_util_pct") is None:
         return None
-    utils: list[float] = []
-    peak_mb = 0.0
-    n_samples = 0
-    indices: set[int] = set()
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        gpus = record.get("gpus") if isinstance(record, dict) else None
-        if not isinstance(gpus, list):
-            continue
-        n_samples += 1
-        for gpu in gpus:
-            if not isinstance(gpu, dict):
-                continue
-            indices.add(int(gpu.get("index", len(indices))))
-            util = gpu.get("util")
-            if isinstance(util, (int, float)) and math.isfinite(util):
-                utils.append(float(util))
-            mem = gpu.get("mem_used_mb")
-            if isinstance(mem, (int, float)) and math.isfinite(mem):
-                peak_mb = max(peak_mb, float(mem))
-    if not utils:
-        return None
-    return {
-        "mean_util_pct": round(sum(utils) / len(utils), 2),
-        "idle_fraction": round(sum(1 for u in utils if u < IDLE_UTIL_PCT) / len(utils), 4),
-        "peak_mem_gb": round(peak_mb / 1024.0, 2),
-        "n_gpus": len(indices),
-        "n_samples": n_samples,
-    }
+    summary["n_gpus"] = len({g.get("index") for s in samples for g in s["gpus"]})
+    return summary
 
 
 def trial_gpu_summary(t: "optuna.trial.FrozenTrial") -> dict[str, Any] | None:
-    """The trial's GPU summary: its ``gpu`` user attribute when it already holds one (same
-    keys as ``gpu_samples_summary``), else computed from its run directory's samples."""
+    """The trial's GPU summary: its ``gpu`` user attribute (the driver stores the probe's
+    summary there), else one computed from its run directory's samples."""
     attr = t.user_attrs.get("gpu")
-    if isinstance(attr, dict) and {"mean_util_pct", "idle_fraction", "peak_mem_gb"} <= attr.keys():
-        return {"n_gpus": None, "n_samples": None, **attr}
+    if isinstance(attr, dict) and attr.get("mean_util_pct") is not None:
+        return attr
     run_dir = t.user_attrs.get("run_dir")
-    return gpu_samples_summary(Path(run_dir) / "gpu_samples.jsonl") if run_dir else None
+    return gpu_samples_summary(run_dir) if run_dir else None
 
 
 def mean_step_time_s(t: "optuna.trial.FrozenTrial", n_gpus: int) -> float | None:
