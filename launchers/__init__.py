@@ -21,11 +21,13 @@ from launchers.base import (
 from launchers.local import LocalLauncher
 from launchers.ray_jobs import RayJobLauncher
 from launchers.sim import SimLauncher
+from launchers.replay import ReplayLauncher
 
 LAUNCHERS: dict[str, type[Launcher]] = {
     "sim": SimLauncher,
     "local": LocalLauncher,
     "ray": RayJobLauncher,
+    "replay": ReplayLauncher,
 }
 
 

@@ -1,0 +1,422 @@
+"""ReplayLauncher: simulated verl probes on a virtual clock, with no process at all.
+
+Like Syne Tune's simulator backend: the same ``start / poll / cancel`` contract and the same
+run directory files as :class:`launchers.sim.SimLauncher` (``spec.json``, ``metrics.jsonl`` in
+verl's format, ``stdout.log`` with verl's console lines, ``stderr.log`` with verl's failure
+texts, ``gpu_samples.jsonl``), but each run's lines are written from
+:meth:`Landscape.simulate` — the very model the simulator process runs — as the launcher's
+virtual clock passes each step's end time. ``clock()`` returns virtual seconds; ``wait(s)``
+moves the clock instantly (see :meth:`ReplayLauncher.wait`), so a study that would take days
+of GPU time replays in seconds. Used by the benchmarks; ``poll_advance_s`` lets callers that
+poll without calling ``wait`` (generic polling loops, the launcher contract) see time pass.
+
+Overrides are parsed and checked exactly as the simulator process does
+(``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import logging
+import random
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping
+
+from launchers.base import Launcher, LauncherError, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus, write_spec
+from launchers.local import merge_overrides, probe_pins
+
+logger = logging.getLogger(__name__)
+
+#: what the simulator's SIGTERM handler writes; a cancelled replay writes the same
+_SIGTERM_TEXT = "Received SIGTERM, shutting down"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunUsage:
+    """Slot occupancy of one run on the virtual clock (for GPU-hour and idle accounting)."""
+
+    run_id: str
+    started_at: float
+    ended_at: float
+    n_gpus: int
+    status: RunStatus
+    last_step: int
+
+    @property
+    def gpu_s(self) -> float:
+        return max(0.0, self.ended_at - self.started_at) * self.n_gpus
+
+
+@dataclasses.dataclass
+class _Run:
+    handle: RunHandle
+    spec: RunSpec
+    started_at: float
+    events: Iterator[tuple[float, str, Any]]
+    next_event: tuple[float, str, Any] | None
+    files: dict[str, IO[str]]
+    last_step: int = 0
+    exit_code: int | None = None
+    finished_at: float | None = None
+
+
+class ReplayLauncher(Launcher):
+    """Simulated-time probes (see module docstring). ``max_concurrent`` slots of
+    ``gpus_per_probe`` GPUs; a start beyond them raises ``NoCapacityError``."""
+
+    name = "replay"
+
+    def __init__(
+        self,
+        root_dir: Path | str,
+        *,
+        max_concurrent: int = 2,
+        landscape: str = "default",
+        gpus_per_probe: int = 8,
+        startup_s: float | None = 120.0,
+        poll_advance_s: float = 0.0,
+        write_console: bool = True,
+        write_gpu_samples: bool = True,
+        gpu_memory_gb: float | None = None,
+    ) -> None:
+        if max_concurrent < 1:
+            raise LauncherError(f"max_concurrent must be >= 1, but got {max_concurrent}.")
+        if gpus_per_probe < 1:
+            raise LauncherError(f"gpus_per_probe must be >= 1, but got {gpus_per_probe}.")
+        if poll_advance_s < 0:
+            raise LauncherError(f"poll_advance_s must be >= 0, but got {poll_advance_s}. It is virtual seconds per poll.")
+        from launchers.simulator import load_landscape
+
+        self._now = 0.0
+        super().__init__(root_dir, clock=self._virtual_now)
+        self._max_concurrent = max_concurrent
+        self.gpus_per_probe = gpus_per_probe
+        self.landscape_name = landscape
+        self.landscape = load_landscape(landscape)
+        # None: the landscape's own start-up time (what the simulator process sleeps).
+        self.startup_s = startup_s
+        self.poll_advance_s = float(poll_advance_s)
+        self.write_console = write_console
+        self.write_gpu_samples = write_gpu_samples
+        self.gpu_memory_gb = gpu_memory_gb
+        self._runs: dict[str, _Run] = {}
+        self._usage: list[RunUsage] = []
+        self._key_checks: dict[frozenset[str], str | None] = {}
+
+    # -- clock ------------------------------------------------------------------------------
+    def _virtual_now(self) -> float:
+        return self._now
+
+    def wait(self, seconds: float) -> None:
+        """Advance the virtual clock instantly to ``now + seconds``, or only as far as the
+        first run exit before then (so the caller sees a freed slot at the moment it frees).
+        Metrics lines due by then are written on the way."""
+        self._advance_to(self._now + max(0.0, seconds), stop_at_exit=True)
+
+    def advance_to(self, t: float) -> None:
+        """Move the clock to ``t`` (never backwards), writing what the runs produce meanwhile."""
+        self._advance_to(max(self._now, t))
+
+    def _advance_to(self, t: float, *, stop_at_exit: bool = False) -> None:
+        # Events of different runs interleave in time order so each file sees its lines at
+        # the right virtual moment (one run's lines never depend on another's).
+        heap = [(r.next_event[0], run_id) for run_id, r in self._runs.items() if r.next_event is not None]
+        heapq.heapify(heap)
+        while heap and heap[0][0] <= t:
+            when, run_id = heapq.heappop(heap)
+            run = self._runs[run_id]
+            self._now = max(self._now, when)
+            exiting = run.next_event is not None and run.next_event[1] == "exit"
+            self._apply(run)
+            if exiting and stop_at_exit:
+                return
+            if run.next_event is not None:
+                heapq.heappush(heap, (run.next_event[0], run_id))
+        self._now = t
+
+    # -- capacity ---------------------------------------------------------------------------
+    @property
+    def max_concurrent(self) -> int:
+        return self._max_concurrent
+
+    def free_slots(self) -> int:
+        busy = sum(1 for r in self._runs.values() if r.finished_at is None)
+        return max(0, self._max_concurrent - busy)
+
+    def usage(self) -> list[RunUsage]:
+        """Every run's slot occupancy so far (finished runs, then running ones up to now)."""
+        running = [
+            RunUsage(r.spec.run_id, r.started_at, self._now, self.gpus_per_probe, RunStatus.RUNNING, r.last_step)
+            for r in self._runs.values() if r.finished_at is None
+        ]  # fmt: skip
+        return [*self._usage, *running]
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _start(self, spec: RunSpec) -> RunHandle:
+        if spec.n_gpus > self.gpus_per_probe:
+            raise LauncherError(
+                f"a probe's n_gpus must be <= gpus_per_probe ({self.gpus_per_probe}), but got {spec.n_gpus}. "
+                "Raise gpus_per_probe or lower the probe's GPU count."
+            )
+        if self.free_slots() == 0:
+            raise NoCapacityError(
+                f"a free GPU slot is needed to start {spec.run_id!r}, but all {self.max_concurrent} are busy. "
+                "Wait until poll reports a run finished."
+            )
+        run_dir = self._run_dir(spec.run_id)
+        metrics_path = run_dir / "metrics.jsonl"
+        stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
+        samples_path = run_dir / "gpu_samples.jsonl"
+        for path in (metrics_path, stdout_path, stderr_path, samples_path):
+            path.unlink(missing_ok=True)
+        pins = [*probe_pins(spec.run_id, run_dir, metrics_path), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
+        argv = merge_overrides(spec.overrides, pins)
+        write_spec(run_dir, spec, {"launcher": self.name, "argv": argv, "landscape": self.landscape_name,
+                                   "started_at": self._now})  # fmt: skip
+        handle = RunHandle(
+            run_id=spec.run_id,
+            launcher=self.name,
+            run_dir=run_dir,
+            metrics_path=metrics_path,
+            stdout_path=stdout_path,
+            stderr_path=stderr_path,
+            external_id=f"replay:{spec.run_id}",
+            started_at=self._now,
+        )
+        self._begin(handle, spec, argv, started_at=self._now, skip_steps=0)
+        return handle
+
+    def _begin(self, handle: RunHandle, spec: RunSpec, argv: list[str], *, started_at: float, skip_steps: int) -> None:
+        files = {"stdout": open(handle.stdout_path, "a", buffering=1), "stderr": open(handle.stderr_path, "a", buffering=1)}
+        events = self._events(argv, handle, started_at=started_at, skip_steps=skip_steps, files=files)
+        run = _Run(handle, spec, started_at, events, None, files)
+        run.next_event = next(events, None)
+        self._runs[spec.run_id] = run
+        # Whatever is due at once (a config error exits right away) happens now.
+        while run.next_event is not None and run.next_event[0] <= self._now:
+            self._apply(run)
+
+    def _poll(self, handle: RunHandle) -> RunState:
+        if self.poll_advance_s > 0:
+            self._advance_to(self._now + self.poll_advance_s)
+        run = self._runs.get(handle.run_id)
+        if run is None:
+            raise LauncherError(f"run {handle.run_id!r} must have been started by this launcher, but it was not.")
+        if run.finished_at is None:
+            return RunState(RunStatus.RUNNING)
+        if run.exit_code == 0:
+            return RunState(RunStatus.SUCCEEDED, exit_code=0)
+        from launchers.local import stderr_tail
+
+        tail = stderr_tail(handle.stderr_path)
+        return RunState(RunStatus.FAILED, exit_code=run.exit_code, message=f"exit code {run.exit_code}: {tail}")
+
+    def _cancel(self, handle: RunHandle) -> None:
+        run = self._runs.get(handle.run_id)
+        if run is None or run.finished_at is not None:
+            return
+        run.files["stderr"].write(_SIGTERM_TEXT + "\n")
+        self._end(run, exit_code=143, status=RunStatus.CANCELLED)
+
+    def _reattach(self, run_id: str) -> RunHandle | None:
+        """Continue a run another launcher started in this root: its lines so far stay, the
+        rest follow on this launcher's clock (an unfinished run has no exit in stderr)."""
+        run_dir = self.root_dir / run_id
+        spec_path = run_dir / "spec.json"
+        if not spec_path.is_file():
+            return None
+        data = json.loads(spec_path.read_text())
+        if data.get("launcher") != self.name:
+            return None
+        spec = RunSpec(run_id=run_id, overrides=tuple(data["overrides"]), n_gpus=int(data["n_gpus"]))
+        handle = RunHandle(
+            run_id=run_id, launcher=self.name, run_dir=run_dir, metrics_path=run_dir / "metrics.jsonl",
+            stdout_path=run_dir / "stdout.log", stderr_path=run_dir / "stderr.log",
+            external_id=f"replay:{run_id}", started_at=self._now,
+        )  # fmt: skip
+        done = _last_step(handle.metrics_path)
+        if "Training finished" in _read(handle.stdout_path) or _read(handle.stderr_path).strip():
+            return None  # it ended under the old launcher; nothing left to follow
+        self._begin(handle, spec, list(data["argv"]), started_at=self._now, skip_steps=done)
+        return handle
+
+    def close(self) -> None:
+        for run in self._runs.values():
+            for f in run.files.values():
+                f.close()
+
+    # -- the replay ----------------------------------------------------------------------------
+    def _apply(self, run: _Run) -> None:
+        assert run.next_event is not None
+        when, kind, payload = run.next_event
+        if kind == "exit":
+            self._now = max(self._now, when)
+            self._end(run, exit_code=int(payload), status=RunStatus.SUCCEEDED if payload == 0 else RunStatus.FAILED)
+            return
+        if kind == "step":
+            run.last_step = int(payload)
+        run.next_event = next(run.events, None)
+
+    def _end(self, run: _Run, *, exit_code: int, status: RunStatus) -> None:
+        run.exit_code = exit_code
+        run.finished_at = self._now
+        run.next_event = None
+        run.events.close()  # type: ignore[attr-defined]
+        for f in run.files.values():
+            f.close()
+        self._usage.append(RunUsage(run.spec.run_id, run.started_at, self._now, self.gpus_per_probe, status, run.last_step))
+
+    def _check(self, config: Mapping[str, Any]) -> None:
+        """``check_config`` as the process runs it; the key check against verl's config tree
+        (a 20 ms YAML read) is remembered per set of keys."""
+        import os
+
+        from launchers.simulator.config import ConfigError, check_config, check_keys
+
+        keys = frozenset(config)
+        if keys not in self._key_checks:
+            try:
+                check_keys(config)
+                self._key_checks[keys] = None
+            except ConfigError as e:
+                self._key_checks[keys] = str(e)
+        error = self._key_checks[keys]
+        if error is not None:
+            raise ConfigError(error)
+        previous = os.environ.get("VERL_SIM_SKIP_KEY_CHECK")
+        os.environ["VERL_SIM_SKIP_KEY_CHECK"] = "1"  # keys were checked just above
+        try:
+            check_config(config)
+        finally:
+            if previous is None:
+                del os.environ["VERL_SIM_SKIP_KEY_CHECK"]
+            else:
+                os.environ["VERL_SIM_SKIP_KEY_CHECK"] = previous
+
+    def _events(
+        self, argv: list[str], handle: RunHandle, *, started_at: float, skip_steps: int, files: dict[str, IO[str]]
+    ) -> Iterator[tuple[float, str, Any]]:
+        """What ``python -m launchers.simulator argv`` does, as timed events; writing happens
+        as each event is taken (so lines appear when the clock passes them)."""
+        from launchers.simulator.__main__ import _clean, _fmt, _gpu_sample
+        from launchers.simulator.config import ConfigError, get, logger_path, parse_overrides
+        from launchers.simulator.landscape import LandscapeError
+
+        out, err = files["stdout"], files["stderr"]
+        prefix = f"(TaskRunnerV1 pid=replay-{handle.run_id})"
+        t = started_at
+        try:
+            config = parse_overrides(argv)
+            self._check(config)
+        except ConfigError as e:
+            err.write(f"Error executing job with overrides: {argv!r}\n{e}\n\n"
+                      "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")  # fmt: skip
+            yield t, "exit", 1
+            return
+        landscape = self.landscape
+        try:
+            if self.gpu_memory_gb is not None:
+                landscape = dataclasses.replace(
+                    landscape, data={**landscape.data, "hardware": {**landscape.data["hardware"], "gpu_memory_gb": self.gpu_memory_gb}}
+                )
+            expectation = landscape.expected(config)
+        except (LandscapeError, ConfigError, ValueError, TypeError) as e:
+            err.write(f"Error executing job with overrides: {argv!r}\n{type(e).__name__}: {e}\n")
+            yield t, "exit", 1
+            return
+        if self.write_console and skip_steps == 0:
+            out.write(f"{prefix} TaskRunner hostname: replay, PID: 0\n")
+            out.write(f"{prefix} landscape={landscape.name} total_training_steps={expectation.total_steps}\n")
+        startup = expectation.startup_s if self.startup_s is None else self.startup_s
+        if skip_steps == 0:
+            t += startup
+        failure = expectation.failure
+        if failure is not None and failure.kind == "hang":
+            timeout = float(get(config, "actor_rollout_ref.nccl_timeout") or 600)
+            t += timeout
+            yield t, "wake", None
+            err.write(
+                f"[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] {failure.message}, "
+                f"WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)={int(timeout * 1000)}) ran for longer "
+                f"than the timeout ({failure.reason}).\nA worker died or was killed while executing a task.\n"
+            )
+            yield t, "exit", 1
+            return
+        if failure is not None and failure.at_step == 0:
+            yield t, "wake", None
+            err.write(f"{prefix} Traceback (most recent call last):\n{failure.message}\n")
+            yield t, "exit", 1
+            return
+        path = logger_path(config)
+        metrics = open(path, "a", buffering=1) if path else None
+        samples = (open(handle.run_dir / "gpu_samples.jsonl", "a", buffering=1)
+                   if self.write_gpu_samples else None)  # fmt: skip
+        for f, key in ((metrics, "metrics"), (samples, "samples")):
+            if f is not None:
+                files[key] = f
+        yield t, "wake", None
+        if metrics is not None and skip_steps == 0 and bool(get(config, "trainer.val_before_train")):
+            val = {"val-core/default/reward/mean@1": expectation.r0}
+            metrics.write(json.dumps({"step": 0, "data": val}) + "\n")
+            if self.write_console:
+                out.write(f"{prefix} step:0 - " + " - ".join(f"{k}:{_fmt(v)}" for k, v in val.items()) + "\n")
+        n_gpus = int(get(config, "trainer.n_gpus_per_node"))
+        gpu_mb = landscape.gpu_memory_gb * 1024.0
+        seed = get(config, "data.seed")
+        jitter = random.Random(f"gpu:{landscape.seed}:{0 if seed is None else seed}")
+        last = 0
+        sim_now = startup  # the process's own clock (for the GPU samples' "t")
+        for record in landscape.simulate(config):
+            sim_now += record.step_time_s
+            last = record.step
+            if record.step <= skip_steps:
+                if samples is not None:  # keep the jitter stream where the process has it
+                    _gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
+                continue
+            t += record.step_time_s
+            yield t, "step", record.step
+            if metrics is not None:
+                data = {k: _clean(v) for k, v in record.metrics.items()}
+                metrics.write(json.dumps({"step": record.step, "data": data}) + "\n")
+            if self.write_console:
+                out.write(f"{prefix} step:{record.step} - "
+                          + " - ".join(f"{k}:{_fmt(v)}" for k, v in record.metrics.items()) + "\n")  # fmt: skip
+            if samples is not None:
+                sample = _gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
+                samples.write(json.dumps(sample) + "\n")
+        if failure is not None:
+            t += expectation.step_time_s * 0.3
+            yield t, "wake", None
+            err.write(f"{prefix} Traceback (most recent call last):\n{prefix} {failure.message}\n")
+            yield t, "exit", 1
+            return
+        p_died = float((landscape.data.get("failures") or {}).get("worker_died_probability", 0.0))
+        if p_died > 0 and jitter.random() < p_died:
+            err.write(
+                "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+                f"A worker died or was killed while executing a task by an unexpected system error. (after step {last})\n"
+            )
+            yield t, "exit", 1
+            return
+        if self.write_console:
+            out.write(f"{prefix} Training finished at step {last}\n")
+        yield t, "exit", 0
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _last_step(path: Path) -> int:
+    last = 0
+    for line in _read(path).splitlines():
+        try:
+            last = max(last, int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return last
