@@ -7,7 +7,10 @@ plain lines. Library code logs; only this module writes to the console.
 
 from __future__ import annotations
 
+import math
+import statistics
 import sys
+import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console as RichConsole
@@ -32,6 +35,11 @@ def format_params(overrides: dict[str, Any]) -> str:
 
 
 class Console:
+    """What the driver shows. On a terminal (``live``): per stage a bar of trials done against
+    the budget with the best η so far and an ETA from the median probe time, and one bar per
+    running probe with its step and current reward; finished trials print one line each above
+    the bars. Otherwise plain lines only. The driver calls the public methods below."""
+
     def __init__(self, stream: TextIO | None = None, *, live: bool | None = None, quiet: bool = False) -> None:
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty() if live is None else live
@@ -41,7 +49,14 @@ class Console:
         self._progress: Progress | None = None
         self._task: Any = None
         self._budget = 0
-        self._running: dict[int, str] = {}
+        self._stage = ""
+        self._running: dict[int, Any] = {}  # trial number -> its probe's progress task (or None)
+        self._started_at: dict[int, float] = {}
+        self._durations: list[float] = []
+        self._done = 0
+        self._reruns = 0
+        self._max_parallel = 1
+        self._best: tuple[int, float] | None = None
 
     # -- lines ---------------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -62,14 +77,22 @@ class Console:
         for text in explain:
             self.line(f"   {text}")
         self._budget = budget
+        self._stage = stage.name
+        self._running.clear()
+        self._started_at.clear()
+        self._durations = []
+        self._done = self._reruns = 0
+        self._max_parallel = 1
+        self._best = None
         if self.live and not self.quiet:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
                 TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-                console=self.rich, transient=True,
+                console=self.rich, transient=True, refresh_per_second=4,
             )
             self._progress.start()
-            self._task = self._progress.add_task(stage.name, total=budget, status="")
+            self._task = self._progress.add_task(f"stage {stage.name}", total=budget, status="")
+            self._refresh_stage()
 
     def stage_skipped(self, name: str, result: "StageResult") -> None:
         self.line(f"== stage {name}: already finished ({result.decision})")
@@ -80,20 +103,51 @@ class Console:
             self._progress = None
         self.line(f"== stage {name} done: {result.decision}")
 
+    def eta_s(self) -> float | None:
+        """Seconds until the stage's budget is used: median probe time × trials left ÷ the
+        most probes seen running at once (None before the first probe finished)."""
+        if not self._durations:
+            return None
+        left = max(0, self._budget - self._done)
+        return statistics.median(self._durations) * math.ceil(left / max(1, self._max_parallel))
+
+    def _stage_status(self) -> str:
+        parts = []
+        if self._best is not None:
+            parts.append(f"best η {self._best[1]:.3f} (trial {self._best[0]})")
+        if self._reruns:
+            parts.append(f"+{self._reruns} re-run{'s' if self._reruns > 1 else ''}")
+        eta = self.eta_s()
+        if eta is not None:
+            parts.append(f"ETA {_duration(eta)}")
+        return " · ".join(parts)
+
+    def _refresh_stage(self) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=min(self._done, self._budget), status=self._stage_status())
+
     # -- trials --------------------------------------------------------------------------------
     def trial_started(self, stage: str, number: int, role: str, overrides: dict[str, Any]) -> None:
-        self._running[number] = ""
+        self._started_at[number] = time.monotonic()
+        task = None
+        if self._progress is not None:
+            task = self._progress.add_task(f"  trial {number} ({role})", total=None,
+                                           status=format_params(overrides))
+        self._running[number] = task
+        self._max_parallel = max(self._max_parallel, len(self._running))
         if not self.live:
             self.line(f"[{stage}] trial {number} started ({role}): {format_params(overrides)}")
 
     def trial_progress(self, stage: str, number: int, probe: "Probe") -> None:
-        if self._progress is None or probe.follower is None:
+        task = self._running.get(number)
+        if self._progress is None or task is None or probe.follower is None:
             return
         series = probe.follower.series
         reward = series[-1].data.get("critic/score/mean") if series else None
         reward_text = "—" if reward is None else f"{reward:.3f}"
-        self._running[number] = f"t{number}: step {probe.follower.last_step} R {reward_text}"
-        self._progress.update(self._task, status="  ".join(self._running.values()))
+        step = probe.follower.last_step
+        self._progress.update(task, total=probe.settings.steps, completed=min(step, probe.settings.steps),
+                              status=f"step {step} · reward {reward_text}")
 
     def trial_finished(
         self,
@@ -108,12 +162,21 @@ class Console:
         reason: str = "",
         stderr_tail: str = "",
     ) -> None:
-        self._running.pop(number, None)
-        if self._progress is not None:
-            self._progress.advance(self._task)
+        task = self._running.pop(number, None)
+        if self._progress is not None and task is not None:
+            self._progress.remove_task(task)
+        started = self._started_at.pop(number, None)
+        if started is not None and state != "failed":
+            self._durations.append(time.monotonic() - started)
+        if role == "rerun":
+            self._reruns += 1
+        elif not reason.endswith("(queued again)"):
+            self._done += 1  # a trial queued again runs later and counts then
         params = format_params(overrides)
         if eta is not None:
             best = _best_trial(study)
+            if best is not None:
+                self._best = best
             best_text = f" Best is trial {best[0]} with η {best[1]:.3f}." if best else ""
             ci = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
             self.line(f"[{study.study_name}] Trial {number} ({role}) finished with η {eta:.3f}{ci} "
@@ -122,6 +185,13 @@ class Console:
             self.line(f"[{study.study_name}] Trial {number} ({role}) {state}: {reason}. Parameters: {params}.")
             for text in stderr_tail.strip().splitlines()[-5:]:
                 self.line(f"    | {text}")
+        self._refresh_stage()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 def _best_trial(study: "optuna.Study") -> tuple[int, float] | None:

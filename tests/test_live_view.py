@@ -1,0 +1,168 @@
+"""The live view: a small demo study run by the real CLI under a pseudo-terminal shows stage
+headers, progress bars with each probe's step and reward, and one line per finished trial.
+
+The same run's database is shared with test_report.py and test_optuna_tools.py
+(``shared_demo``): one study run for all three files.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import demo_data, write_study
+
+COLUMNS = 140
+RUN_TIMEOUT_S = 240.0
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def small_demo(directory: Path) -> Path:
+    """The demo study with smaller budgets and one confirmation re-run per stage. The systems
+    stage keeps enough trials (and parameters) for a parameter-importance estimate."""
+    data = demo_data()
+    for stage in data["stages"]:
+        stage["budget"] = {"max_trials": 6 if stage["space"] == "systems" else 4}
+        stage["confirm_top"] = 1
+    return write_study(directory, data, "demo.yaml")
+
+
+def run_under_pty(argv: list[str], cwd: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, bytes]:
+    """Run ``argv`` with its stdout/stderr on a new pseudo-terminal; returns (exit status,
+    everything it wrote). Kills the child (by its pid) when it outlives ``timeout_s``."""
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(COLUMNS), "LINES": "40"}
+    env.pop("NO_COLOR", None)
+    pid, fd = pty.fork()
+    if pid == 0:  # child: a terminal of known size, then the CLI
+        try:
+            fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 40, COLUMNS, 0, 0))
+            os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), b"".join(chunks)
+
+
+def plain(transcript: bytes) -> str:
+    """The transcript without escape sequences, split at carriage returns too."""
+    return ANSI.sub(b"", transcript).replace(b"\r", b"\n").decode("utf-8", "replace")
+
+
+def shared_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small demo, run once per pytest session under a pty (a lock file keeps concurrent
+    fixtures from running it twice); the directory holds demo.db, runs/ and transcript.bin."""
+    base = tmp_path_factory.getbasetemp() / "shared-small-demo"
+    base.mkdir(exist_ok=True)
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = base / "exit_code"
+        if not done.exists():
+            small_demo(base)
+            started = time.monotonic()
+            code, transcript = run_under_pty([sys.executable, "-m", "search.cli", "run", "demo.yaml"], base)
+            (base / "transcript.bin").write_bytes(transcript)
+            (base / "elapsed_s").write_text(f"{time.monotonic() - started:.1f}")
+            done.write_text(str(code))
+    code = int(done.read_text())
+    assert code == 0, plain((base / "transcript.bin").read_bytes())[-4000:]
+    return base
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_demo(tmp_path_factory)
+
+
+def test_live_view_shows_stage_progress_and_trials(demo_dir: Path) -> None:
+    raw = (demo_dir / "transcript.bin").read_bytes()
+    text = plain(raw)
+    # a terminal got the live view: cursor control from the progress display, not plain lines
+    assert b"\x1b[" in raw
+    assert "started (" not in text, "per-trial 'started' lines are for non-terminals only"
+    stages = [s["name"] for s in demo_data()["stages"]]
+    for index, name in enumerate(stages):
+        assert f"== stage {index + 1} {name} (" in text
+        assert f"== stage {name} done: " in text
+    # the stage bar: trials done against the budget, the best η so far
+    assert re.search(r"stage \w+ .*\d+/\d+", text), text[-3000:]
+    assert re.search(r"best η \d\.\d{3} \(trial \d+\)", text)
+    # the probe bars: each running probe's step and reward
+    probe_lines = re.findall(r"trial \d+ \((?:incumbent|candidate|rerun)\).*step (\d+) · reward (\S+)", text)
+    assert probe_lines, text[-3000:]
+    assert any(int(step) > 0 for step, _ in probe_lines)
+    assert any(re.fullmatch(r"\d\.\d{3}", reward) for _, reward in probe_lines)
+    # one line per finished trial, with η and its interval (or the reason)
+    finished = re.findall(r"\[demo\.(\w+)\] Trial (\d+) \((\w+)\) finished with η (\d+\.\d+) "
+                          r"\[(\d+\.\d+), (\d+\.\d+)\]", text)
+    assert {stage for stage, *_ in finished} == set(stages)
+    for _, _, _, eta, low, high in finished:
+        assert float(low) <= float(eta) <= float(high)
+    assert "ETA " in text
+
+
+def test_every_trial_of_the_database_has_its_line(demo_dir: Path) -> None:
+    import optuna
+
+    text = plain((demo_dir / "transcript.bin").read_bytes())
+    storage = f"sqlite:///{demo_dir}/demo.db"
+    for stage in demo_data()["stages"]:
+        study = optuna.load_study(study_name=f"demo.{stage['name']}", storage=storage)
+        for trial in study.get_trials(deepcopy=False):
+            if trial.state.is_finished():
+                pattern = rf"\[demo\.{stage['name']}\] Trial {trial.number} \(\w+\) (finished with η|pruned|failed)"
+                assert re.search(pattern, text), f"no line for trial {trial.number} of {stage['name']}"
+
+
+def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
+    """The Console's non-terminal mode: no escape codes, 'started' and 'finished' lines."""
+    import io
+
+    import optuna
+
+    from search.console import Console
+
+    out = io.StringIO()
+    console = Console(out)
+    assert not console.live
+    study = optuna.create_study(direction="maximize", study_name="demo.lr")
+    trial = study.ask()
+    study.tell(trial, 1.2)
+    console.trial_started("lr", 0, "candidate", {"actor_rollout_ref.actor.optim.lr": 2e-6})
+    console.trial_finished(study, 0, "candidate", {"actor_rollout_ref.actor.optim.lr": 2e-6}, eta=1.2,
+                           interval=(1.1, 1.3))
+    text = out.getvalue()
+    assert "\x1b[" not in text
+    assert "[lr] trial 0 started (candidate): lr=2e-06" in text
+    assert "[demo.lr] Trial 0 (candidate) finished with η 1.200 [1.100, 1.300] and parameters: lr=2e-06. " \
+           "Best is trial 0 with η 1.200." in text
+
