@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console as RichConsole
+from rich.table import Column
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
@@ -86,8 +87,10 @@ class Console:
         self._best = None
         if self.live and not self.quiet:
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+                # fixed, unwrapped columns: a long status is cut, never the names and bars
+                TextColumn("{task.description}", table_column=Column(no_wrap=True)),
+                BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
                 console=self.rich, transient=True, refresh_per_second=4,
             )
             self._progress.start()
@@ -132,7 +135,7 @@ class Console:
         task = None
         if self._progress is not None:
             task = self._progress.add_task(f"  trial {number} ({role})", total=None,
-                                           status=format_params(overrides))
+                                           status=_shorten(f"starting: {format_params(overrides)}", 60))
         self._running[number] = task
         self._max_parallel = max(self._max_parallel, len(self._running))
         if not self.live:
@@ -186,6 +189,10 @@ class Console:
             for text in stderr_tail.strip().splitlines()[-5:]:
                 self.line(f"    | {text}")
         self._refresh_stage()
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _duration(seconds: float) -> str:
