@@ -170,6 +170,27 @@ def resume(
 
 
 @app.command()
+def worker(
+    name: str = typer.Argument(..., help="Study name."),
+    storage: Optional[str] = StorageOption,
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
+    debug: bool = DebugOption,
+) -> None:
+    """Join a running study as one more worker (any number, on any machines, sharing only the
+    database): no trial runs twice, budgets count across all workers, the chain is the same."""
+    _setup(debug)
+
+    def action() -> None:
+        opened, spec = _open_study(name, storage)
+        runner = _make_runner(spec, opened, launcher)
+        print(f"worker joined study {spec.name}")
+        _run_with_signals(runner)
+        print(f"study {spec.name} finished.")
+
+    _guard(action)
+
+
+@app.command()
 def status(
     name: str = typer.Argument(..., help="Study name."),
     storage: Optional[str] = StorageOption,

@@ -24,7 +24,7 @@ from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.console import Console
 from search.errors import BadInputError, SweepError
-from search.storage import HEARTBEAT_INTERVAL_S, with_retries
+from search.storage import HEARTBEAT_INTERVAL_S, describe_db_error, is_transient, with_retries
 from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
 from spaces import hardware_tag, template_for
 from spaces.base import Space, SpaceError
@@ -270,7 +270,7 @@ class StudyRunner:
         study, created = with_retries(lambda: self._open_stage(stage, base, probe_steps),
                                       what="open the stage study")
         if created:
-            self._enqueue_incumbents(study, space, base)
+            self._enqueue_initial(study, stage, space, base)
         settings = ProbeSettings(
             steps=probe_steps,
             speed_only=space.speed_only,
@@ -281,57 +281,103 @@ class StudyRunner:
         self.console.stage_started(index, stage, base, space.explain(), stage.budget.max_trials)
         self._adopt_or_close_orphans(study)
         active: dict[int, ActiveTrial] = {}
-        stage_clock_start = self.launcher.clock()
-        used_before = float(study.user_attrs.get("wall_clock_used_s", 0.0))
-        last_heartbeat = 0.0
-        last_saved = time.monotonic()
+        loop = _LoopClock(self.launcher.clock(), float(study.user_attrs.get("wall_clock_used_s", 0.0)))
+        delay = 1.0
         try:
             while True:
                 if self._stop_requested:
                     raise Interrupted(f"stopped by {self._stop_requested}")
-                wall_used = used_before + self.launcher.clock() - stage_clock_start
-                trials = study.get_trials(deepcopy=False)
-                over_time = (
-                    stage.budget.max_wall_clock_s is not None and wall_used >= stage.budget.max_wall_clock_s
-                )
-                may_start = not over_time and self._may_start(study, trials, stage, active)
-                if not active and not may_start and not self._waiting_on_others(trials, active):
-                    if over_time or not self._enqueue_confirmations(study, stage, trials):
+                try:
+                    if self._iterate(study, stage, space, base, settings, active, loop):
                         break
+                    delay = 1.0
+                except Exception as e:  # noqa: BLE001 - only database outages are survived here
+                    if not is_transient(e):
+                        raise
+                    # The database is away (e.g. a PostgreSQL restart): the probes keep running;
+                    # whatever was not stored is retried on the next pass.
+                    self.console.note(f"database unavailable ({describe_db_error(e)}); retrying in {delay:.0f} s")
+                    time.sleep(delay)
+                    delay = min(delay * 2, 30.0)
                     continue
-                while may_start and self.launcher.free_slots() > 0:
-                    started = self._start_trial(study, stage, space, base, settings, active)
-                    if not started:
-                        break
-                    trials = study.get_trials(deepcopy=False)
-                    may_start = self._may_start(study, trials, stage, active)
-                self._poll_active(study, stage, settings, active)
-                self._tell_finished(study, active)
-                now = time.monotonic()
-                if now - last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
-                    for item in active.values():
-                        self.storage.record_heartbeat(item.trial._trial_id)
-                    optuna.storages.fail_stale_trials(study)
-                    last_heartbeat = now
-                if now - last_saved > 5.0:
-                    study.set_user_attr("wall_clock_used_s", wall_used)
-                    last_saved = now
                 self.launcher.wait(self.poll_interval_s)
         except BaseException as e:
             self._abandon(study, active, why=str(e) or type(e).__name__)
             raise
-        study.set_user_attr("wall_clock_used_s", used_before + self.launcher.clock() - stage_clock_start)
-        result = self._decide(study, stage, base)
-        study.set_user_attr("result", result.to_attr())
+        result = with_retries(lambda: self._record_result(study, stage, base, loop), what="store the stage result")
         self.console.stage_finished(stage.name, result)
         return result
 
+    def _iterate(
+        self,
+        study: "optuna.Study",
+        stage: StageSettings,
+        space: Space,
+        base: Config,
+        settings: ProbeSettings,
+        active: dict[int, ActiveTrial],
+        loop: "_LoopClock",
+    ) -> bool:
+        """One pass of the stage loop; True when the stage is over (for every worker)."""
+        import optuna
+
+        wall_used = loop.used(self.launcher.clock())
+        trials = study.get_trials(deepcopy=False)
+        over_time = stage.budget.max_wall_clock_s is not None and wall_used >= stage.budget.max_wall_clock_s
+        may_start = not over_time and self._may_start(study, trials, stage, active)
+        if not active and not may_start:
+            if self._waiting_on_others(trials, active):
+                # Idle while other workers finish the stage: confirm the best so far instead.
+                if not over_time and self.launcher.free_slots() > 0:
+                    self._enqueue_confirmations(study, stage, trials, extra=True)
+            elif over_time or not self._enqueue_confirmations(study, stage, trials, extra=False):
+                return True
+        while may_start and self.launcher.free_slots() > 0:
+            if not self._start_trial(study, stage, space, base, settings, active):
+                break
+            trials = study.get_trials(deepcopy=False)
+            may_start = self._may_start(study, trials, stage, active)
+        self._poll_active(study, stage, settings, active)
+        self._tell_finished(study, active)
+        now = time.monotonic()
+        if now - loop.last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
+            for item in active.values():
+                self.storage.record_heartbeat(item.trial._trial_id)
+            optuna.storages.fail_stale_trials(study)
+            self._adopt_or_close_orphans(study)
+            loop.last_heartbeat = now
+        if now - loop.last_saved > 5.0:
+            study.set_user_attr("wall_clock_used_s", wall_used)
+            loop.last_saved = now
+        return False
+
+    def _record_result(self, study: "optuna.Study", stage: StageSettings, base: Config, loop: "_LoopClock") -> StageResult:
+        """Decide once: the first worker to finish the stage stores the result; the others
+        (and every later resume) read the stored one, so the chain is the same for all."""
+        import optuna
+
+        stored = optuna.load_study(study_name=study.study_name, storage=self.storage).user_attrs.get("result")
+        if stored is not None:
+            return StageResult(**stored)
+        study.set_user_attr("wall_clock_used_s", loop.used(self.launcher.clock()))
+        result = self._decide(study, stage, base)
+        study.set_user_attr("result", result.to_attr())
+        return result
+
     # -- starting ---------------------------------------------------------------------------------
-    def _enqueue_incumbents(self, study: "optuna.Study", space: Space, base: Config) -> None:
+    def _enqueue_initial(self, study: "optuna.Study", stage: StageSettings, space: Space, base: Config) -> None:
+        """The stage's first trials: the incumbent (repeated), starting points, a template."""
         params = space.incumbent_params(base) or {}
         for repeat in range(self.spec.probe.incumbent_repeats):
             seed = self.spec.seeds[repeat % len(self.spec.seeds)]
             study.enqueue_trial(params, user_attrs={"role": "incumbent", "seed": seed}, skip_if_exists=False)
+        # The sampler's startup trials come from the space's starting points (the method's
+        # first moves, or spread points), leaving at least one place for the sampler itself.
+        n_start = min(stage.sampler.n_startup_trials,
+                      stage.budget.max_trials - self.spec.probe.incumbent_repeats - 1)
+        for point in space.starting_points(base, n_start):
+            study.enqueue_trial(point, user_attrs={"role": "candidate", "seed": self.spec.seeds[0], "origin": "start"},
+                                skip_if_exists=False)
         if space.kind == "systems":
             # The source's layout for this model size and GPU count is the first candidate.
             template = template_for(self.spec.model, self.spec.hardware, self.spec.algorithm)
@@ -347,35 +393,47 @@ class StudyRunner:
         """Trials that use the stage's search budget: all but failures that were queued again
         and the confirmation re-runs (which come on top, at most ``confirm_top``)."""
         requeued = liveness.requeued_numbers(trials)
-        return sum(1 for t in trials if t.number not in requeued and t.user_attrs.get("role") != "rerun")
+        return sum(1 for t in trials
+                   if t.number not in requeued and t.user_attrs.get("role") not in ("rerun", "skipped"))
 
     def _enqueue_confirmations(
-        self, study: "optuna.Study", stage: StageSettings, trials: list["optuna.trial.FrozenTrial"]
+        self, study: "optuna.Study", stage: StageSettings, trials: list["optuna.trial.FrozenTrial"], *, extra: bool
     ) -> bool:
-        """Queue re-runs of the top candidates on fresh seeds (once per stage); False when
-        there is nothing (more) to confirm."""
+        """Queue re-runs of the top candidates on fresh seeds; False when there is nothing to
+        queue. Required: one re-run of each of the top ``confirm_top`` that has none. Extra
+        (``extra=True``, for workers that would sit idle while others finish the stage): one
+        more re-run of the least-confirmed top candidate, up to 2 × confirm_top re-runs."""
         from optuna.trial import TrialState
 
-        if stage.confirm_top == 0 or study.user_attrs.get("confirmations_queued"):
+        if stage.confirm_top == 0:
             return False
-        study.set_user_attr("confirmations_queued", True)
+        requeued = liveness.requeued_numbers(trials)
         done = [
             t for t in trials
             if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate" and t.value is not None
             and not _infeasible(t) and float(t.value) > 1.0
         ]
         top = sorted(done, key=lambda t: float(t.value), reverse=True)[: stage.confirm_top]  # type: ignore[arg-type]
+        reruns = [t for t in trials if t.user_attrs.get("role") == "rerun" and t.number not in requeued]
+        count = {t.number: sum(int(r.user_attrs.get("rerun_of", -1)) == t.number for r in reruns) for t in top}
+        if extra:
+            if len(reruns) >= 2 * stage.confirm_top or not top:
+                return False
+            targets = [min(top, key=lambda t: count[t.number])]
+        else:
+            targets = [t for t in top if count[t.number] == 0]
         fresh = self.spec.seeds[self.spec.probe.incumbent_repeats:] or self.spec.seeds
-        for i, trial in enumerate(top):
+        for trial in targets:
+            seed = fresh[(count[trial.number] + len(reruns)) % len(fresh)]
             study.enqueue_trial(
                 trial.params,
-                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": fresh[i % len(fresh)]},
+                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": seed},
                 skip_if_exists=False,
             )
-        if top:
-            self.console.note(f"{study.study_name}: re-running the top {len(top)} on fresh seeds: "
-                              + ", ".join(f"trial {t.number}" for t in top))
-        return bool(top)
+        if targets:
+            self.console.note(f"{study.study_name}: re-running on fresh seeds: "
+                              + ", ".join(f"trial {t.number}" for t in targets))
+        return bool(targets)
 
     def _may_start(
         self,
@@ -408,6 +466,12 @@ class StudyRunner:
         active: dict[int, ActiveTrial],
     ) -> bool:
         trial = study.ask()
+        if "role" not in trial.user_attrs and self._over_budget(study, trial, stage):
+            # Another worker took the last place in the budget between our count and ask.
+            trial.set_user_attr("role", "skipped")
+            trial.set_user_attr("reason", "over budget: other workers filled the stage first")
+            study.tell(trial, state=_fail_state())
+            return False
         role = trial.user_attrs.get("role", "candidate")
         seed = int(trial.user_attrs.get("seed", self.spec.seeds[0]))
         try:
@@ -417,6 +481,8 @@ class StudyRunner:
             raise BadInputError(f"stage {stage.name}: {e}") from None
         if role == "incumbent":
             overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
+        if "seed" not in trial.user_attrs:
+            seed = self._unused_seed(study, trial, seed)
         config = merge(base, overrides, {"data.seed": seed})
         run_id = f"{self.spec.name}.{stage.name}.t{trial.number:04d}"
         spec = RunSpec(
@@ -445,6 +511,25 @@ class StudyRunner:
         active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, next_report_step=interval)
         self.console.trial_started(stage.name, trial.number, role, overrides)
         return True
+
+    def _unused_seed(self, study: "optuna.Study", trial: "optuna.trial.Trial", seed: int) -> int:
+        """A sampler that proposes a point already measured gets a fresh seed for it, so the
+        probe is an independent replicate instead of an exact (deterministic) repeat."""
+        from optuna.trial import TrialState
+
+        params = study._storage.get_trial(trial._trial_id).params
+        if not params:
+            return seed
+        used = {int(t.user_attrs["seed"]) for t in study.get_trials(deepcopy=False)
+                if t.number != trial.number and t.params == params and "seed" in t.user_attrs
+                and t.state != TrialState.FAIL}
+        return next((s for s in self.spec.seeds if s not in used), seed)
+
+    def _over_budget(self, study: "optuna.Study", trial: "optuna.trial.Trial", stage: StageSettings) -> bool:
+        """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
+        counted trials have a smaller number (numbers are assigned by the database)."""
+        before = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
+        return self._counted(before) >= stage.budget.max_trials
 
     def _release(self, study: "optuna.Study", trial: "optuna.trial.Trial", *, reason: str) -> None:
         """Give back a trial we asked for but could not start (its assignment re-queued)."""
@@ -523,6 +608,8 @@ class StudyRunner:
         return scores
 
     def _tell_finished(self, study: "optuna.Study", active: dict[int, ActiveTrial]) -> None:
+        import optuna
+
         finished = [item for item in active.values() if item.outcome is not None]
         if not finished:
             return
@@ -532,7 +619,12 @@ class StudyRunner:
             assert outcome is not None
             if outcome.state is ProbeState.COMPLETE and incumbents is None:
                 continue  # η needs the incumbent; tell once its runs are done
-            self._tell(study, item, outcome, incumbents or [])
+            try:
+                self._tell(study, item, outcome, incumbents or [])
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Closed meanwhile by another process (its heartbeat looked stale): its
+                # assignment was queued again there, so this result is dropped, not doubled.
+                self.console.note(f"{study.study_name}: trial {item.trial.number} was closed by another worker")
             del active[item.trial.number]
 
     def _tell(self, study: "optuna.Study", item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[Score]) -> None:
@@ -553,7 +645,7 @@ class StudyRunner:
             eta = eta_of(outcome.score, incumbents)
             trial.set_user_attr("eta", eta.value)
             trial.set_user_attr("eta_interval", [eta.low, eta.high])
-            study.tell(trial, eta.value)
+            study.tell(trial, eta.value, skip_if_finished=True)
             self.console.trial_finished(study, trial.number, item.role, item.overrides, eta=eta.value,
                                         interval=(eta.low, eta.high))
             return
@@ -665,6 +757,19 @@ class StudyRunner:
             decision=f"trial {best.number} beat the incumbent: η {value:.3f} [{low:.3f}, {high:.3f}] over {n_runs} runs",
             config=merge(base, overrides), overrides=overrides,
         )
+
+
+@dataclasses.dataclass
+class _LoopClock:
+    """Wall-clock budget bookkeeping of one driver in one stage (launcher clock)."""
+
+    started: float
+    used_before: float
+    last_heartbeat: float = 0.0
+    last_saved: float = dataclasses.field(default_factory=time.monotonic)
+
+    def used(self, now: float) -> float:
+        return self.used_before + now - self.started
 
 
 def _infeasible(trial: "optuna.trial.FrozenTrial") -> bool:

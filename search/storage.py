@@ -116,7 +116,7 @@ def describe_db_error(error: BaseException) -> str:
     return mask_url(f"{type(cause).__name__}: {text}")[:300]
 
 
-def _is_transient(error: BaseException) -> bool:
+def is_transient(error: BaseException) -> bool:
     import optuna
     import sqlalchemy.exc
 
@@ -140,7 +140,7 @@ def with_retries(
         try:
             return action()
         except Exception as e:  # noqa: BLE001 - classified below
-            if not _is_transient(e):
+            if not is_transient(e):
                 raise
             if attempt == attempts:
                 raise StorageError(f"could not {what}: {describe_db_error(e)}") from e

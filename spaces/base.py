@@ -34,6 +34,11 @@ class Space(abc.ABC):
         None when the base is not a point of this space (e.g. KL switched off)."""
         return None
 
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """Up to ``n`` Optuna parameter dicts to try first (the method's first moves, or points
+        spread over the range), so a stage does not start from blind random draws."""
+        return []
+
     def explain(self) -> list[str]:
         """Human-readable lines: the bounds and the arithmetic behind them."""
         return []

@@ -126,6 +126,24 @@ class _BoundedSpace(Space):
     def explain(self) -> list[str]:
         return [f"{self.kind}: {self.key} — {self.bound.describe()}"]
 
+    def _spread(self, n: int, exclude: Any = None) -> list[float]:
+        """``n`` values spread evenly inside the bound (on the log scale where it is log)."""
+        low, high = float(self.bound.low), float(self.bound.high)
+        values = []
+        for i in range(n):
+            q = (i + 0.5) / n
+            if self.bound.log:
+                v = math.exp(math.log(low) + q * (math.log(high) - math.log(low)))
+            else:
+                v = low + q * (high - low)
+            v = int(round(v)) if self.bound.is_int else float(f"{v:.3g}")
+            if v != exclude and self.bound.contains(v) and v not in values:
+                values.append(v)
+        return values
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        return [{self.param: v} for v in self._spread(n, exclude=L.setting(base, self.key))]
+
 
 class MiniBatchSpace(Space):
     """``ppo_mini_batch_size`` over the valid values within baseline ±25% (categorical)."""
@@ -169,8 +187,32 @@ class MiniBatchSpace(Space):
             )
         self.choices = choices
 
+    @property
+    def _grid_step(self) -> int | None:
+        """The spacing when the valid sizes are evenly spaced (then an ordered integer is
+        suggested, which TPE models far better than an unordered categorical)."""
+        c = self.choices
+        if len(c) < 3:
+            return None
+        step = c[1] - c[0]
+        return step if all(b - a == step for a, b in zip(c, c[1:])) else None
+
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        step = self._grid_step
+        if step is not None:
+            return {L.MINI_BATCH: trial.suggest_int(self.param, self.choices[0], self.choices[-1], step=step)}
         return {L.MINI_BATCH: trial.suggest_categorical(self.param, self.choices)}
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """The method's first moves: down toward 0.7× the baseline (here the −25% bound),
+        a smaller step down, and one up (+15%)."""
+        baseline = int(L.setting(base, L.MINI_BATCH))
+        points: list[dict[str, Any]] = []
+        for factor in (0.75, 0.85, 1.15, 0.95, 1.05)[:n]:
+            value = min(self.choices, key=lambda c: abs(c - factor * baseline))
+            if value != baseline and {self.param: value} not in points:
+                points.append({self.param: value})
+        return points
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
         value = L.setting(base, L.MINI_BATCH)
@@ -243,6 +285,18 @@ class KLSpace(Space):
                     return None
                 params.update(target_kl=float(target), horizon=int(horizon))
         return params
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """Coefficients spread over the log range (fixed control; PPO's adaptive controller
+        is left to the sampler)."""
+        low, high = math.log(self.bound.low), math.log(self.bound.high)
+        points = []
+        for i in range(n):
+            point: dict[str, Any] = {self.param: float(f"{math.exp(low + (i + 0.5) / n * (high - low)):.3g}")}
+            if self.algorithm is Algorithm.PPO and "fixed" in self.types:
+                point["kl_ctrl_type"] = "fixed"
+            points.append(point)
+        return points
 
     def explain(self) -> list[str]:
         lines = [f"kl: {self.switch_key}=true, {self.coef_key} — {self.bound.describe()}"]
