@@ -1,0 +1,197 @@
+"""The HTML report of a real (small, simulated) demo study: self-contained, every plot drawn in
+headless Chromium without a script error, text escaped, the export and the reasons in it; and
+the status figures the report shows (GPU-hours saved by pruning, reason counts)."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from test_live_view import shared_demo
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--hide-scrollbars",
+    # no name resolves: a report that fetched anything (a CDN) would fail to plot
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--virtual-time-budget=10000",
+]
+MARKER = re.compile(r'<p id="report-check" data-expected="(\d+)" data-rendered="(\d+)" data-errors="([^"]*)"')
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_demo(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def report(demo_dir: Path) -> Path:
+    result = cli("report", "demo", "-o", "out/report.html", cwd=demo_dir)
+    assert result.returncode == 0, result.stderr
+    assert "wrote out/report.html" in result.stdout
+    return demo_dir / "out" / "report.html"
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium must be installed in CI (apt-get install chromium), but it was not found.")
+        pytest.skip("chromium is not installed")
+    return found
+
+
+def _run_chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def _marker(dom: str) -> tuple[int, int, list[str]]:
+    found = MARKER.search(dom)
+    assert found, "the page never wrote its render marker: " + dom[-2000:]
+    return int(found.group(1)), int(found.group(2)), json.loads(html.unescape(found.group(3)))
+
+
+def test_report_is_one_self_contained_file(report: Path) -> None:
+    from search.report import figure_count
+
+    text = report.read_text()
+    assert text.count("* plotly.js v") == 1, "plotly.js must be inlined exactly once"
+    assert not re.search(r"<script[^>]+src=", text), "no external script"
+    assert not re.search(r"<link[^>]+href=", text), "no external stylesheet"
+    assert "cdn.plot.ly/plotly" not in text.split("* plotly.js v")[0]
+    assert report.stat().st_size < 8_000_000
+    assert figure_count(text) == text.count('class="plot"')
+    assert figure_count(text) >= 10
+
+
+def test_report_shows_every_stage_winner_curve_and_the_export(report: Path, demo_dir: Path) -> None:
+    import optuna
+
+    text = report.read_text()
+    storage = f"sqlite:///{demo_dir}/demo.db"
+    stages = json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]
+    n_importance = 0
+    for stage in stages:
+        assert f"<h2>Stage {stage['name']} (" in text
+        assert f"{stage['name']}: η per trial" in text
+        result = stage["winner"]
+        assert html.escape(result["decision"]) in text
+        if result["winner_trial"] is not None:
+            assert f"winner (trial {result['winner_trial']}," in text
+        study = optuna.load_study(study_name=stage["study"], storage=storage)
+        for t in study.get_trials(deepcopy=False):
+            if t.user_attrs.get("role") == "incumbent" and t.state.name == "COMPLETE":
+                assert f"incumbent (trial {t.number}, seed {t.user_attrs['seed']})" in text
+        n_importance += f"{stage['name']}: parameter importance" in text
+    assert n_importance >= 1, "the systems stage has enough trials and parameters for an importance plot"
+    exported = cli("export", "demo", cwd=demo_dir)
+    assert exported.returncode == 0, exported.stderr
+    pre = re.search(r"<pre>(.*?)</pre>", text, re.S)
+    assert pre and html.unescape(pre.group(1)) == exported.stdout
+
+
+def test_every_plot_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    from search.report import figure_count
+
+    result = _run_chromium(report, tmp_path / "profile", "--dump-dom")
+    expected, rendered, errors = _marker(result.stdout)
+    assert expected == figure_count(report.read_text())
+    assert rendered == expected, f"{rendered} of {expected} plots rendered"
+    assert errors == []
+
+    shot = tmp_path / "report.png"
+    _run_chromium(report, tmp_path / "profile2", "--window-size=1280,4000", f"--screenshot={shot}")
+    assert shot.exists() and shot.stat().st_size > 50_000
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (1280, 4000)
+        colours = image.convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colours is not None and len(colours) > 100, "a drawn page has many colours, a blank one few"
+
+
+def test_the_render_check_catches_a_broken_page(report: Path, tmp_path: Path) -> None:
+    """Negative control: without plotly.js no plot renders and the error is recorded."""
+    text = report.read_text()
+    start = text.index("* plotly.js v")
+    script_start = text.rindex("<script", 0, start)
+    broken = text[:script_start] + text[text.index("</script>", start) + len("</script>"):]
+    page = tmp_path / "broken.html"
+    page.write_text(broken)
+    expected, rendered, errors = _marker(_run_chromium(page, tmp_path / "profile", "--dump-dom").stdout)
+    assert rendered == 0 < expected
+    assert any("Plotly" in e for e in errors), errors
+
+
+def _add_trials(db: Path) -> None:
+    """A pruned and a failed trial in stage lr, with text that must be escaped."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    study = optuna.load_study(study_name="demo.lr", storage=f"sqlite:///{db}")
+    study.add_trial(create_trial(state=TrialState.PRUNED, user_attrs={
+        "role": "candidate", "seed": 11, "overrides": {"actor_rollout_ref.actor.optim.lr": 3e-6},
+        "reason": "pruned at step 100: rate <below> & others",
+        "probe": {"state": "pruned", "last_step": 100, "gpu_time_s": 8 * 1100.0, "startup_s": 100.0},
+    }))
+    study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={
+        "role": "candidate", "seed": 12, "overrides": {"actor_rollout_ref.actor.optim.lr": 4e-6},
+        "reason": "oom: <script>alert('x')</script>", "failure_kind": "oom",
+        "probe": {"state": "failed", "last_step": 3, "gpu_time_s": 80.0},
+    }))
+
+
+def test_reasons_are_counted_escaped_and_pruning_savings_estimated(demo_dir: Path, tmp_path: Path) -> None:
+    shutil.copy(demo_dir / "demo.db", tmp_path / "demo.db")
+    before = json.loads(cli("status", "demo", "--json", "--storage", f"sqlite:///{tmp_path}/demo.db",
+                            cwd=tmp_path).stdout)
+    _add_trials(tmp_path / "demo.db")
+    after = json.loads(cli("status", "demo", "--json", "--storage", f"sqlite:///{tmp_path}/demo.db",
+                           cwd=tmp_path).stdout)
+    lr_before = next(s for s in before["stages"] if s["name"] == "lr")
+    lr = next(s for s in after["stages"] if s["name"] == "lr")
+    assert lr["reasons"].get("pruned", 0) == lr_before["reasons"].get("pruned", 0) + 1
+    assert lr["reasons"].get("oom", 0) == lr_before["reasons"].get("oom", 0) + 1
+    # a full probe's length is the longest complete one; the pruned trial ran 100 steps at
+    # (1100 s − 100 s start-up) / 100 steps = 10 s a step on 8 GPUs
+    full = max(r["last_step"] for r in lr["trials"] if r["state"] == "complete")
+    expected_h = (full - 100) * 10.0 * 8 / 3600
+    assert lr["gpu_hours_saved"] == pytest.approx(lr_before["gpu_hours_saved"] + expected_h, abs=1e-3)
+
+    result = cli("report", "demo", "-o", "r.html", "--storage", f"sqlite:///{tmp_path}/demo.db", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "r.html").read_text()
+    assert "<script>alert(" not in text
+    assert "oom: &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text
+    assert "pruned at step 100: rate &lt;below&gt; &amp; others" in text
+    rows = re.findall(r"<tr><td>lr</td><td>(\d+)</td><td>(pruned|fail)</td>", text)
+    assert len(rows) == sum(1 for r in lr["trials"] if r["state"] in ("pruned", "fail"))
+
+
+def test_report_of_a_study_with_no_finished_stage(demo_dir: Path, tmp_path: Path) -> None:
+    """Stages not started yet: notes instead of plots, no export, still a valid page."""
+    shutil.copy(demo_dir / "demo.db", tmp_path / "demo.db")
+    with sqlite3.connect(tmp_path / "demo.db") as db:
+        db.execute("DELETE FROM study_user_attributes WHERE key = 'result'")
+    from search.driver import load_spec
+    from search.report import build_report, figure_count
+    from search.storage import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path}/demo.db", create=False)
+    text = build_report(storage, load_spec(storage, "demo"))
+    assert "No stage has finished yet; nothing to export." in text
+    assert text.count("* plotly.js v") == 1
+    assert figure_count(text) >= 1
