@@ -103,6 +103,7 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_demo(tmp_path_factory)
 
 
+@pytest.mark.slow  # runs the shared demo study (~40 s)
 def test_live_view_shows_stage_progress_and_trials(demo_dir: Path) -> None:
     raw = (demo_dir / "transcript.bin").read_bytes()
     text = plain(raw)
@@ -130,6 +131,7 @@ def test_live_view_shows_stage_progress_and_trials(demo_dir: Path) -> None:
     assert "ETA " in text
 
 
+@pytest.mark.slow
 def test_every_trial_of_the_database_has_its_line(demo_dir: Path) -> None:
     import optuna
 

@@ -21,6 +21,9 @@ import yaml
 from conftest import demo_data
 from test_live_view import shared_demo
 
+# all but the first test reuse it, but the shared demo study takes ~40 s to run once
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 
 

@@ -18,6 +18,9 @@ import pytest
 from conftest import cli
 from test_live_view import shared_demo
 
+# all but the first test reuse it, but the shared demo study takes ~40 s to run once
+pytestmark = pytest.mark.slow
+
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
