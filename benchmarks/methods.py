@@ -1,0 +1,339 @@
+"""The search methods the benchmark compares, each on its own ReplayLauncher.
+
+- ``verl-sweep``: :class:`search.driver.StudyRunner` as shipped, on the demo study's stages.
+- ``random`` / ``tpe`` / ``gp``: one Optuna study over the joint space of those stages, run
+  by the same driver (same probe length, pruner, incumbents, η scoring, two slots) with the
+  stop rule and the confirmation re-runs switched off; the choice is the best η seen.
+- ``manual``: the source's procedure (BRIEF §2), one parameter at a time, one probe at a
+  time, on the same Probe and η code.
+
+Each returns a :class:`Trace`: the chosen config after every decision, with the GPU-hours
+spent by then (read from the launcher's own slot accounting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from launchers.replay import ReplayLauncher
+from objectives.probe import Probe, ProbeSettings, ProbeState
+from objectives.score import Score, eta as eta_of
+from search.console import Console
+from search.driver import StageResult, StudyRunner
+from search.study_file import StudySpec
+from spaces import build_space
+from spaces.base import Space
+from spaces.overrides import Config, merge, to_overrides
+
+logger = logging.getLogger(__name__)
+
+#: virtual seconds between two driver polls (about 2 steps of a 7B probe): a finished run is
+#: still seen at once (the replay clock stops at every exit), a probe at step N within ~2 steps
+POLL_S = 600.0
+
+
+@dataclasses.dataclass
+class Trace:
+    """What a method chose over time: (GPU-hours spent, config chosen then)."""
+
+    points: list[tuple[float, Config]]
+    gpu_h: float = 0.0  # total at the end
+    pruned_saved_gpu_h: float = 0.0
+    idle_fraction: float = 0.0
+    n_probes: int = 0
+
+
+def gpu_hours(launcher: ReplayLauncher) -> float:
+    return sum(u.gpu_s for u in launcher.usage()) / 3600.0
+
+
+def finish_trace(trace: Trace, launcher: ReplayLauncher, probe_steps: int, startup_s: float) -> Trace:
+    """Fill in totals: GPU-hours, GPU-hours pruning saved, idle slot share."""
+    usage = launcher.usage()
+    trace.gpu_h = gpu_hours(launcher)
+    trace.n_probes = len(usage)
+    saved = 0.0
+    for u in usage:
+        ran_s = u.ended_at - u.started_at
+        # cancelled well before step N: pruned or stopped by the health screen
+        if u.status.value == "cancelled" and 0 < u.last_step < probe_steps - 5 and ran_s > startup_s:
+            full_s = startup_s + (ran_s - startup_s) * probe_steps / u.last_step
+            saved += (full_s - ran_s) * u.n_gpus
+    trace.pruned_saved_gpu_h = saved / 3600.0
+    elapsed = launcher.clock()
+    busy = sum(u.ended_at - u.started_at for u in usage)
+    trace.idle_fraction = 1.0 - busy / (launcher.max_concurrent * elapsed) if elapsed > 0 else 0.0
+    return trace
+
+
+class _RecordingConsole(Console):
+    """A silent console that records each decision with the GPU-hours spent by then."""
+
+    def __init__(self, launcher: ReplayLauncher, on_trial: Callable[..., None] | None = None) -> None:
+        super().__init__(quiet=True)
+        self.launcher = launcher
+        self.base: Config = {}
+        self.stage_ends: list[tuple[float, Config]] = []
+        self.trials: list[tuple[float, str, Config, float | None]] = []
+
+    def stage_finished(self, name: str, result: StageResult) -> None:
+        super().stage_finished(name, result)
+        self.stage_ends.append((gpu_hours(self.launcher), dict(result.config)))
+
+    def trial_finished(self, study: Any, number: int, role: str, overrides: dict[str, Any], **kwargs: Any) -> None:
+        super().trial_finished(study, number, role, overrides, **kwargs)
+        self.trials.append((gpu_hours(self.launcher), role, merge(self.base, overrides), kwargs.get("eta")))
+
+
+class _TracingRunner(StudyRunner):
+    def run_stage(self, index: int, stage: Any, base: Config) -> StageResult:
+        assert isinstance(self.console, _RecordingConsole)
+        self.console.base = dict(base)
+        return super().run_stage(index, stage, base)
+
+
+def _storage() -> Any:
+    import optuna
+
+    # One private in-memory database per run: the driver needs an RDB storage (heartbeats).
+    return optuna.storages.RDBStorage("sqlite:///:memory:", heartbeat_interval=60, grace_period=120)
+
+
+def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, runner_cls: type[StudyRunner] | None = None) -> Trace:
+    """verl-sweep as shipped: the staged driver; the choice changes at each stage's end."""
+    console = _RecordingConsole(launcher)
+    cls = runner_cls or _TracingRunner
+    runner = cls(spec, _storage(), launcher, console=console, build_space=build_space, poll_interval_s=POLL_S)
+    runner.run()
+    points = [(0.0, spec.baseline_config()), *console.stage_ends]
+    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher))
+
+
+class JointSpace(Space):
+    """Every stage's space at once, all on the baseline (the joint methods' space)."""
+
+    kind = "joint"
+
+    def __init__(self, parts: list[Space]) -> None:
+        self.parts = parts
+
+    def suggest(self, trial: Any, base: Config) -> Config:
+        config: Config = {}
+        for part in self.parts:
+            config.update(part.suggest(trial, base))
+        return config
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        params: dict[str, Any] = {}
+        for part in self.parts:
+            p = part.incumbent_params(base)
+            if p is None:
+                return None
+            params.update(p)
+        return params
+
+
+def joint_space(spec: StudySpec) -> JointSpace:
+    base = spec.baseline_config()
+    parts = [
+        build_space(stage.space, model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm,
+                    base=base, options=stage.params, where=f"stages[{i}]")
+        for i, stage in enumerate(spec.stages)
+    ]  # fmt: skip
+    return JointSpace(parts)
+
+
+def joint_spec(spec: StudySpec, sampler: str, *, n_trials: int, seed: int) -> StudySpec:
+    """One stage over the joint space: same probe and pruner, no stop rule, no re-runs."""
+    data = spec.model_dump(mode="json")
+    first = dict(data["stages"][0])
+    first.update(
+        name="joint", space="joint", params={}, budget={"max_trials": n_trials},
+        sampler={**first.get("sampler", {}), "name": sampler, "seed": seed, "n_startup_trials": 8 if sampler != "random" else 0},
+        stop={**first.get("stop", {}), "stable_trials": 10_000}, confirm_top=0, probe_steps=None,
+    )  # fmt: skip
+    data["stages"] = [first]
+    return StudySpec.model_validate(data)
+
+
+def run_joint(spec: StudySpec, launcher: ReplayLauncher, sampler: str, *, n_trials: int, seed: int) -> Trace:
+    """Random / TPE / GP over the joint space; the choice is the best η seen so far."""
+    space = joint_space(spec)
+    jspec = joint_spec(spec, sampler, n_trials=n_trials, seed=seed)
+
+    def build(kind: str, **kwargs: Any) -> Space:
+        return space if kind == "joint" else build_space(kind, **kwargs)
+
+    console = _RecordingConsole(launcher)
+    runner = _TracingRunner(jspec, _storage(), launcher, console=console, build_space=build, poll_interval_s=POLL_S)
+    runner.run()
+    baseline = spec.baseline_config()
+    points: list[tuple[float, Config]] = [(0.0, baseline)]
+    best = 1.0
+    for gpu_h, role, config, value in console.trials:
+        if role == "candidate" and value is not None and value > best:
+            best = value
+            points.append((gpu_h, config))
+    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher))
+
+
+def _startup(launcher: ReplayLauncher) -> float:
+    return launcher.startup_s if launcher.startup_s is not None else 120.0
+
+
+# -- the manual procedure ----------------------------------------------------------------------
+
+
+class ManualProcedure:
+    """BRIEF §2 automated faithfully: one probe at a time, one parameter at a time.
+
+    For each parameter in turn, starting from the current config: make the first move; a move
+    whose η against the current config is > 1.05 is kept and the same move is made again;
+    < 0.95 is undone and the opposite move is tried (once); within 0.98-1.02 the parameter
+    is done (stable). Moves: mini-batch −0.1× baseline (first try 0.7× baseline), +0.15×;
+    KL coefficient ×2 / ×0.5 in 0.0005-0.01 (turning the KL loss on at 0.001); token budget:
+    the source's formula value first, −10% after an OOM; lr 2e-6 first (the source's example),
+    then ×1.5 / ×0.67 in 5e-7-5e-6. Each candidate is one 500-step probe on a fresh seed.
+    """
+
+    MAX_MOVES = 6
+
+    def __init__(self, spec: StudySpec, launcher: ReplayLauncher, *, seed: int) -> None:
+        self.spec = spec
+        self.launcher = launcher
+        self.seed = seed
+        self.n = 0
+        self.points: list[tuple[float, Config]] = []
+
+    def probe(self, config: Config) -> Score | None:
+        """One probe to step N; its score, or None when it failed or was stopped."""
+        self.n += 1
+        config = merge(config, {"data.seed": self.seed + self.n})
+        from launchers.base import RunSpec
+
+        run = RunSpec(run_id=f"manual.p{self.n:03d}", overrides=tuple(to_overrides(config)), n_gpus=self.spec.hardware.n_gpus)
+        settings = ProbeSettings(steps=self.spec.probe.steps, warmup_steps=self.spec.probe.warmup_steps,
+                                 hang_timeout_s=self.spec.probe.hang_timeout_s, n_gpus=self.spec.hardware.n_gpus)  # fmt: skip
+        probe = Probe(self.launcher, run, settings)
+        probe.start()
+        while True:
+            outcome = probe.poll()
+            if outcome is not None:
+                break
+            self.launcher.wait(POLL_S)
+        return outcome.score if outcome.state is ProbeState.COMPLETE else None
+
+    def run(self) -> Trace:
+        from spaces import limits as L
+
+        current = self.spec.baseline_config()
+        self.points = [(0.0, dict(current))]
+        score = self.probe(current)
+        if score is None:
+            raise RuntimeError("the baseline probe failed; the manual procedure cannot start")
+        base_mb = int(L.setting(current, L.MINI_BATCH))
+        batch = int(L.setting(current, "data.train_batch_size"))
+
+        def mb(value: float) -> Config:
+            step = 16  # per-GPU mini-batch (×n ÷ 8 GPUs) must stay divisible by the micro-batch
+            return {L.MINI_BATCH: int(max(step, min(batch, round(value / step) * step)))}
+
+        current, score = self.tune(current, score, first=mb(0.7 * base_mb),
+                                   lower=lambda c: mb(c[L.MINI_BATCH] - 0.1 * base_mb),
+                                   raise_=lambda c: mb(c[L.MINI_BATCH] + 0.15 * base_mb))  # fmt: skip
+        _, coef_key = L.kl_keys(self.spec.algorithm)
+        switch_key, _ = L.kl_keys(self.spec.algorithm)
+        kl_on = bool(L.setting(current, switch_key))
+
+        def kl(value: float) -> Config:
+            return {switch_key: True, coef_key: float(min(0.01, max(0.0005, value)))}
+
+        start_kl = float(L.setting(current, coef_key) or 0.001) if kl_on else 0.001
+        current, score = self.tune(current, score, first=kl(start_kl * 2 if kl_on else 0.001),
+                                   lower=lambda c: kl(_num(c, coef_key, 0.001) * 0.5), raise_=lambda c: kl(_num(c, coef_key, 0.001) * 2.0))  # fmt: skip
+        current, score = self.tokens(current, score)
+        lr_now = float(L.setting(current, L.LR) or 1e-6)
+
+        def lr(value: float) -> Config:
+            return {L.LR: float(min(5e-6, max(5e-7, value)))}
+
+        current, score = self.tune(current, score, first=lr(2e-6 if lr_now != 2e-6 else 3e-6),
+                                   lower=lambda c: lr(_num(c, L.LR, 1e-6) / 1.5), raise_=lambda c: lr(_num(c, L.LR, 1e-6) * 1.5))  # fmt: skip
+        return finish_trace(Trace(self.points), self.launcher, self.spec.probe.steps, _startup(self.launcher))
+
+    def _eta(self, score: Score | None, incumbent: Score) -> float:
+        return 0.0 if score is None else eta_of(score, [incumbent]).value
+
+    def tune(self, current: Config, score: Score, *, first: Config,
+             lower: Callable[[Config], Config], raise_: Callable[[Config], Config]) -> tuple[Config, Score]:
+        """The η rule for one parameter (see the class docstring)."""
+        move_name = "lower" if first else "lower"
+        candidate = merge(current, first)
+        direction: str | None = None  # which move is being repeated
+        flipped = False
+        for _ in range(self.MAX_MOVES):
+            if candidate == current:
+                break
+            s = self.probe(candidate)
+            value = self._eta(s, score)
+            if value > 1.05 and s is not None:
+                current, score = candidate, s
+                self.points.append((gpu_hours(self.launcher), dict(current)))
+                if direction is None:
+                    direction = "first"
+                move = lower if direction in ("first", "lower") else raise_
+                if direction == "first":
+                    direction = move_name
+                candidate = merge(current, move(current))
+                continue
+            if 0.98 <= value <= 1.02 or flipped or direction not in (None, "lower", "first"):
+                break  # stable, or both directions tried
+            if value < 0.95 or value < 0.98:
+                flipped = True
+                direction = "raise"
+                candidate = merge(current, raise_(current))
+                continue
+            break
+        return current, score
+
+    def tokens(self, current: Config, score: Score) -> tuple[Config, Score]:
+        """The source's formula (GPU GB × 0.65 × 1024² ÷ (hidden/8)), rounded down to
+        thousands; −10% after each OOM; kept if η > 1.02."""
+        from spaces import limits as L
+
+        value = int(self.spec.hardware.gpu_memory_gb * 0.65 * 1024**2 / (self.spec.model.hidden_size / 8) // 1000 * 1000)
+        for _ in range(self.MAX_MOVES):
+            candidate = merge(current, {L.TOKEN_BUDGET: value, L.CHUNKED_PREFILL: True})
+            s = self.probe(candidate)
+            if s is None:  # OOM (or another failure): lower the budget
+                value = int(value * 0.9)
+                continue
+            if self._eta(s, score) > 1.02:
+                current, score = candidate, s
+                self.points.append((gpu_hours(self.launcher), dict(current)))
+            break
+        return current, score
+
+
+def run_manual(spec: StudySpec, launcher: ReplayLauncher, *, seed: int) -> Trace:
+    return ManualProcedure(spec, launcher, seed=seed).run()
+
+
+def replay_launcher(root: Path, landscape: str) -> ReplayLauncher:
+    return ReplayLauncher(root, max_concurrent=2, landscape=landscape, gpus_per_probe=8,
+                          write_console=False, write_gpu_samples=False)  # fmt: skip
+
+
+def _num(config: Config, key: str, default: float) -> float:
+    from spaces import limits as L
+
+    value = L.setting(config, key)
+    return float(default if value is None else value)
+
+
+def no_nan(value: float) -> float:
+    return value if math.isfinite(value) else 0.0

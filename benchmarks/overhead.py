@@ -1,0 +1,198 @@
+"""Orchestration overhead, in real seconds on real components.
+
+- hand-off: median time from a probe ending (its last metrics line at step N) to the next
+  probe starting on the freed slot (its spec.json written), with the staged driver and real
+  simulator processes (SimLauncher);
+- ask + tell latency of the driver's samplers on a study already holding 1,000 and 10,000
+  trials, on SQLite and on PostgreSQL (``$VERL_SWEEP_TEST_PG_URL`` or the local server);
+- ``verl-sweep status`` wall time (a subprocess, as a user runs it) on a 10,000-trial study.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL_PG = "postgresql://sweep:sweep-test@127.0.0.1:5432/sweep"
+
+
+def measure_handoff(*, n_trials: int = 8) -> dict[str, Any]:
+    """Real probes through the driver: slot hand-off times from the run directories."""
+    import yaml
+
+    from launchers.sim import SimLauncher
+    from search.console import Console
+    from search.driver import StudyRunner
+    from search.storage import open_storage
+    from search.study_file import parse_study
+    from spaces import build_space
+
+    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    data.update(name="handoff", probe={**data["probe"], "steps": 40})
+    data["stages"] = [{"name": "minibatch", "space": "mini_batch", "budget": {"max_trials": n_trials}, "confirm_top": 0}]
+    spec = parse_study(data)
+    with tempfile.TemporaryDirectory(prefix="vs-handoff-") as tmp:
+        storage = open_storage(f"sqlite:///{tmp}/handoff.db")
+        launcher = SimLauncher(Path(tmp) / "runs", max_concurrent=2, time_scale=40000.0)
+        runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space)
+        started = time.perf_counter()
+        runner.run()
+        wall = time.perf_counter() - started
+        runs = []
+        for spec_path in sorted((Path(tmp) / "runs").glob("*/spec.json")):
+            info = json.loads(spec_path.read_text())
+            metrics = spec_path.with_name("metrics.jsonl")
+            end = metrics.stat().st_mtime if metrics.exists() else spec_path.stat().st_mtime
+            runs.append((int(info.get("slot", 0)), spec_path.stat().st_mtime, end))
+    gaps = []
+    for slot in {r[0] for r in runs}:
+        mine = sorted((r for r in runs if r[0] == slot), key=lambda r: r[1])
+        gaps += [nxt[1] - cur[2] for cur, nxt in zip(mine, mine[1:]) if nxt[1] >= cur[2]]
+    return {"n_probes": len(runs), "n_handoffs": len(gaps), "median_s": statistics.median(gaps) if gaps else None,
+            "max_s": max(gaps) if gaps else None, "study_wall_s": wall}  # fmt: skip
+
+
+def _distributions() -> dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    return {
+        "mini_batch": CategoricalDistribution([384, 400, 416, 432, 448, 464, 480, 496, 512, 528, 544, 560, 576, 592, 608, 624, 640]),
+        "kl_coef": FloatDistribution(0.0005, 0.01, log=True),
+        "token_budget": IntDistribution(2048, 114688),
+        "lr": FloatDistribution(5e-7, 5e-6, log=True),
+    }
+
+
+def _fill(study: Any, n: int, seed: int = 0) -> float:
+    """Add ``n`` finished trials in one go; seconds it took."""
+    import numpy as np
+    import optuna
+
+    rng = np.random.default_rng(seed)
+    dists = _distributions()
+    trials = []
+    for _ in range(n):
+        params = {
+            "mini_batch": int(rng.choice(dists["mini_batch"].choices)),
+            "kl_coef": float(np.exp(rng.uniform(np.log(0.0005), np.log(0.01)))),
+            "token_budget": int(rng.integers(2048, 114688)),
+            "lr": float(np.exp(rng.uniform(np.log(5e-7), np.log(5e-6)))),
+        }
+        trials.append(optuna.trial.create_trial(params=params, distributions=dists, value=float(rng.normal(1.0, 0.05)),
+                                                user_attrs={"role": "candidate"}))  # fmt: skip
+    started = time.perf_counter()
+    study.add_trials(trials)
+    return time.perf_counter() - started
+
+
+def measure_ask_tell(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10) -> list[dict[str, Any]]:
+    """Median ask + tell latency (TPE as the driver builds it, and random) at each size."""
+    import optuna
+
+    from search.storage import open_storage
+
+    storage = open_storage(url)
+    out = []
+    for size in sizes:
+        for sampler_name in ("tpe", "random"):
+            sampler = (optuna.samplers.TPESampler(seed=0, n_startup_trials=3, constant_liar=True)
+                       if sampler_name == "tpe" else optuna.samplers.RandomSampler(seed=0))  # fmt: skip
+            name = f"bench-asktell-{size}-{sampler_name}-{uuid.uuid4().hex[:8]}"
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=sampler)
+            fill_s = _fill(study, size)
+            times = []
+            dists = _distributions()
+            for i in range(n_cycles):
+                t0 = time.perf_counter()
+                trial = study.ask(dists)
+                study.tell(trial, 1.0 + 0.001 * i)
+                times.append(time.perf_counter() - t0)
+            out.append({"backend": url.split(":")[0], "trials": size, "sampler": sampler_name,
+                        "median_ms": 1000 * statistics.median(times), "max_ms": 1000 * max(times), "fill_s": fill_s})  # fmt: skip
+            optuna.delete_study(study_name=name, storage=storage)
+    return out
+
+
+def measure_status(url: str, n: int) -> dict[str, Any]:
+    """``verl-sweep status`` on a study whose stage holds ``n`` trials (a subprocess)."""
+    import optuna
+    import yaml
+
+    from search.driver import save_spec
+    from search.storage import open_storage
+    from search.study_file import parse_study
+
+    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    name = f"benchstatus{uuid.uuid4().hex[:8]}"
+    data["name"] = name
+    spec = parse_study(data)
+    storage = open_storage(url)
+    save_spec(storage, spec)
+    stage = optuna.create_study(study_name=f"{name}.{spec.stages[0].name}", storage=storage, direction="maximize")
+    stage.set_user_attr("base_config", spec.baseline_config())
+    fill_s = _fill(stage, n)
+    started = time.perf_counter()
+    proc = subprocess.run([str(Path(sys.executable).with_name("verl-sweep")), "status", name, "--storage", url],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    wall = time.perf_counter() - started
+    return {"backend": url.split(":")[0], "trials": n, "wall_s": wall, "exit_code": proc.returncode, "fill_s": fill_s,
+            "error": proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else ""}  # fmt: skip
+
+
+def pg_url() -> str | None:
+    """The PostgreSQL URL to use, or None when no server answers."""
+    url = os.environ.get("VERL_SWEEP_TEST_PG_URL") or LOCAL_PG
+    try:
+        import sqlalchemy
+
+        with sqlalchemy.create_engine(url).connect():
+            return url
+    except Exception:  # noqa: BLE001 - any failure means: no server to measure
+        return None
+
+
+def measure_all(*, quick: bool = False) -> dict[str, Any]:
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    result: dict[str, Any] = {"handoff": measure_handoff(n_trials=4 if quick else 8)}
+    sizes = (200,) if quick else (1000, 10000)
+    cycles = 3 if quick else 10
+    with tempfile.TemporaryDirectory(prefix="vs-asktell-") as tmp:
+        result["ask_tell"] = measure_ask_tell(f"sqlite:///{tmp}/asktell.db", sizes, n_cycles=cycles)
+        result["status"] = [measure_status(f"sqlite:///{tmp}/status.db", 200 if quick else 10000)]
+    url = None if quick else pg_url()
+    if url is not None:
+        result["ask_tell"] += measure_ask_tell(url, sizes, n_cycles=cycles)
+        result["status"].append(measure_status(url, 10000))
+    else:
+        result["postgres"] = "skipped" if quick else "no PostgreSQL server answered"
+    return result
+
+
+def format_overhead(data: dict[str, Any]) -> str:
+    h = data["handoff"]
+    lines = [
+        "orchestration overhead (real seconds)",
+        f"  probe-to-probe hand-off on a freed slot: median {h['median_s']:.3f} s, max {h['max_s']:.3f} s "
+        f"({h['n_handoffs']} hand-offs, SimLauncher, real processes)" if h["median_s"] is not None else "  hand-off: none measured",
+    ]
+    for row in data["ask_tell"]:
+        lines.append(f"  ask+tell {row['backend']:<10} {row['trials']:>6} trials {row['sampler']:<6}: median "
+                     f"{row['median_ms']:.1f} ms (max {row['max_ms']:.1f} ms; filling took {row['fill_s']:.1f} s)")  # fmt: skip
+    for row in data["status"]:
+        extra = f" — exit {row['exit_code']}: {row['error']}" if row["exit_code"] else ""
+        lines.append(f"  verl-sweep status {row['backend']:<10} {row['trials']:>6} trials: {row['wall_s']:.2f} s{extra}")
+    if "postgres" in data:
+        lines.append(f"  PostgreSQL: {data['postgres']}")
+    return "\n".join(lines)
