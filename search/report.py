@@ -60,6 +60,10 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _gb(value: Any) -> str:
+    return "—" if not isinstance(value, (int, float)) else f"{value:.1f}"
+
+
 def _params_text(overrides: dict[str, Any]) -> str:
     from search.console import format_params
 
@@ -343,7 +347,7 @@ def _gpu_table(stages: list[_StageData]) -> str:
             rows.append([data.stage.name, t.number, t.user_attrs.get("role", "candidate"),
                          _params_text(t.user_attrs.get("overrides", {})),
                          f"{summary['mean_util_pct']:.1f}%", "—" if idle is None else f"{idle:.1%}",
-                         summary.get("peak_mem_gb"), summary.get("min_free_gb"), summary.get("n_samples"),
+                         _gb(summary.get("peak_mem_gb")), _gb(summary.get("min_free_gb")), summary.get("n_samples"),
                          summary.get("diagnosis") or "—"])
     if not rows:
         return "<p class=\"note\">No GPU samples were recorded (no <code>gpu</code> attribute, no gpu_samples.jsonl).</p>"

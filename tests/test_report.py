@@ -12,14 +12,12 @@ import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import cli
 from test_live_view import shared_demo
-
-# all but the first test reuse it, but the shared demo study takes ~40 s to run once
-pytestmark = pytest.mark.slow
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -67,6 +65,7 @@ def _marker(dom: str) -> tuple[int, int, list[str]]:
     return int(found.group(1)), int(found.group(2)), json.loads(html.unescape(found.group(3)))
 
 
+@pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_report_is_one_self_contained_file(report: Path) -> None:
     from search.report import figure_count
 
@@ -80,6 +79,7 @@ def test_report_is_one_self_contained_file(report: Path) -> None:
     assert figure_count(text) >= 10
 
 
+@pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_report_shows_every_stage_winner_curve_and_the_export(report: Path, demo_dir: Path) -> None:
     import optuna
 
@@ -106,6 +106,7 @@ def test_report_shows_every_stage_winner_curve_and_the_export(report: Path, demo
     assert pre and html.unescape(pre.group(1)) == exported.stdout
 
 
+@pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_every_plot_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     from search.report import figure_count
 
@@ -126,6 +127,7 @@ def test_every_plot_renders_in_headless_chromium(report: Path, tmp_path: Path) -
     assert colours is not None and len(colours) > 100, "a drawn page has many colours, a blank one few"
 
 
+@pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_the_render_check_catches_a_broken_page(report: Path, tmp_path: Path) -> None:
     """Negative control: without plotly.js no plot renders and the error is recorded."""
     text = report.read_text()
@@ -157,6 +159,7 @@ def _add_trials(db: Path) -> None:
     }))
 
 
+@pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_reasons_are_counted_escaped_and_pruning_savings_estimated(demo_dir: Path, tmp_path: Path) -> None:
     shutil.copy(demo_dir / "demo.db", tmp_path / "demo.db")
     before = json.loads(cli("status", "demo", "--json", "--storage", f"sqlite:///{tmp_path}/demo.db",
@@ -184,6 +187,7 @@ def test_reasons_are_counted_escaped_and_pruning_savings_estimated(demo_dir: Pat
     assert len(rows) == sum(1 for r in lr["trials"] if r["state"] in ("pruned", "fail"))
 
 
+@pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_report_of_a_study_with_no_finished_stage(demo_dir: Path, tmp_path: Path) -> None:
     """Stages not started yet: notes instead of plots, no export, still a valid page."""
     shutil.copy(demo_dir / "demo.db", tmp_path / "demo.db")
@@ -198,3 +202,73 @@ def test_report_of_a_study_with_no_finished_stage(demo_dir: Path, tmp_path: Path
     assert "No stage has finished yet; nothing to export." in text
     assert text.count("* plotly.js v") == 1
     assert figure_count(text) >= 1
+
+
+def _synthetic_study(tmp_path: Path) -> tuple[Any, Any]:
+    """A one-stage study written straight into SQLite: two incumbents and six candidates over
+    two parameters, each with a run directory holding metrics and GPU samples."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from objectives.metrics import write_lines
+    from search.driver import save_spec
+    from search.storage import open_storage
+    from search.study_file import load_study
+
+    spec = load_study(Path(__file__).resolve().parent.parent / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/synthetic.db")
+    save_spec(storage, spec)
+    stage = spec.stages[0].name
+    study = optuna.create_study(study_name=f"{spec.name}.{stage}", storage=storage, direction="maximize")
+    dists = {"a": FloatDistribution(0.0, 1.0), "b": FloatDistribution(0.0, 1.0)}
+    for number in range(8):
+        role = "incumbent" if number < 2 else "candidate"
+        a, b = (0.5, 0.5) if role == "incumbent" else (number / 10, 1 - number / 10)
+        eta = 1.0 + (a - 0.5) * 0.4 + (b - 0.5) * 0.01
+        run_dir = tmp_path / "runs" / f"t{number}"
+        run_dir.mkdir(parents=True)
+        write_lines(run_dir / "metrics.jsonl", [
+            {"step": s, "data": {"critic/score/mean": 0.3 + eta * s / 1000, "timing_s/step": 10.0}}
+            for s in range(1, 101)])
+        # half the samples busy (80%), half idle (5%): mean 42.5%, idle fraction 0.5
+        (run_dir / "gpu_samples.jsonl").write_text("".join(
+            json.dumps({"t": float(i), "gpus": [{"index": 0, "util": 80.0 if i % 2 else 5.0,
+                                                 "mem_used_mb": 1024.0 * (10 + i), "mem_total_mb": 81920.0}]}) + "\n"
+            for i in range(10)))
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=eta, params={"a": a, "b": b}, distributions=dists,
+            user_attrs={"role": role, "seed": 11 + number, "overrides": {"x.a": a, "x.b": b},
+                        "eta": eta, "eta_interval": [eta - 0.05, eta + 0.05], "run_dir": str(run_dir),
+                        "probe": {"state": "complete", "last_step": 100, "gpu_time_s": 8 * 1000.0}},
+        ))
+    study.set_user_attr("base_config", spec.baseline_config())
+    study.set_user_attr("result", {
+        "stage": stage, "winner_trial": 7, "eta": 1.08, "eta_low": 1.03, "eta_high": 1.13,
+        "decision": "trial 7 beat the incumbent <with> & margin", "config": spec.baseline_config(),
+        "overrides": {"x.a": 0.7, "x.b": 0.3},
+    })
+    return storage, spec
+
+
+def test_report_of_a_synthetic_study_has_importance_curves_and_gpu_table(tmp_path: Path) -> None:
+    """Fast (no study run): importance with two varied parameters, winner and incumbent reward
+    curves, the GPU table from the run directories' samples, later stages noted as not started."""
+    from search.report import build_report, figure_count
+
+    storage, spec = _synthetic_study(tmp_path)
+    text = build_report(storage, spec)
+    stage = spec.stages[0].name
+    assert f"{stage}: parameter importance (η)" in text
+    assert "winner (trial 7, seed 18)" in text
+    assert "incumbent (trial 0, seed 11)" in text and "incumbent (trial 1, seed 12)" in text
+    assert "trial 7 beat the incumbent &lt;with&gt; &amp; margin" in text
+    # overview, η, reward, slice, importance
+    assert figure_count(text) == 5 == text.count('class="plot"')
+    gpu_rows = re.findall(rf"<tr><td>{stage}</td><td>(\d)</td><td>\w+</td><td>[^<]*</td><td>([\d.]+)%</td>"
+                          r"<td>([\d.]+)%</td><td>([\d.]+)</td>", text)
+    assert len(gpu_rows) == 8
+    assert all((util, idle, peak) == ("42.5", "50.0", "19.0") for _, util, idle, peak in gpu_rows)
+    for later in spec.stages[1:]:
+        assert f"<h2>Stage {later.name} (" in text
+    assert text.count("* plotly.js v") == 1
