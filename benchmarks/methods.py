@@ -32,8 +32,8 @@ from spaces.overrides import Config, merge, to_overrides
 logger = logging.getLogger(__name__)
 
 #: virtual seconds between two driver polls (about 2 steps of a 7B probe): a finished run is
-#: still seen at once (the replay clock stops at every exit), a probe at step N within ~2 steps
-POLL_S = 600.0
+#: still seen at once (the replay clock stops at every exit), a probe at step N within ~3 steps
+POLL_S = 900.0
 
 
 @dataclasses.dataclass

@@ -96,58 +96,63 @@ def _fill(study: Any, n: int, seed: int = 0) -> float:
     return time.perf_counter() - started
 
 
-def measure_ask_tell(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10) -> list[dict[str, Any]]:
-    """Median ask + tell latency (TPE as the driver builds it, and random) at each size."""
+def _verl_sweep_study(storage: Any, n: int) -> tuple[str, Any]:
+    """A verl-sweep study (root + first stage) whose stage holds ``n`` finished trials."""
+    import optuna
+    import yaml
+
+    from search.driver import save_spec
+    from search.study_file import parse_study
+
+    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    name = f"benchoverhead{uuid.uuid4().hex[:8]}"
+    data["name"] = name
+    spec = parse_study(data)
+    save_spec(storage, spec)
+    stage = optuna.create_study(study_name=f"{name}.{spec.stages[0].name}", storage=storage, direction="maximize")
+    stage.set_user_attr("base_config", spec.baseline_config())
+    return name, stage
+
+
+def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, status_at: int | None = None) -> dict[str, Any]:
+    """Per size: fill a verl-sweep stage study with that many trials (add_trials), time
+    ``n_cycles`` ask + tell with TPE as the driver builds it and with random; at
+    ``status_at`` trials also time ``verl-sweep status`` on it (a subprocess, as users run it)."""
     import optuna
 
     from search.storage import open_storage
 
     storage = open_storage(url)
-    out = []
+    backend = url.split(":")[0].split("+")[0]
+    rows: list[dict[str, Any]] = []
+    status: list[dict[str, Any]] = []
+    name, stage = _verl_sweep_study(storage, 0)
+    filled = 0
     for size in sizes:
+        fill_s = _fill(stage, size - filled, seed=size)
+        filled = size
+        dists = _distributions()
         for sampler_name in ("tpe", "random"):
             sampler = (optuna.samplers.TPESampler(seed=0, n_startup_trials=3, constant_liar=True)
                        if sampler_name == "tpe" else optuna.samplers.RandomSampler(seed=0))  # fmt: skip
-            name = f"bench-asktell-{size}-{sampler_name}-{uuid.uuid4().hex[:8]}"
-            study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=sampler)
-            fill_s = _fill(study, size)
+            study = optuna.load_study(study_name=stage.study_name, storage=storage, sampler=sampler)
             times = []
-            dists = _distributions()
             for i in range(n_cycles):
                 t0 = time.perf_counter()
                 trial = study.ask(dists)
                 study.tell(trial, 1.0 + 0.001 * i)
                 times.append(time.perf_counter() - t0)
-            out.append({"backend": url.split(":")[0], "trials": size, "sampler": sampler_name,
-                        "median_ms": 1000 * statistics.median(times), "max_ms": 1000 * max(times), "fill_s": fill_s})  # fmt: skip
-            optuna.delete_study(study_name=name, storage=storage)
-    return out
-
-
-def measure_status(url: str, n: int) -> dict[str, Any]:
-    """``verl-sweep status`` on a study whose stage holds ``n`` trials (a subprocess)."""
-    import optuna
-    import yaml
-
-    from search.driver import save_spec
-    from search.storage import open_storage
-    from search.study_file import parse_study
-
-    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
-    name = f"benchstatus{uuid.uuid4().hex[:8]}"
-    data["name"] = name
-    spec = parse_study(data)
-    storage = open_storage(url)
-    save_spec(storage, spec)
-    stage = optuna.create_study(study_name=f"{name}.{spec.stages[0].name}", storage=storage, direction="maximize")
-    stage.set_user_attr("base_config", spec.baseline_config())
-    fill_s = _fill(stage, n)
-    started = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).with_name("verl-sweep")), "status", name, "--storage", url],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    wall = time.perf_counter() - started
-    return {"backend": url.split(":")[0], "trials": n, "wall_s": wall, "exit_code": proc.returncode, "fill_s": fill_s,
-            "error": proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else ""}  # fmt: skip
+            filled += n_cycles
+            rows.append({"backend": backend, "trials": size, "sampler": sampler_name, "median_ms": 1000 * statistics.median(times),
+                         "max_ms": 1000 * max(times), "fill_s": fill_s})  # fmt: skip
+        if status_at is not None and size == status_at:
+            started = time.perf_counter()
+            proc = subprocess.run([str(Path(sys.executable).with_name("verl-sweep")), "status", name, "--storage", url],
+                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+            status.append({"backend": backend, "trials": filled, "wall_s": time.perf_counter() - started,
+                           "exit_code": proc.returncode,
+                           "error": proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else ""})  # fmt: skip
+    return {"ask_tell": rows, "status": status}
 
 
 def pg_url() -> str | None:
@@ -165,18 +170,24 @@ def pg_url() -> str | None:
 def measure_all(*, quick: bool = False) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    result: dict[str, Any] = {"handoff": measure_handoff(n_trials=4 if quick else 8)}
+    result: dict[str, Any] = {"handoff": measure_handoff(n_trials=4 if quick else 8), "ask_tell": [], "status": []}
     sizes = (200,) if quick else (1000, 10000)
     cycles = 3 if quick else 10
-    with tempfile.TemporaryDirectory(prefix="vs-asktell-") as tmp:
-        result["ask_tell"] = measure_ask_tell(f"sqlite:///{tmp}/asktell.db", sizes, n_cycles=cycles)
-        result["status"] = [measure_status(f"sqlite:///{tmp}/status.db", 200 if quick else 10000)]
+    # tmpfs when there is one: SQLite's fsync per trial would otherwise dominate the filling.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="vs-asktell-", dir=shm) as tmp:
+        part = measure_backend(f"sqlite:///{tmp}/overhead.db", sizes, n_cycles=cycles, status_at=sizes[-1])
+        result["ask_tell"] += part["ask_tell"]
+        result["status"] += part["status"]
     url = None if quick else pg_url()
     if url is not None:
-        result["ask_tell"] += measure_ask_tell(url, sizes, n_cycles=cycles)
-        result["status"].append(measure_status(url, 10000))
+        # Filling PostgreSQL through add_trials costs ~50 ms a trial here (one connection per
+        # statement under NullPool), so 10,000 would take ~8 minutes: PostgreSQL stops at 1,000.
+        part = measure_backend(url, sizes[:1], n_cycles=cycles, status_at=sizes[0])
+        result["ask_tell"] += part["ask_tell"]
+        result["status"] += part["status"]
     else:
-        result["postgres"] = "skipped" if quick else "no PostgreSQL server answered"
+        result["postgres"] = "skipped (--quick)" if quick else "no PostgreSQL server answered"
     return result
 
 

@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import multiprocessing
-import random
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "benchmarks" / ".cache"
 METHODS = ("verl-sweep", "manual", "random", "tpe")
-JOINT_TRIALS = 40
+JOINT_TRIALS = 36
 QUICK_JOINT_TRIALS = 16
 
 
@@ -62,7 +61,8 @@ def _true_eta(landscape: Any, config: dict[str, Any], baseline_rate: float, step
 
 
 def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed: int = 0) -> dict[str, Any]:
-    """Max true η over the joint space: random points, then coordinate passes on fine grids.
+    """Max true η over the joint space: TPE on the noise-free model (``n_random`` trials),
+    then coordinate passes on fine grids of the four method knobs.
     Cached in benchmarks/.cache by the landscape file's and the study's content."""
     from launchers.simulator import load_landscape
     from spaces import limits as L
@@ -76,6 +76,8 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     cached = CACHE / f"best-{landscape.name}-{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text())
+    import optuna
+
     space = joint_space(spec)
     kinds = {part.kind: part for part in space.parts}
     mini, kl, tokens, lr = (kinds[k] for k in ("mini_batch", "kl", "token_budget", "lr"))
@@ -83,33 +85,34 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     steps = spec.probe.steps
     base_rate = landscape.true_rate(base, steps)
     _, coef_key = L.kl_keys(spec.algorithm)
-    switch_key, _ = L.kl_keys(spec.algorithm)
+
+    # 1. TPE on the noise-free model over the whole joint space (systems layout included).
+    def objective(trial: "optuna.trial.Trial") -> float:
+        config = merge(base, space.suggest(trial, base))
+        trial.set_user_attr("config", config)
+        return _true_eta(landscape, config, base_rate, steps)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=40))
+    study.enqueue_trial(space.incumbent_params(base) or {})
+    study.optimize(objective, n_trials=n_random)
+    best_config = dict(study.best_trial.user_attrs["config"])
+    best = study.best_value
+    # 2. Coordinate passes on fine grids of the four method knobs, the layout kept.
     grids = {
         L.MINI_BATCH: list(mini.choices),  # type: ignore[attr-defined]
         coef_key: [kl.bound.low * (kl.bound.high / kl.bound.low) ** (i / 31) for i in range(32)],  # type: ignore[attr-defined]
         L.TOKEN_BUDGET: sorted({int(tokens.bound.low + (tokens.bound.high - tokens.bound.low) * i / 31) for i in range(32)}),  # type: ignore[attr-defined]
         L.LR: [lr.bound.low * (lr.bound.high / lr.bound.low) ** (i / 31) for i in range(32)],  # type: ignore[attr-defined]
     }
-    fixed = {switch_key: True, L.CHUNKED_PREFILL: True}
-    rng = random.Random(seed)
-
-    def value(point: dict[str, Any]) -> float:
-        return _true_eta(landscape, merge(base, fixed, point), base_rate, steps)
-
-    best_point = {k: rng.choice(v) for k, v in grids.items()}
-    best = value(best_point)
-    for _ in range(n_random):
-        point = {k: rng.choice(v) for k, v in grids.items()}
-        v = value(point)
-        if v > best:
-            best, best_point = v, point
-    for _ in range(3):  # coordinate passes
+    for _ in range(2):
         for key_, grid in grids.items():
             for option in grid:
-                point = {**best_point, key_: option}
-                v = value(point)
+                config = {**best_config, key_: option}
+                v = _true_eta(landscape, config, base_rate, steps)
                 if v > best:
-                    best, best_point = v, point
+                    best, best_config = v, config
+    best_point = {k: v for k, v in best_config.items() if base.get(k) != v}
     result = {"landscape": landscape.name, "best_eta": best, "best_point": best_point, "baseline_rate": base_rate}
     CACHE.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(result, indent=2))
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in landscapes:
         from launchers.simulator import load_landscape
 
-        best[load_landscape(name).name] = best_reachable(name, demo_spec(name), n_random=60 if args.quick else 300)
+        best[load_landscape(name).name] = best_reachable(name, demo_spec(name), n_random=60 if args.quick else 400)
     names = {name: load_landscape(name).name for name in landscapes}
     tasks = [(name, method, rep, args.quick) for name in landscapes for rep in range(reps) for method in METHODS]
     if args.jobs > 1:
