@@ -221,7 +221,7 @@ def _print_status_table(data: dict[str, Any]) -> None:
 
     console = RichConsole(highlight=False)
     table = Table(title=f"study {data['study']} ({data['algorithm']})")
-    for column in ("stage", "state", "trials", "GPU-h", "winner", "η [90% interval]"):
+    for column in ("stage", "state", "trials", "GPU-h", "GPU-h saved", "winner", "η [90% interval]"):
         table.add_column(column, overflow="fold")
     for stage in data["stages"]:
         counts = stage.get("counts", {})
@@ -231,6 +231,7 @@ def _print_status_table(data: dict[str, Any]) -> None:
             stage["name"], stage["state"],
             " ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
             f"{stage.get('gpu_hours', 0.0):.1f}",
+            f"{stage.get('gpu_hours_saved', 0.0):.1f}",
             (format_params(winner.get("overrides", {})) if winner.get("winner_trial") is not None
              else "incumbent") if winner else "—",
             eta,
@@ -239,6 +240,9 @@ def _print_status_table(data: dict[str, Any]) -> None:
     for stage in data["stages"]:
         if stage.get("winner"):
             console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False)
+        if stage.get("reasons"):
+            console.print("  stopped early: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
+                          markup=False)
         for row in stage.get("trials", []):
             if row["state"] in ("running", "waiting"):
                 continue

@@ -231,6 +231,7 @@ class StudyRunner:
                 sampler=build_sampler(stage, 0),
                 pruner=build_pruner(stage, probe_steps),
             )
+            study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
             study.set_user_attr("base_config", base)
             study.set_user_attr("stage", stage.model_dump(mode="json"))
             created = True
@@ -322,23 +323,29 @@ class StudyRunner:
         import optuna
 
         wall_used = loop.used(self.launcher.clock())
-        trials = study.get_trials(deepcopy=False)
+        trials = loop.trials(study)
         over_time = stage.budget.max_wall_clock_s is not None and wall_used >= stage.budget.max_wall_clock_s
         may_start = not over_time and self._may_start(study, trials, stage, active)
         if not active and not may_start:
+            trials = loop.trials(study, fresh=True)  # decide on the database as it is now
             if self._waiting_on_others(trials, active):
                 # Idle while other workers finish the stage: confirm the best so far instead.
                 if not over_time and self.launcher.free_slots() > 0:
-                    self._enqueue_confirmations(study, stage, trials, extra=True)
+                    if self._enqueue_confirmations(study, stage, trials, extra=True):
+                        loop.stale = True
             elif over_time or not self._enqueue_confirmations(study, stage, trials, extra=False):
                 return True
+            else:
+                loop.stale = True
         while may_start and self.launcher.free_slots() > 0:
-            if not self._start_trial(study, stage, space, base, settings, active):
+            started = self._start_trial(study, stage, space, base, settings, active)
+            trials = loop.trials(study, fresh=True)
+            if not started:
                 break
-            trials = study.get_trials(deepcopy=False)
             may_start = self._may_start(study, trials, stage, active)
         self._poll_active(study, stage, settings, active)
-        self._tell_finished(study, active)
+        if self._tell_finished(study, active, loop.trials(study)):
+            loop.stale = True
         now = time.monotonic()
         if now - loop.last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
             for item in active.values():
@@ -427,7 +434,7 @@ class StudyRunner:
             seed = fresh[(count[trial.number] + len(reruns)) % len(fresh)]
             study.enqueue_trial(
                 trial.params,
-                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": seed},
+                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": seed, "extra": extra},
                 skip_if_exists=False,
             )
         if targets:
@@ -473,6 +480,11 @@ class StudyRunner:
             study.tell(trial, state=_fail_state())
             return False
         role = trial.user_attrs.get("role", "candidate")
+        if role == "rerun" and self._redundant_rerun(study, trial, stage):
+            trial.set_user_attr("role", "skipped")
+            trial.set_user_attr("reason", "redundant re-run: other workers queued the same confirmation")
+            study.tell(trial, state=_fail_state())
+            return False
         seed = int(trial.user_attrs.get("seed", self.spec.seeds[0]))
         try:
             overrides = space.suggest(trial, base) if (role != "incumbent" or trial.params) else {}
@@ -524,6 +536,22 @@ class StudyRunner:
                 if t.number != trial.number and t.params == params and "seed" in t.user_attrs
                 and t.state != TrialState.FAIL}
         return next((s for s in self.spec.seeds if s not in used), seed)
+
+    def _redundant_rerun(self, study: "optuna.Study", trial: "optuna.trial.Trial", stage: StageSettings) -> bool:
+        """Workers that queue confirmations at the same moment can queue too many: a re-run
+        counts only within the first 2 × confirm_top re-runs by trial number, and only the
+        first required re-run of a given trial."""
+        trials = study.get_trials(deepcopy=False)
+        requeued = liveness.requeued_numbers(trials)
+        reruns = [t for t in trials if t.user_attrs.get("role") == "rerun" and t.number not in requeued
+                  and t.number <= trial.number]
+        if trial.user_attrs.get("extra"):
+            return len(reruns) > 2 * stage.confirm_top
+        else:
+            target = trial.user_attrs.get("rerun_of")
+            earlier = [t for t in reruns if t.number < trial.number and t.user_attrs.get("rerun_of") == target
+                       and not t.user_attrs.get("extra")]
+            return bool(earlier)
 
     def _over_budget(self, study: "optuna.Study", trial: "optuna.trial.Trial", stage: StageSettings) -> bool:
         """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
@@ -578,54 +606,55 @@ class StudyRunner:
                 ProbeState.PRUNED, reason=f"pruned at step {step}: rate {score.rate:.3g} below the stage's others"
             )
 
-    def _incumbent_scores(self, study: "optuna.Study", active: dict[int, ActiveTrial]) -> list[Score] | None:
-        """Scores of the incumbent runs, once all of them are finished (None until then)."""
+    def _incumbent_scores(self, trials: list["optuna.trial.FrozenTrial"]) -> tuple[list[Score], bool]:
+        """Scores of the incumbent runs told so far, and whether all of them are told."""
         from optuna.trial import TrialState
 
-        trials = study.get_trials(deepcopy=False)
         requeued = liveness.requeued_numbers(trials)
-        scores: list[Score] = []
-        for t in trials:
-            if t.user_attrs.get("role") != "incumbent" or t.number in requeued:
-                continue
-            if t.state in (TrialState.WAITING, TrialState.RUNNING):
-                item = active.get(t.number)
-                if item is None or item.outcome is None:
-                    return None
-                if item.outcome.score is not None and item.outcome.state is ProbeState.COMPLETE:
-                    scores.append(item.outcome.score)
-                continue
-            if "score" in t.user_attrs and t.state == TrialState.COMPLETE:
-                scores.append(Score(**t.user_attrs["score"]))
-        if not scores and not any(
-            t.user_attrs.get("role") == "incumbent" and t.state in (TrialState.WAITING, TrialState.RUNNING)
-            for t in trials
-        ):
+        mine = [t for t in trials if t.user_attrs.get("role") == "incumbent" and t.number not in requeued]
+        scores = [Score(**t.user_attrs["score"]) for t in mine
+                  if t.state == TrialState.COMPLETE and "score" in t.user_attrs]
+        pending = any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine)
+        if not scores and not pending and mine:
             raise SweepError(
                 f"every run of the stage's incumbent failed, so no η can be computed. "
                 f"Check the baseline config (see the failed trials with `verl-sweep status {self.spec.name}`)."
             )
-        return scores
+        return scores, not pending
 
-    def _tell_finished(self, study: "optuna.Study", active: dict[int, ActiveTrial]) -> None:
+    def _tell_finished(self, study: "optuna.Study", active: dict[int, ActiveTrial],
+                       trials: list["optuna.trial.FrozenTrial"]) -> bool:
+        """Tell Optuna every finished probe it can; True when something was told.
+
+        Incumbent runs are told at once, with η against the incumbent runs told so far (so
+        workers never wait on each other's incumbents); candidates wait until every incumbent
+        run is told, then get η against their mean."""
         import optuna
 
         finished = [item for item in active.values() if item.outcome is not None]
         if not finished:
-            return
-        incumbents = self._incumbent_scores(study, active)
-        for item in finished:
+            return False
+        told = False
+        scores, complete = self._incumbent_scores(trials)
+        for item in sorted(finished, key=lambda i: i.role != "incumbent"):
             outcome = item.outcome
             assert outcome is not None
-            if outcome.state is ProbeState.COMPLETE and incumbents is None:
-                continue  # η needs the incumbent; tell once its runs are done
+            if outcome.state is ProbeState.COMPLETE and item.role != "incumbent" and not complete:
+                continue  # η needs every incumbent run; tell once they are done
+            against = scores
+            if item.role == "incumbent" and outcome.score is not None and outcome.state is ProbeState.COMPLETE:
+                against = scores + [outcome.score]
             try:
-                self._tell(study, item, outcome, incumbents or [])
+                self._tell(study, item, outcome, against)
             except optuna.exceptions.UpdateFinishedTrialError:
                 # Closed meanwhile by another process (its heartbeat looked stale): its
                 # assignment was queued again there, so this result is dropped, not doubled.
                 self.console.note(f"{study.study_name}: trial {item.trial.number} was closed by another worker")
             del active[item.trial.number]
+            told = True
+            if item.role == "incumbent":
+                return told  # re-read before telling candidates against the new incumbent set
+        return told
 
     def _tell(self, study: "optuna.Study", item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[Score]) -> None:
         from optuna.trial import TrialState
@@ -759,17 +788,34 @@ class StudyRunner:
         )
 
 
+#: how often a driver re-reads a stage's trials when nothing happened locally (many workers
+#: polling every 50 ms would otherwise saturate the database)
+TRIALS_REFRESH_S = 1.0
+
+
 @dataclasses.dataclass
 class _LoopClock:
-    """Wall-clock budget bookkeeping of one driver in one stage (launcher clock)."""
+    """Per-stage loop state of one driver: wall-clock budget, heartbeat times, and a cached
+    view of the stage's trials (re-read after local events or every TRIALS_REFRESH_S)."""
 
     started: float
     used_before: float
     last_heartbeat: float = 0.0
     last_saved: float = dataclasses.field(default_factory=time.monotonic)
+    stale: bool = True
+    _trials: list[Any] = dataclasses.field(default_factory=list)
+    _read_at: float = 0.0
 
     def used(self, now: float) -> float:
         return self.used_before + now - self.started
+
+    def trials(self, study: "optuna.Study", *, fresh: bool = False) -> list["optuna.trial.FrozenTrial"]:
+        now = time.monotonic()
+        if fresh or self.stale or now - self._read_at >= TRIALS_REFRESH_S:
+            self._trials = study.get_trials(deepcopy=False)
+            self._read_at = now
+            self.stale = False
+        return self._trials
 
 
 def _infeasible(trial: "optuna.trial.FrozenTrial") -> bool:

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 #: user attributes that describe what a trial is for (copied when it is queued again);
 #: everything else on a trial describes one run of it
-ASSIGNMENT_ATTRS = ("role", "seed", "attempt", "rerun_of")
+ASSIGNMENT_ATTRS = ("role", "seed", "attempt", "rerun_of", "extra", "origin")
 MAX_REQUEUES = 3
 
 

@@ -67,8 +67,10 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
 
     from search.liveness import requeue_stale_trial
 
-    # heartbeat_interval is "experimental" in Optuna 5.0, but it is what we rely on.
+    # heartbeat_interval is "experimental" in Optuna 5.0, but it is what we rely on; and we
+    # record heartbeats ourselves (ask/tell), which Optuna warns about on every ask.
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
     if "://" not in url:
         raise BadInputError(

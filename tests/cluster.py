@@ -1,0 +1,97 @@
+"""Helpers for the cluster tests: a PostgreSQL URL, tiny studies, worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, demo_data, write_study
+
+PG_URL = os.environ.get("VERL_SWEEP_TEST_PG_URL")
+
+
+def require_pg() -> str:
+    """The test PostgreSQL server; in CI a missing server is a failure, not a skip."""
+    if not PG_URL:
+        if os.environ.get("CI"):
+            pytest.fail("VERL_SWEEP_TEST_PG_URL is not set in CI: .ci/run must start PostgreSQL")
+        pytest.skip("no PostgreSQL server (set VERL_SWEEP_TEST_PG_URL)")
+    return PG_URL
+
+
+def tiny_study(tmp_path: Path, *, budgets: tuple[int, ...] = (8, 8), steps: int = 150, **extra: Any) -> tuple[Path, str]:
+    """A two-stage study (mini-batch, lr) with short probes; returns (file, name)."""
+    data = demo_data()
+    name = f"t{uuid.uuid4().hex[:10]}"
+    data["name"] = name
+    data["launcher"] = {"kind": "sim", "max_concurrent": 1, "options": {"time_scale": 20000}}
+    data["probe"] = {"steps": steps, "incumbent_repeats": 2}
+    kinds = [("minibatch", "mini_batch"), ("lr", "lr")]
+    data["stages"] = [
+        {"name": n, "space": k, "budget": {"max_trials": b}, "confirm_top": 1,
+         "stop": {"stable_trials": 100}, "pruner": {"name": "none"}}
+        for (n, k), b in zip(kinds, budgets)
+    ]
+    data.update(extra)
+    return write_study(tmp_path, data, f"{name}.yaml"), name
+
+
+def start_cli(*args: str, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("wb")
+    return subprocess.Popen([sys.executable, "-m", "search.cli", *args], cwd=cwd, stdout=handle,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_for_root(storage: str, name: str, timeout_s: float = 60) -> None:
+    import optuna
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            optuna.load_study(study_name=name, storage=storage)
+            return
+        except KeyError:
+            time.sleep(0.2)
+    raise AssertionError(f"study {name} was never created")
+
+
+def all_trials(storage: str, name: str) -> dict[str, list[Any]]:
+    import optuna
+
+    out = {}
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name.startswith(name + "."):
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            out[summary.study_name] = study.get_trials(deepcopy=False)
+    return out
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=10)
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+_ = REPO

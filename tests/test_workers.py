@@ -1,0 +1,124 @@
+"""Many workers on one real PostgreSQL study; faults: SIGKILL, SIGTERM, a database restart."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import all_trials, processes_mentioning, require_pg, start_cli, stop_all, tiny_study, wait_for_root
+from conftest import cli
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]:
+    from optuna.trial import TrialState
+
+    trials = all_trials(url, name)
+    assert set(trials) == {f"{name}.{stage}" for stage in budgets}
+    counts: collections.Counter[str] = collections.Counter()
+    for study_name, stage_trials in trials.items():
+        stage = study_name.split(".")[-1]
+        run_ids = [t.user_attrs["run_id"] for t in stage_trials if "run_id" in t.user_attrs]
+        assert len(run_ids) == len(set(run_ids)), f"a trial of {study_name} ran twice"
+        assert not [t.number for t in stage_trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        requeued = {n for t in stage_trials for n in t.system_attrs.get("retry_history", [])}
+        counted = [t for t in stage_trials if t.number not in requeued
+                   and t.user_attrs.get("role") not in ("rerun", "skipped")]
+        assert len(counted) == budgets[stage], f"{study_name}: {len(counted)} counted trials, budget {budgets[stage]}"
+        for t in stage_trials:
+            counts[t.state.name.lower()] += 1
+            if t.number in requeued:
+                counts["requeued"] += 1
+            if t.user_attrs.get("role") == "skipped":
+                counts["skipped"] += 1
+    return dict(counts)
+
+
+def test_sixteen_workers_share_one_postgres_study(tmp_path: Path) -> None:
+    url = require_pg()
+    study, name = tiny_study(tmp_path, budgets=(10, 10), storage=url)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    first = start_cli("run", str(study), cwd=tmp_path, log=logs / "w00.log")
+    procs = [first]
+    try:
+        wait_for_root(url, name)
+        for i in range(1, 16):
+            procs.append(start_cli("worker", name, "--storage", url, cwd=tmp_path, log=logs / f"w{i:02d}.log"))
+        for p in procs:
+            assert p.wait(timeout=900) == 0, (logs / "w00.log").read_text()[-3000:]
+    finally:
+        stop_all(procs)
+    text = "\n".join(f.read_text() for f in sorted(logs.iterdir()))
+    for bad in ("database is locked", "too many clients", "OperationalError", "Traceback"):
+        assert bad not in text, bad
+    counts = _check_study(url, name, {"minibatch": 10, "lr": 10})
+    print(f"16 workers: trial states {counts}")
+    exported = cli("export", name, "--storage", url, "--format", "overrides", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=" in exported.stdout
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
+    url = require_pg()
+    restart = os.environ.get("VERL_SWEEP_TEST_PG_RESTART")
+    if not restart:
+        if os.environ.get("CI"):
+            pytest.fail("VERL_SWEEP_TEST_PG_RESTART is not set in CI")
+        pytest.skip("no command to restart PostgreSQL (VERL_SWEEP_TEST_PG_RESTART)")
+    study, name = tiny_study(tmp_path, budgets=(10, 10), storage=url)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rng = random.Random(7)
+    procs = [start_cli("run", str(study), cwd=tmp_path, log=logs / "w00.log")]
+    wait_for_root(url, name)
+    procs += [start_cli("worker", name, "--storage", url, cwd=tmp_path, log=logs / f"w{i:02d}.log") for i in range(1, 6)]
+    faults = collections.Counter()
+    completed_seen: dict[tuple[str, int], float | None] = {}
+    try:
+        for round_ in range(6):
+            time.sleep(4)
+            for study_name, trials in all_trials(url, name).items():
+                for t in trials:
+                    if t.state.name == "COMPLETE":
+                        completed_seen[(study_name, t.number)] = t.value
+            alive = [p for p in procs if p.poll() is None]
+            if not alive:
+                break
+            victim = rng.choice(alive)
+            if round_ == 2:
+                subprocess.run(restart, shell=True, check=True, timeout=120)
+                faults["postgres restart"] += 1
+            elif round_ % 2 == 0:
+                victim.send_signal(signal.SIGKILL)
+                faults["SIGKILL"] += 1
+            else:
+                victim.send_signal(signal.SIGTERM)
+                started = time.monotonic()
+                code = victim.wait(timeout=30)
+                assert code == 130, f"SIGTERM should stop a worker cleanly (exit 130), got {code}"
+                faults["SIGTERM"] += 1
+                faults["SIGTERM exit s"] = round(time.monotonic() - started, 1)
+            procs.append(start_cli("worker", name, "--storage", url, cwd=tmp_path, log=logs / f"r{round_:02d}.log"))
+        for p in procs:
+            if p.poll() is None:
+                p.wait(timeout=900)
+        final = cli("resume", name, "--storage", url, cwd=tmp_path, timeout=900)
+        assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
+    finally:
+        stop_all(procs)
+    counts = _check_study(url, name, {"minibatch": 10, "lr": 10})
+    after = {(sn, t.number): t.value for sn, ts in all_trials(url, name).items() for t in ts}
+    for key, value in completed_seen.items():
+        assert after[key] == value, f"completed trial {key} changed or was lost"
+    assert processes_mentioning(str(tmp_path)) == []
+    print(f"faults {dict(faults)}; trial states {counts}; completed trials kept: {len(completed_seen)}")
