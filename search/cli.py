@@ -80,7 +80,7 @@ def _open_study(name: str, storage: Optional[str]):  # type: ignore[no-untyped-d
 
 
 def _make_runner(spec, storage, launcher_kind: Optional[str], quiet: bool = False):  # type: ignore[no-untyped-def]
-    from launchers import make_launcher
+    from launchers import LauncherError, make_launcher
     from search.console import Console
     from search.driver import StudyRunner
     from spaces import build_space
@@ -90,7 +90,13 @@ def _make_runner(spec, storage, launcher_kind: Optional[str], quiet: bool = Fals
     options = dict(spec.launcher.options)
     if kind in ("sim", "ray"):
         options.setdefault("max_concurrent", spec.launcher.max_concurrent)
-    launcher = make_launcher(kind, runs_dir, **options)
+    try:
+        launcher = make_launcher(kind, runs_dir, **options)
+    except LauncherError as e:
+        # A launcher that cannot be built (unknown kind, bad option, no GPU here) is bad input.
+        raise BadInputError(str(e)) from None
+    except TypeError as e:
+        raise BadInputError(f"launcher.options: {e}. See the README's study-file reference.") from None
     return StudyRunner(spec, storage, launcher, console=Console(quiet=quiet), build_space=build_space)
 
 
@@ -131,6 +137,11 @@ def run(
         spec = load_study(study_file)  # before any heavy import or database access
         from search.driver import save_spec
         from search.storage import open_storage
+        from search.validate import validate_study
+
+        problems, _ = validate_study(spec, with_verl=False)  # bounds and rules, before a database exists
+        if problems:
+            raise BadInputError("\n".join(problems))
 
         if launcher is not None and launcher not in ("sim", "local", "ray"):
             raise BadInputError(f"--launcher must be one of sim, local, ray, but got {launcher!r}.")

@@ -337,6 +337,11 @@ class StudyRunner:
                 return True
             else:
                 loop.stale = True
+        if may_start and self.launcher.free_slots() > 0:
+            # Count on the database as it is now: with many workers, a cached view starts
+            # trials the others have already filled the budget with.
+            trials = loop.trials(study, fresh=True)
+            may_start = self._may_start(study, trials, stage, active)
         while may_start and self.launcher.free_slots() > 0:
             started = self._start_trial(study, stage, space, base, settings, active)
             trials = loop.trials(study, fresh=True)

@@ -102,6 +102,12 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
             f"the database driver for {mask_url(url).split(':')[0]} is not installed ({e}). "
             "Install it, e.g. pip install 'verl-sweep[postgres]'."
         ) from None
+    except StorageError as e:
+        # Never reached it at all: a wrong URL, a server that is down, bad credentials.
+        raise BadInputError(
+            f"cannot reach the study database {mask_url(url)}: {describe_db_error(e)}. "
+            "Check the URL and that the server is running."
+        ) from None
     except optuna.exceptions.OptunaError as e:  # e.g. schema version mismatch
         raise StorageError(f"cannot use the study database {mask_url(url)}: {e}") from e
 
@@ -146,7 +152,7 @@ def with_retries(
                 raise
             if attempt == attempts:
                 raise StorageError(f"could not {what}: {describe_db_error(e)}") from e
-            logger.warning("database error (%s), retry %d in %.1fs", describe_db_error(e), attempt, delay)
+            logger.info("database error (%s), retry %d in %.1fs", describe_db_error(e), attempt, delay)
             time.sleep(delay)
             delay = min(delay * 2, max_delay_s)
     raise AssertionError("unreachable")
