@@ -1,0 +1,1 @@
+"""The η objective: follow a verl run live, score it, stop bad runs early."""

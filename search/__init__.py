@@ -1,0 +1,1 @@
+"""The staged driver: study files, storage, the stage loop, the CLI, status, report, export."""
