@@ -24,7 +24,7 @@ from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.console import Console
 from search.errors import BadInputError, SweepError
-from search.storage import HEARTBEAT_INTERVAL_S, describe_db_error, is_transient, with_retries
+from search.storage import HEARTBEAT_INTERVAL_S, describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
 from spaces import hardware_tag, template_for
 from spaces.base import Space, SpaceError
@@ -298,6 +298,7 @@ class StudyRunner:
                     # The database is away (e.g. a PostgreSQL restart): the probes keep running;
                     # whatever was not stored is retried on the next pass.
                     self.console.note(f"database unavailable ({describe_db_error(e)}); retrying in {delay:.0f} s")
+                    reset_connections(self.storage)
                     time.sleep(delay)
                     delay = min(delay * 2, 30.0)
                     continue
@@ -478,6 +479,29 @@ class StudyRunner:
         active: dict[int, ActiveTrial],
     ) -> bool:
         trial = study.ask()
+        # Heartbeat and owner first: a trial without them could never be found stale.
+        self.storage.record_heartbeat(trial._trial_id)
+        trial.set_user_attr("owner", liveness.owner_record())
+        try:
+            return self._start_asked(study, trial, stage, space, base, settings, active)
+        except BaseException as e:
+            if trial.number not in active:
+                try:
+                    self._release(study, trial, reason=f"could not start: {str(e)[:200] or type(e).__name__}")
+                except Exception:  # noqa: BLE001 - the heartbeat closes it later
+                    logger.warning("could not release trial %d", trial.number, exc_info=True)
+            raise
+
+    def _start_asked(
+        self,
+        study: "optuna.Study",
+        trial: "optuna.trial.Trial",
+        stage: StageSettings,
+        space: Space,
+        base: Config,
+        settings: ProbeSettings,
+        active: dict[int, ActiveTrial],
+    ) -> bool:
         if "role" not in trial.user_attrs and self._over_budget(study, trial, stage):
             # Another worker took the last place in the budget between our count and ask.
             trial.set_user_attr("role", "skipped")
@@ -522,7 +546,6 @@ class StudyRunner:
         trial.set_user_attr("overrides", overrides)
         trial.set_user_attr("run_id", run_id)
         trial.set_user_attr("run_dir", str(handle.run_dir))
-        trial.set_user_attr("owner", liveness.owner_record())
         self.storage.record_heartbeat(trial._trial_id)
         interval = stage.pruner.interval_steps
         active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, next_report_step=interval)

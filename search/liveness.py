@@ -7,6 +7,7 @@ assignment (parameters, role, seed) queued again, so it is neither lost nor coun
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
@@ -24,6 +25,8 @@ logger = logging.getLogger(__name__)
 #: everything else on a trial describes one run of it
 ASSIGNMENT_ATTRS = ("role", "seed", "attempt", "rerun_of", "extra", "origin")
 MAX_REQUEUES = 3
+#: a RUNNING trial with no owner older than this was asked for by a process that died at once
+ORPHAN_GRACE_S = 120.0
 
 
 def owner_record() -> dict[str, Any]:
@@ -90,8 +93,15 @@ def close_dead_owners(study: "optuna.Study") -> list[int]:
 
     closed: list[int] = []
     storage = study._storage
+    now = datetime.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not owner_is_dead(trial.user_attrs.get("owner")):
+        owner = trial.user_attrs.get("owner")
+        # A trial asked for by a process that died before it could record its owner (and
+        # so its first heartbeat) would stay RUNNING forever: close it after the grace period.
+        ownerless = owner is None and trial.datetime_start is not None and (
+            (now - trial.datetime_start).total_seconds() > ORPHAN_GRACE_S
+        )
+        if not ownerless and not owner_is_dead(owner):
             continue
         try:
             if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):

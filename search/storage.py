@@ -112,6 +112,19 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
         raise StorageError(f"cannot use the study database {mask_url(url)}: {e}") from e
 
 
+def reset_connections(storage: Any) -> None:
+    """After the server went away, drop the thread's session and every connection, so the
+    next call starts clean (otherwise SQLAlchemy can stay in "invalid transaction")."""
+    try:
+        storage.scoped_session.remove()
+    except Exception:  # noqa: BLE001 - removing a broken session may itself fail
+        logger.debug("could not remove the session", exc_info=True)
+    try:
+        storage.engine.dispose()
+    except Exception:  # noqa: BLE001
+        logger.debug("could not dispose the engine", exc_info=True)
+
+
 def root_cause(error: BaseException) -> BaseException:
     while error.__cause__ is not None:
         error = error.__cause__
@@ -140,6 +153,7 @@ def with_retries(
     attempts: int = 8,
     first_delay_s: float = 0.5,
     max_delay_s: float = 15.0,
+    storage: Any = None,
 ) -> T:
     """Run a database action, retrying with exponential backoff while the server is away
     (a PostgreSQL restart takes seconds). Raises StorageError with the real cause."""
@@ -153,6 +167,8 @@ def with_retries(
             if attempt == attempts:
                 raise StorageError(f"could not {what}: {describe_db_error(e)}") from e
             logger.info("database error (%s), retry %d in %.1fs", describe_db_error(e), attempt, delay)
+            if storage is not None:
+                reset_connections(storage)
             time.sleep(delay)
             delay = min(delay * 2, max_delay_s)
     raise AssertionError("unreachable")
