@@ -115,6 +115,8 @@ class Launcher(abc.ABC):
     """
 
     name: str = "base"
+    #: how long the driver waits between two polls, on this launcher's clock
+    poll_interval_s: float = 0.05
 
     def __init__(self, root_dir: Path | str, *, clock: Clock = time.time) -> None:
         self.root_dir = Path(root_dir).resolve()

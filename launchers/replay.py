@@ -67,6 +67,8 @@ class ReplayLauncher(Launcher):
     ``gpus_per_probe`` GPUs; a start beyond them raises ``NoCapacityError``."""
 
     name = "replay"
+    #: virtual seconds between two polls of the driver (a probe step takes minutes)
+    poll_interval_s = 30.0
 
     def __init__(
         self,

@@ -143,8 +143,8 @@ def run(
         if problems:
             raise BadInputError("\n".join(problems))
 
-        if launcher is not None and launcher not in ("sim", "local", "ray"):
-            raise BadInputError(f"--launcher must be one of sim, local, ray, but got {launcher!r}.")
+        if launcher is not None and launcher not in ("sim", "local", "ray", "replay"):
+            raise BadInputError(f"--launcher must be one of sim, local, ray, replay, but got {launcher!r}.")
         runner_factory = _make_runner  # build the launcher before touching the database
         url = storage or spec.storage_url()
         opened = open_storage(url)

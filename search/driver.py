@@ -24,6 +24,7 @@ from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.console import Console
 from search.errors import BadInputError, SweepError
+from search.pruning import IncumbentPruner
 from search.storage import HEARTBEAT_INTERVAL_S, describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
 from spaces import hardware_tag, template_for
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SPEC_ATTR = "verl_sweep_spec"
-POLL_INTERVAL_S = 0.05
 
 
 class Interrupted(SweepError):
@@ -125,6 +125,8 @@ def build_pruner(stage: StageSettings, probe_steps: int) -> "optuna.pruners.Base
     p = stage.pruner
     if p.name == "none":
         return optuna.pruners.NopPruner()
+    if p.name == "incumbent":
+        return IncumbentPruner(margin=p.margin, n_warmup_steps=p.warmup_steps, patience=p.patience)
     if p.name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.warmup_steps)
     if p.name == "wilcoxon":
@@ -177,14 +179,14 @@ class StudyRunner:
         *,
         console: Console,
         build_space: Callable[..., Space],
-        poll_interval_s: float = POLL_INTERVAL_S,
+        poll_interval_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.storage = storage
         self.launcher = launcher
         self.console = console
         self.build_space = build_space
-        self.poll_interval_s = poll_interval_s
+        self.poll_interval_s = launcher.poll_interval_s if poll_interval_s is None else poll_interval_s
         self._stop_requested: str | None = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -630,8 +632,10 @@ class StudyRunner:
             return
         item.trial.report(score.rate, step)
         if item.role == "candidate" and item.trial.should_prune():
+            rule = {"incumbent": "clearly below the incumbent's on the same seed",
+                    "median": "below the median of the stage's other trials"}.get(stage.pruner.name, "below the stage's others")
             item.outcome = item.probe.stop(
-                ProbeState.PRUNED, reason=f"pruned at step {step}: rate {score.rate:.3g} below the stage's others"
+                ProbeState.PRUNED, reason=f"pruned at step {step}: running rate {score.rate:.3g} {rule}"
             )
 
     def _incumbent_scores(self, trials: list["optuna.trial.FrozenTrial"]) -> tuple[list[Score], bool]:

@@ -28,7 +28,7 @@ class _Strict(BaseModel):
 
 
 class LauncherSection(_Strict):
-    kind: Literal["sim", "local", "ray"] = "sim"
+    kind: Literal["sim", "local", "ray", "replay"] = "sim"
     max_concurrent: int = Field(default=2, ge=1, le=1024)
     #: passed to the launcher's constructor (e.g. time_scale, landscape, address, gpu_ids)
     options: dict[str, Any] = Field(default_factory=dict)
@@ -55,17 +55,20 @@ class SamplerSettings(_Strict):
 
 
 class PrunerSettings(_Strict):
-    # Median on the running rate (a trend over all steps so far) saved the most GPU time
-    # without ever pruning the true best in benchmarks/compare_pruners.py; Wilcoxon, which
-    # assumes independent pairs, cut the true best in 3 of 12 studies.
-    name: Literal["none", "median", "patient", "wilcoxon"] = "median"
+    # "incumbent" (the default) stops a candidate that runs clearly below the incumbent on
+    # the same seed; it can never stop a candidate that could win the stage. Optuna's
+    # median/percentile/Wilcoxon rules are available too (benchmarks/compare_pruners.py).
+    name: Literal["none", "incumbent", "median", "patient", "wilcoxon"] = "incumbent"
     #: report intermediate values every this many steps
     interval_steps: int = Field(default=50, ge=1, le=100_000)
     #: no pruning before this step
     warmup_steps: int = Field(default=100, ge=0, le=100_000)
-    #: trials that must finish before pruning starts
-    n_startup_trials: int = Field(default=4, ge=0, le=10_000)
-    patience: int = Field(default=2, ge=0, le=1000)
+    #: trials that must finish before pruning starts (median, patient)
+    n_startup_trials: int = Field(default=2, ge=0, le=10_000)
+    #: reports in a row below the bar before a trial is stopped (incumbent, patient)
+    patience: int = Field(default=2, ge=1, le=1000)
+    #: incumbent: how far below the incumbent's running rate counts as "clearly below"
+    margin: float = Field(default=0.05, ge=0, lt=1)
     percentile: float = Field(default=25.0, gt=0, lt=100)
 
 

@@ -76,7 +76,7 @@ STUDY_CASES: list[tuple[str, Change, str]] = [
     ("missing hidden size", lambda d: d["model"].pop("hidden_size"), r"model: .*needs hidden_size"),
     ("config_json missing file", _set("model", {"config_json": "nope.json", "n_params_b": 7}), r"model: .*cannot read"),
     ("algorithm unknown", _set("algorithm", "dpo"), r"algorithm: must be 'grpo' or 'ppo'"),
-    ("launcher kind unknown", _set("launcher", {"kind": "slurm"}), r"launcher\.kind: must be 'sim', 'local' or 'ray'"),
+    ("launcher kind unknown", _set("launcher", {"kind": "slurm"}), r"launcher\.kind: must be 'sim', 'local', 'ray' or 'replay'"),
     ("probe steps 1", _set("probe", {"steps": 1}), r"probe\.steps: must be ≥ 2"),
     ("name traversal", _set("name", "../../etc/passwd"), r"name: must be 1-64 letters"),
     ("name empty", _set("name", ""), r"name: must be 1-64 letters"),

@@ -68,8 +68,8 @@ class TestSimLauncherContract(LauncherContract):
 
 
 def test_registry_names_and_unknown_kind_lists_valid_ones(tmp_path: Path) -> None:
-    assert set(LAUNCHERS) == {"sim", "local", "ray"}
-    with pytest.raises(LauncherError, match=r"launcher kind must be one of local, ray, sim, but got 'slurm'"):
+    assert set(LAUNCHERS) == {"sim", "local", "ray", "replay"}
+    with pytest.raises(LauncherError, match=r"launcher kind must be one of local, ray, replay, sim, but got 'slurm'"):
         make_launcher("slurm", tmp_path)
     sim = make_launcher("sim", tmp_path, max_concurrent=3)
     assert isinstance(sim, SimLauncher) and sim.max_concurrent == 3

@@ -1,0 +1,55 @@
+"""Pruning against the incumbent, with paired seeds.
+
+Candidates and the incumbent run on the same seeds (same data order), so at a given step the
+candidate's running rate and the incumbent's on that seed share most of their noise. A
+candidate that stays clearly below the incumbent cannot win the stage (only η > 1.02 can), so
+it is stopped: that is the method's "stop hopeless runs", without the false alarms of a plain
+median rule on jittery curves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import optuna
+from optuna.trial import TrialState
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+
+class IncumbentPruner(optuna.pruners.BasePruner):
+    """Prune a candidate at step s when its intermediate value is below the incumbent's at s
+    (the run on the same seed if there is one, else their mean) by more than ``margin``, for
+    ``patience`` reports in a row. Incumbents and re-runs are never pruned."""
+
+    def __init__(self, *, margin: float = 0.05, n_warmup_steps: int = 100, patience: int = 2) -> None:
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1), but got {margin}.")
+        self.margin = margin
+        self.n_warmup_steps = n_warmup_steps
+        self.patience = patience
+
+    def prune(self, study: "optuna.Study", trial: "FrozenTrial") -> bool:
+        if trial.user_attrs.get("role", "candidate") != "candidate":
+            return False
+        steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
+        if len(steps) < self.patience:
+            return False
+        incumbents = [
+            t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+            if t.user_attrs.get("role") == "incumbent"
+        ]
+        for step in steps[-self.patience:]:
+            reference = self._reference(incumbents, step, trial.user_attrs.get("seed"))
+            if reference is None or trial.intermediate_values[step] >= reference * (1 - self.margin):
+                return False
+        return True
+
+    @staticmethod
+    def _reference(incumbents: list["FrozenTrial"], step: int, seed: object) -> float | None:
+        values = [t.intermediate_values[step] for t in incumbents if step in t.intermediate_values]
+        paired = [t.intermediate_values[step] for t in incumbents
+                  if step in t.intermediate_values and t.user_attrs.get("seed") == seed]
+        chosen = paired or values
+        return sum(chosen) / len(chosen) if chosen else None

@@ -1,0 +1,112 @@
+"""What a whole study does, measured on the simulator's dynamics in simulated time (the replay
+launcher: the simulator's model without processes, so a study takes seconds)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import cli, demo_data, write_study
+
+
+def _replay_demo(tmp_path: Path, name: str, change: Any = None) -> dict[str, Any]:
+    data = copy.deepcopy(demo_data())
+    data["name"] = name
+    data["launcher"] = {"kind": "replay", "max_concurrent": 2, "options": {}}
+    if change:
+        change(data)
+    path = write_study(tmp_path, data, f"{name}.yaml")
+    result = cli("run", str(path), cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    status = cli("status", name, "--json", "--storage", f"sqlite:///{tmp_path}/{name}.db", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    return json.loads(status.stdout)
+
+
+def _gpu_s(stage: dict[str, Any]) -> float:
+    return sum(t["gpu_time_s"] or 0.0 for t in stage["trials"])
+
+
+@pytest.fixture(scope="module")
+def pruned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _replay_demo(tmp_path_factory.mktemp("pruned"), "demo")
+
+
+def test_pruning_saves_gpu_time_and_keeps_the_winner(pruned: dict[str, Any], tmp_path: Path) -> None:
+    def no_pruning(data: dict[str, Any]) -> None:
+        for stage in data["stages"]:
+            stage["pruner"] = {"name": "none"}
+
+    unpruned = _replay_demo(tmp_path, "demo", no_pruning)
+    with_pruning = sum(_gpu_s(s) for s in pruned["stages"])
+    without = sum(_gpu_s(s) for s in unpruned["stages"])
+    saving = 1 - with_pruning / without
+    print(f"simulated GPU-hours: {with_pruning / 3600:.0f} with pruning, {without / 3600:.0f} without: "
+          f"{saving:.0%} saved")
+    assert saving >= 0.30
+    for a, b in zip(pruned["stages"], unpruned["stages"]):
+        wa, wb = a["winner"], b["winner"]
+        same = wa["overrides"] == wb["overrides"]
+        within = wb["eta_low"] <= wa["eta"] <= wb["eta_high"] or wa["eta_low"] <= wb["eta"] <= wa["eta_high"]
+        assert same or within, (a["name"], wa, wb)
+
+
+def test_stage_0_finds_a_layout_at_least_as_fast_as_the_template(pruned: dict[str, Any]) -> None:
+    from launchers.simulator import load_landscape
+    from search.study_file import load_study
+    from spaces import check_config, template_for
+    from spaces.overrides import merge
+
+    spec = load_study(Path(__file__).resolve().parent.parent / "studies" / "demo.yaml")
+    systems = pruned["stages"][0]
+    assert systems["name"] == "systems"
+    landscape = load_landscape("default")
+    base = systems["incumbent"]["config"]
+    template = merge(base, template_for(spec.model, spec.hardware, spec.algorithm).config)
+    winner = systems["winner"]["config"]
+    # true (noise-free) throughput of the chosen layout vs the source's template
+    assert landscape.expected(winner).throughput >= landscape.expected(template).throughput
+    probes = [t for t in systems["trials"] if t["state"] != "fail" or t["failure_kind"]]
+    assert len([t for t in probes if t["role"] != "skipped"]) <= 12
+    facts = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
+    for trial in systems["trials"]:
+        assert check_config(merge(base, trial["params"]), **facts) == [], trial
+
+
+def test_short_probe_stages_cost_under_15_percent(pruned: dict[str, Any]) -> None:
+    by_name = {s["name"]: _gpu_s(s) for s in pruned["stages"]}
+    share = (by_name["systems"] + by_name["tokens"]) / sum(by_name.values())
+    print(f"stage 0 + stage 3 share of simulated GPU time: {share:.1%}")
+    assert share < 0.15
+
+
+def test_every_probe_reports_utilisation_and_diagnosis(pruned: dict[str, Any]) -> None:
+    for stage in pruned["stages"]:
+        for trial in stage["trials"]:
+            if trial["state"] in ("complete", "pruned"):
+                assert trial["gpu"]["mean_util_pct"] > 0 and trial["gpu"]["diagnosis"], trial
+
+
+def test_diverging_candidates_are_stopped_with_a_reason(tmp_path: Path) -> None:
+    from launchers.simulator import load_landscape
+
+    def reckless_lr(data: dict[str, Any]) -> None:
+        data["stages"] = [{"name": "lr", "space": "lr", "params": {"high": 2e-4, "unsafe": True},
+                           "budget": {"max_trials": 6}, "confirm_top": 0}]
+
+    status = _replay_demo(tmp_path, "reckless", reckless_lr)
+    landscape = load_landscape("default")
+    stage = status["stages"][0]
+    stopped = [t for t in stage["trials"] if t["state"] == "pruned" and t["reason"]
+               and t["reason"].split(":")[0] in ("kl_divergence", "non_finite", "grad_explosion")]
+    assert stopped, [(t["params"], t["state"], t["reason"]) for t in stage["trials"]]
+    for trial in stopped:
+        expected = landscape.expected({**stage["incumbent"]["config"], **trial["params"]})
+        assert expected.diverges
+        assert trial["last_step"] - expected.diverge_step <= 50, trial
+    text = cli("status", "reckless", "--storage", f"sqlite:///{tmp_path}/reckless.db", cwd=tmp_path).stdout
+    assert stopped[0]["reason"].split(":")[0] in text
