@@ -282,8 +282,8 @@ class StudyRunner:
             n_gpus=self.spec.hardware.n_gpus,
         )
         self.console.stage_started(index, stage, base, space.explain(), stage.budget.max_trials)
-        self._adopt_or_close_orphans(study)
         active: dict[int, ActiveTrial] = {}
+        self._adopt_or_close_orphans(study, stage, settings, active)
         loop = _LoopClock(self.launcher.clock(), float(study.user_attrs.get("wall_clock_used_s", 0.0)))
         delay = 1.0
         try:
@@ -359,7 +359,7 @@ class StudyRunner:
             for item in active.values():
                 self.storage.record_heartbeat(item.trial._trial_id)
             optuna.storages.fail_stale_trials(study)
-            self._adopt_or_close_orphans(study)
+            self._adopt_or_close_orphans(study, stage, settings, active)
             loop.last_heartbeat = now
         if now - loop.last_saved > 5.0:
             study.set_user_attr("wall_clock_used_s", wall_used)
@@ -595,16 +595,39 @@ class StudyRunner:
         study.tell(trial, state=_fail_state())
         liveness.requeue(study, frozen, reason=reason)
 
-    def _adopt_or_close_orphans(self, study: "optuna.Study") -> None:
-        closed = liveness.close_dead_owners(study)
+    def _adopt_or_close_orphans(
+        self, study: "optuna.Study", stage: StageSettings, settings: ProbeSettings, active: dict[int, ActiveTrial]
+    ) -> None:
+        """Trials a dead driver left RUNNING: follow their run again where the launcher can
+        re-attach (a Ray job outlives its submitter), else close them, kill what their run
+        left behind, and queue them again."""
+        adopted, closed = [], []
+        for frozen in liveness.orphaned_trials(study):
+            run_id = frozen.user_attrs.get("run_id")
+            handle = self.launcher.reattach(run_id) if run_id else None
+            if handle is not None:
+                trial = optuna_trial(study, frozen)
+                trial.set_user_attr("owner", liveness.owner_record())
+                self.storage.record_heartbeat(frozen._trial_id)
+                probe = Probe(self.launcher, RunSpec(run_id=run_id, overrides=(), n_gpus=self.spec.hardware.n_gpus),
+                              settings)
+                probe.attach(handle)
+                active[frozen.number] = ActiveTrial(
+                    trial, probe, frozen.user_attrs.get("role", "candidate"), int(frozen.user_attrs.get("seed", 0)),
+                    dict(frozen.user_attrs.get("overrides", {})), next_report_step=stage.pruner.interval_steps,
+                )
+                adopted.append(frozen.number)
+                continue
+            if liveness.close_and_requeue(study, frozen, reason="its driver process died"):
+                closed.append(frozen.number)
+                self.launcher.cleanup_leftover(Path(frozen.user_attrs.get("run_dir", "")))
+        if adopted:
+            self.console.note(f"re-attached to the runs of trial(s) {', '.join(map(str, adopted))} left by a dead driver")
         if closed:
             self.console.note(
                 f"closed {len(closed)} trial(s) left running by a dead driver and queued them again: "
                 + ", ".join(map(str, closed))
             )
-        for trial in study.get_trials(deepcopy=False):
-            if trial.number in closed:
-                self.launcher.cleanup_leftover(Path(trial.user_attrs.get("run_dir", "")))
 
     # -- following --------------------------------------------------------------------------------
     def _poll_active(
@@ -848,6 +871,13 @@ class _LoopClock:
             self._read_at = now
             self.stale = False
         return self._trials
+
+
+def optuna_trial(study: "optuna.Study", frozen: "optuna.trial.FrozenTrial") -> "optuna.trial.Trial":
+    """A live handle on a RUNNING trial another process started (to report and tell on it)."""
+    import optuna
+
+    return optuna.trial.Trial(study, frozen._trial_id)
 
 
 def _infeasible(trial: "optuna.trial.FrozenTrial") -> bool:

@@ -85,28 +85,34 @@ def requeued_numbers(trials: list["FrozenTrial"]) -> set[int]:
     return numbers
 
 
-def close_dead_owners(study: "optuna.Study") -> list[int]:
-    """Close RUNNING trials whose owner process on this host is gone, at once (without
-    waiting for the heartbeat grace period), and queue them again. Returns their numbers."""
-    import optuna
+def orphaned_trials(study: "optuna.Study") -> list["FrozenTrial"]:
+    """RUNNING trials whose owner process on this host is gone (known at once, without
+    waiting for the heartbeat grace period), and ownerless ones older than the grace period
+    (asked for by a process that died before it could record itself)."""
     from optuna.trial import TrialState
 
-    closed: list[int] = []
-    storage = study._storage
     now = datetime.datetime.now()
+    found = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = trial.user_attrs.get("owner")
-        # A trial asked for by a process that died before it could record its owner (and
-        # so its first heartbeat) would stay RUNNING forever: close it after the grace period.
         ownerless = owner is None and trial.datetime_start is not None and (
             (now - trial.datetime_start).total_seconds() > ORPHAN_GRACE_S
         )
-        if not ownerless and not owner_is_dead(owner):
-            continue
-        try:
-            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                closed.append(trial.number)
-                requeue(study, trial, reason="its driver process died")
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # another process closed it first
-    return closed
+        if ownerless or owner_is_dead(owner):
+            found.append(trial)
+    return found
+
+
+def close_and_requeue(study: "optuna.Study", trial: "FrozenTrial", *, reason: str) -> bool:
+    """Close a RUNNING trial as FAIL and queue its assignment again; False when another
+    process closed it first."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            requeue(study, trial, reason=reason)
+            return True
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+    return False

@@ -142,3 +142,55 @@ def test_unreachable_cluster_is_a_launcher_error(tmp_path: Path) -> None:
     launcher = ray_launcher(tmp_path, f"http://127.0.0.1:{port}")
     with pytest.raises(LauncherError, match=r"the Ray job server must be reachable at http://127\.0\.0\.1:\d+, but"):
         launcher.start(ok_spec("nowhere"))
+
+
+def test_driver_killed_while_jobs_run_reattaches_on_resume(ray_address: str, tmp_path: Path) -> None:
+    """SIGKILL the driver while its Ray jobs run; `resume` follows the same jobs (same
+    submission ids, not submitted again) and tells their results to Optuna."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+    from ray.job_submission import JobSubmissionClient
+
+    from conftest import cli, demo_data, write_study
+
+    data = demo_data()
+    data["name"] = "rayre"
+    data["launcher"] = {"kind": "ray", "max_concurrent": 2, "options": {
+        "address": ray_address, "command": probe_command(), "gpus_per_probe": 2, "stop_timeout_s": 30.0,
+        "extra_env": {"VERL_SIM_TIME_SCALE": "1500", "RAY_AUTH_MODE": "disabled"}}}
+    data["probe"] = {"steps": 60, "incumbent_repeats": 2}
+    data["stages"] = [{"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "confirm_top": 0,
+                       "pruner": {"name": "none"}}]
+    study = write_study(tmp_path, data, "rayre.yaml")
+    url = f"sqlite:///{tmp_path}/rayre.db"
+    driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    running: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(running) < 2:
+        time.sleep(0.5)
+        try:
+            trials = optuna.load_study(study_name="rayre.lr", storage=url).get_trials(deepcopy=False)
+        except (KeyError, Exception):  # noqa: BLE001 - the database may not exist yet
+            continue
+        running = [t.user_attrs["run_id"] for t in trials if t.state.name == "RUNNING" and "run_id" in t.user_attrs]
+    assert len(running) >= 2, "the driver never had two jobs running"
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=10)
+    client = JobSubmissionClient(ray_address)
+    assert all(client.get_job_status(run_id) is not None for run_id in running)
+
+    result = cli("resume", "rayre", "--storage", url, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "re-attached to the runs of trial(s)" in result.stdout
+    trials = {t.user_attrs.get("run_id"): t for t in
+              optuna.load_study(study_name="rayre.lr", storage=url).get_trials(deepcopy=False)}
+    for run_id in running:
+        assert trials[run_id].state.name == "COMPLETE", run_id  # the same trial, told after re-attaching
+    submitted = [job.submission_id for job in client.list_jobs() if job.submission_id.startswith("rayre.")]
+    assert len(submitted) == len(set(submitted)), "a job was submitted twice"
