@@ -606,15 +606,20 @@ class StudyRunner:
             run_id = frozen.user_attrs.get("run_id")
             handle = self.launcher.reattach(run_id) if run_id else None
             if handle is not None:
-                trial = optuna_trial(study, frozen)
-                trial.set_user_attr("owner", liveness.owner_record())
-                self.storage.record_heartbeat(frozen._trial_id)
                 probe = Probe(self.launcher, RunSpec(run_id=run_id, overrides=(), n_gpus=self.spec.hardware.n_gpus),
                               settings)
                 probe.attach(handle)
+                outcome = probe.poll()
+                if outcome is not None and outcome.state is ProbeState.FAILED:
+                    handle = None  # it died with its driver: nothing to follow
+            if handle is not None:
+                trial = optuna_trial(study, frozen)
+                trial.set_user_attr("owner", liveness.owner_record())
+                self.storage.record_heartbeat(frozen._trial_id)
                 active[frozen.number] = ActiveTrial(
                     trial, probe, frozen.user_attrs.get("role", "candidate"), int(frozen.user_attrs.get("seed", 0)),
                     dict(frozen.user_attrs.get("overrides", {})), next_report_step=stage.pruner.interval_steps,
+                    outcome=outcome,
                 )
                 adopted.append(frozen.number)
                 continue
@@ -654,7 +659,7 @@ class StudyRunner:
         if score is None or not math.isfinite(score.rate):
             return
         item.trial.report(score.rate, step)
-        if item.role == "candidate" and item.trial.should_prune():
+        if item.role in ("candidate", "rerun") and item.trial.should_prune():
             rule = {"incumbent": "clearly below the incumbent's on the same seed",
                     "median": "below the median of the stage's other trials"}.get(stage.pruner.name, "below the stage's others")
             item.outcome = item.probe.stop(
@@ -815,6 +820,12 @@ class StudyRunner:
         for t in trials:
             if t.user_attrs.get("role") == "rerun" and "score" in t.user_attrs:
                 reruns.setdefault(int(t.user_attrs["rerun_of"]), []).append(Score(**t.user_attrs["score"]))
+        # A confirmation run stopped for falling below the incumbent disqualifies its trial.
+        failed = {int(t.user_attrs["rerun_of"]) for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+                  if t.user_attrs.get("role") == "rerun"}
+        candidates = [t for t in candidates if t.number not in failed]
+        if not candidates:
+            return dataclasses.replace(keep, decision="kept the incumbent: no candidate held up on a fresh seed")
 
         def pooled(t: "optuna.trial.FrozenTrial") -> tuple[float, float, float, int]:
             scores = [Score(**t.user_attrs["score"])] + reruns.get(t.number, [])

@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 class IncumbentPruner(optuna.pruners.BasePruner):
     """Prune a candidate at step s when its intermediate value is below the incumbent's at s
     (the run on the same seed if there is one, else their mean) by more than ``margin``, for
-    ``patience`` reports in a row. Incumbents and re-runs are never pruned."""
+    ``patience`` reports in a row. Incumbents are never pruned; a confirmation re-run that
+    falls below the incumbent is (it can no longer confirm a significant gain)."""
 
-    def __init__(self, *, margin: float = 0.05, n_warmup_steps: int = 100, patience: int = 2) -> None:
+    def __init__(self, *, margin: float = 0.02, n_warmup_steps: int = 50, patience: int = 2) -> None:
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), but got {margin}.")
         self.margin = margin
@@ -31,7 +32,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         self.patience = patience
 
     def prune(self, study: "optuna.Study", trial: "FrozenTrial") -> bool:
-        if trial.user_attrs.get("role", "candidate") != "candidate":
+        if trial.user_attrs.get("role", "candidate") not in ("candidate", "rerun"):
             return False
         steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
         if len(steps) < self.patience:

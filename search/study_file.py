@@ -60,15 +60,15 @@ class PrunerSettings(_Strict):
     # median/percentile/Wilcoxon rules are available too (benchmarks/compare_pruners.py).
     name: Literal["none", "incumbent", "median", "patient", "wilcoxon"] = "incumbent"
     #: report intermediate values every this many steps
-    interval_steps: int = Field(default=50, ge=1, le=100_000)
+    interval_steps: int = Field(default=25, ge=1, le=100_000)
     #: no pruning before this step
-    warmup_steps: int = Field(default=100, ge=0, le=100_000)
+    warmup_steps: int = Field(default=50, ge=0, le=100_000)
     #: trials that must finish before pruning starts (median, patient)
     n_startup_trials: int = Field(default=2, ge=0, le=10_000)
     #: reports in a row below the bar before a trial is stopped (incumbent, patient)
     patience: int = Field(default=2, ge=1, le=1000)
     #: incumbent: how far below the incumbent's running rate counts as "clearly below"
-    margin: float = Field(default=0.05, ge=0, lt=1)
+    margin: float = Field(default=0.02, ge=0, lt=1)
     percentile: float = Field(default=25.0, gt=0, lt=100)
 
 
