@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 class IncumbentPruner(optuna.pruners.BasePruner):
     """Prune a candidate at step s when its intermediate value is below the incumbent's at s
-    (the run on the same seed if there is one, else their mean) by more than ``margin``, for
-    ``patience`` reports in a row. Incumbents are never pruned; a confirmation re-run that
+    (the run on the same seed if there is one, else their mean), or below the stage's best
+    finished candidate's, by more than ``margin``, for ``patience`` reports in a row. Incumbents are never pruned; a confirmation re-run that
     falls below the incumbent is (it can no longer confirm a significant gain)."""
 
     def __init__(self, *, margin: float = 0.02, n_warmup_steps: int = 50, patience: int = 2) -> None:
@@ -37,13 +37,17 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
         if len(steps) < self.patience:
             return False
-        incumbents = [
-            t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-            if t.user_attrs.get("role") == "incumbent"
-        ]
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        incumbents = [t for t in trials if t.user_attrs.get("role") == "incumbent"]
+        # The stage's best finished candidate so far: a run clearly below it cannot win either.
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate"
+                and t.value is not None and t.number != trial.number]
+        leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
+        seed = trial.user_attrs.get("seed")
         for step in steps[-self.patience:]:
-            reference = self._reference(incumbents, step, trial.user_attrs.get("seed"))
-            if reference is None or trial.intermediate_values[step] >= reference * (1 - self.margin):
+            references = [r for r in (self._reference(incumbents, step, seed), self._reference(leaders, step, seed))
+                          if r is not None]
+            if not references or trial.intermediate_values[step] >= max(references) * (1 - self.margin):
                 return False
         return True
 
