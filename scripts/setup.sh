@@ -9,10 +9,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 stamp=.venv/.verl-sweep-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The CPU build of torch first: verl pulls torch, and a bare `torch` would fetch a CUDA build.
   .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -e ".[verl,ray,gpu,postgres,test]"
+  # constraints.txt pins every dependency to a tested set: reproducible, and no resolver
+  # backtracking through verl's large dependency tree.
+  .venv/bin/pip install -q -c constraints.txt -e ".[verl,ray,gpu,postgres,test]"
   echo "$want" > "$stamp"
 fi
