@@ -68,7 +68,7 @@ class PrunerSettings(_Strict):
     #: reports in a row below the bar before a trial is stopped (incumbent, patient)
     patience: int = Field(default=2, ge=1, le=1000)
     #: incumbent: how far below the incumbent's running rate counts as "clearly below"
-    margin: float = Field(default=0.02, ge=0, lt=1)
+    margin: float = Field(default=0.0, ge=0, lt=1)
     percentile: float = Field(default=25.0, gt=0, lt=100)
 
 

@@ -147,5 +147,6 @@ def test_optuna_cli_studies_trials_and_best_trial(storage_url: str) -> None:
     assert best.returncode == 0, best.stderr
     parsed = yaml.safe_load(best.stdout)
     assert parsed["number"] == lr.best_trial.number
-    assert parsed["value"] == pytest.approx(lr.best_value)
+    # the value is labelled with the study's metric name, as the dashboard shows it
+    assert parsed["value"] == {"eta": pytest.approx(lr.best_value)}
     assert parsed["user_attrs"]["eta"] == pytest.approx(lr.best_value)
