@@ -30,6 +30,42 @@ def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Conf
     return configs
 
 
+#: baseline keys held to the method's safe bounds (the KL key is checked where it is switched on)
+_BASELINE_BOUNDS = {
+    "actor_rollout_ref.actor.optim.lr": "lr",
+    "algorithm.lam": "lam",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "gpu_memory_utilization",
+}
+
+
+def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
+    """Baseline values outside the safe bounds, and a token budget above the memory bound."""
+    from spaces import SAFE_BOUNDS, token_budget
+    from spaces.overrides import get
+
+    problems = []
+    keys = dict(_BASELINE_BOUNDS)
+    if get(base, "actor_rollout_ref.actor.use_kl_loss"):
+        keys["actor_rollout_ref.actor.kl_loss_coef"] = "kl"
+    if get(base, "algorithm.use_kl_in_reward"):
+        keys["algorithm.kl_ctrl.kl_coef"] = "kl"
+    for key, name in keys.items():
+        value = get(base, key)
+        bound = SAFE_BOUNDS[name]
+        if key == "algorithm.lam" and spec.algorithm.adv_estimator != "gae":
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not bound.contains(value):
+            problems.append(f"baseline.{key}: must be within the safe bound ({bound.describe()}), but got {value}. "
+                            "Start from a safe baseline.")
+    tokens = get(base, "actor_rollout_ref.rollout.max_num_batched_tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool):
+        limit = token_budget(spec.model, spec.hardware, base)
+        if tokens > limit.bound:
+            problems.append(f"baseline.actor_rollout_ref.rollout.max_num_batched_tokens: must be ≤ the memory bound "
+                            f"{limit.bound} (see `verl-sweep validate` for the arithmetic), but got {tokens}. Lower it.")
+    return problems
+
+
 def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:
     """Returns (problems, report lines). Problems are one line each; none means valid."""
     problems: list[str] = []
@@ -37,6 +73,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
     base = spec.baseline_config()
     facts = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
     problems += [f"baseline: {p}" for p in check_config(base, **facts)]
+    problems += baseline_problems(spec, base)
     configs: list[tuple[str, Config]] = [("baseline", base)]
     for index, stage in enumerate(spec.stages):
         where = f"stages[{index}]"

@@ -178,3 +178,22 @@ def test_override_values_cannot_smuggle_keys_or_shell(tmp_path: Path) -> None:
     assert not Path("/tmp/verl-sweep-pwned2").exists()
     spec = (tmp_path / "runs" / "tiny" / "tiny.lr.t0000" / "spec.json").read_text()
     assert "trainer.evil" not in spec.replace("'" + hostile.replace("'", "\\'") + "'", "")
+
+
+def test_validate_unsafe_study_one_line_per_problem(tmp_path: Path) -> None:
+    data = demo_data()
+    data["baseline"]["actor_rollout_ref.actor.optim.lr"] = 1e-4          # baseline outside the safe range
+    data["baseline"]["actor_rollout_ref.rollout.max_num_batched_tokens"] = 500_000  # above the memory bound
+    data["stages"] = [
+        {"name": "kl", "space": "kl", "params": {"high": 0.05}, "budget": {"max_trials": 3}},  # widened, no unsafe
+        {"name": "lam", "space": "lam", "budget": {"max_trials": 3}},                          # λ on GRPO
+    ]
+    path = write_study(tmp_path, data, "unsafe.yaml")
+    result = cli("validate", str(path), cwd=tmp_path)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 4, errors
+    for pattern in (r"optim\.lr: must be within the safe bound", r"max_num_batched_tokens: must be ≤ the memory bound",
+                    r"stages\[0\]\.high: must be ≤ 0\.01 .*unsafe: true", r"stages\[1\]: λ only matters with GAE"):
+        assert any(re.search(pattern, line) for line in errors), pattern
+    assert not list(tmp_path.glob("*.db"))
