@@ -274,6 +274,9 @@ class StudyRunner:
                                       what="open the stage study")
         if created:
             self._enqueue_initial(study, stage, space, base)
+            study.set_user_attr("initialized", True)
+        else:
+            self._wait_initialized(study)
         settings = ProbeSettings(
             steps=probe_steps,
             speed_only=space.speed_only,
@@ -380,6 +383,17 @@ class StudyRunner:
         return result
 
     # -- starting ---------------------------------------------------------------------------------
+    def _wait_initialized(self, study: "optuna.Study", timeout_s: float = 60.0) -> None:
+        """Another worker created the stage: wait until it has queued the stage's first trials,
+        or a fresh trial could take a place in the budget before them."""
+        import optuna
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if optuna.load_study(study_name=study.study_name, storage=self.storage).user_attrs.get("initialized"):
+                return
+            time.sleep(0.5)
+
     def _enqueue_initial(self, study: "optuna.Study", stage: StageSettings, space: Space, base: Config) -> None:
         """The stage's first trials: the incumbent (repeated), starting points, a template."""
         params = space.incumbent_params(base) or {}
@@ -504,7 +518,7 @@ class StudyRunner:
         settings: ProbeSettings,
         active: dict[int, ActiveTrial],
     ) -> bool:
-        if "role" not in trial.user_attrs and self._over_budget(study, trial, stage):
+        if trial.user_attrs.get("role", "candidate") == "candidate" and self._over_budget(study, trial, stage):
             # Another worker took the last place in the budget between our count and ask.
             trial.set_user_attr("role", "skipped")
             trial.set_user_attr("reason", "over budget: other workers filled the stage first")
