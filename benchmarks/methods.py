@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from launchers.replay import ReplayLauncher
 from objectives.probe import Probe, ProbeSettings, ProbeState
@@ -51,16 +51,19 @@ def gpu_hours(launcher: ReplayLauncher) -> float:
     return sum(u.gpu_s for u in launcher.usage()) / 3600.0
 
 
-def finish_trace(trace: Trace, launcher: ReplayLauncher, probe_steps: int, startup_s: float) -> Trace:
-    """Fill in totals: GPU-hours, GPU-hours pruning saved, idle slot share."""
+def finish_trace(trace: Trace, launcher: ReplayLauncher, probe_steps: int, startup_s: float,
+                 stopped_early: Collection[str] = ()) -> Trace:
+    """Fill in totals: GPU-hours, GPU-hours pruning saved, idle slot share.
+
+    ``stopped_early``: the run ids the driver pruned or stopped by the health screen (every
+    probe is stopped from outside at its own step N, so "cancelled" alone says nothing)."""
     usage = launcher.usage()
     trace.gpu_h = gpu_hours(launcher)
     trace.n_probes = len(usage)
     saved = 0.0
     for u in usage:
         ran_s = u.ended_at - u.started_at
-        # cancelled well before step N: pruned or stopped by the health screen
-        if u.status.value == "cancelled" and 0 < u.last_step < probe_steps - 5 and ran_s > startup_s:
+        if u.run_id in stopped_early and 0 < u.last_step < probe_steps and ran_s > startup_s:
             full_s = startup_s + (ran_s - startup_s) * probe_steps / u.last_step
             saved += (full_s - ran_s) * u.n_gpus
     trace.pruned_saved_gpu_h = saved / 3600.0
@@ -79,6 +82,7 @@ class _RecordingConsole(Console):
         self.base: Config = {}
         self.stage_ends: list[tuple[float, Config]] = []
         self.trials: list[tuple[float, str, Config, float | None]] = []
+        self.stopped_early: set[str] = set()
 
     def stage_finished(self, name: str, result: StageResult) -> None:
         super().stage_finished(name, result)
@@ -87,6 +91,8 @@ class _RecordingConsole(Console):
     def trial_finished(self, study: Any, number: int, role: str, overrides: dict[str, Any], **kwargs: Any) -> None:
         super().trial_finished(study, number, role, overrides, **kwargs)
         self.trials.append((gpu_hours(self.launcher), role, merge(self.base, overrides), kwargs.get("eta")))
+        if kwargs.get("state") == "pruned":  # the driver's run id (search.driver._start_asked)
+            self.stopped_early.add(f"{study.study_name}.t{number:04d}")
 
 
 class _TracingRunner(StudyRunner):
@@ -110,7 +116,7 @@ def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, runner_cls: type[St
     runner = cls(spec, _storage(), launcher, console=console, build_space=build_space, poll_interval_s=POLL_S)
     runner.run()
     points = [(0.0, spec.baseline_config()), *console.stage_ends]
-    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher))
+    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), console.stopped_early)
 
 
 class JointSpace(Space):
@@ -142,7 +148,7 @@ def joint_space(spec: StudySpec) -> JointSpace:
     parts = [
         build_space(stage.space, model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm,
                     base=base, options=stage.params, where=f"stages[{i}]")
-        for i, stage in enumerate(spec.stages)
+        for i, stage in enumerate(spec.stages) if stage.space != "polish"  # its knobs are in the others
     ]  # fmt: skip
     return JointSpace(parts)
 
@@ -178,7 +184,7 @@ def run_joint(spec: StudySpec, launcher: ReplayLauncher, sampler: str, *, n_tria
         if role == "candidate" and value is not None and value > best:
             best = value
             points.append((gpu_h, config))
-    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher))
+    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), console.stopped_early)
 
 
 def _startup(launcher: ReplayLauncher) -> float:

@@ -85,6 +85,14 @@ class RunHandle:
     external_id: str = ""
     started_at: float = 0.0
 
+    @classmethod
+    def in_dir(cls, run_id: str, launcher: str, run_dir: Path, *, external_id: str = "",
+               started_at: float = 0.0) -> "RunHandle":
+        """A run whose files have the standard names inside ``run_dir``."""
+        return cls(run_id=run_id, launcher=launcher, run_dir=run_dir, metrics_path=run_dir / "metrics.jsonl",
+                   stdout_path=run_dir / "stdout.log", stderr_path=run_dir / "stderr.log",
+                   external_id=external_id, started_at=started_at)  # fmt: skip
+
 
 @dataclasses.dataclass(frozen=True)
 class RunState:

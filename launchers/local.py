@@ -278,16 +278,7 @@ class LocalLauncher(Launcher):
             sampler = gpu_mod.GpuSampler(run_dir / "gpu_samples.jsonl", gpus, clock=self.clock)
             sampler.start()
             self._samplers[spec.run_id] = sampler
-        return RunHandle(
-            run_id=spec.run_id,
-            launcher=self.name,
-            run_dir=run_dir,
-            metrics_path=metrics_path,
-            stdout_path=stdout_path,
-            stderr_path=stderr_path,
-            external_id=str(record.pid),
-            started_at=started_at,
-        )
+        return RunHandle.in_dir(spec.run_id, self.name, run_dir, external_id=str(record.pid), started_at=started_at)
 
     def _preflight(self, gpus: Sequence[int]) -> None:
         """Refuse GPUs with too little free memory (BRIEF §2: never start below 5 GB free)."""
@@ -348,16 +339,8 @@ class LocalLauncher(Launcher):
             slot = self._take_slot(run_id, preferred=spec.get("slot"))
             if slot is None:
                 logger.warning("re-attached %s holds no slot: all are busy", run_id)
-        return RunHandle(
-            run_id=run_id,
-            launcher=self.name,
-            run_dir=run_dir,
-            metrics_path=run_dir / "metrics.jsonl",
-            stdout_path=run_dir / "stdout.log",
-            stderr_path=run_dir / "stderr.log",
-            external_id=str(record.pid),
-            started_at=float(spec.get("started_at", 0.0)),
-        )
+        return RunHandle.in_dir(run_id, self.name, run_dir, external_id=str(record.pid),
+                                started_at=float(spec.get("started_at", 0.0)))
 
     # -- maintenance -------------------------------------------------------------------------
     def kill_leftovers(self) -> list[str]:

@@ -177,16 +177,7 @@ class ReplayLauncher(Launcher):
         argv = merge_overrides(spec.overrides, pins)
         write_spec(run_dir, spec, {"launcher": self.name, "argv": argv, "landscape": self.landscape_name,
                                    "started_at": self._now})  # fmt: skip
-        handle = RunHandle(
-            run_id=spec.run_id,
-            launcher=self.name,
-            run_dir=run_dir,
-            metrics_path=metrics_path,
-            stdout_path=stdout_path,
-            stderr_path=stderr_path,
-            external_id=f"replay:{spec.run_id}",
-            started_at=self._now,
-        )
+        handle = RunHandle.in_dir(spec.run_id, self.name, run_dir, external_id=f"replay:{spec.run_id}", started_at=self._now)
         self._begin(handle, spec, argv, started_at=self._now, skip_steps=0)
         return handle
 
@@ -233,11 +224,7 @@ class ReplayLauncher(Launcher):
         if data.get("launcher") != self.name:
             return None
         spec = RunSpec(run_id=run_id, overrides=tuple(data["overrides"]), n_gpus=int(data["n_gpus"]))
-        handle = RunHandle(
-            run_id=run_id, launcher=self.name, run_dir=run_dir, metrics_path=run_dir / "metrics.jsonl",
-            stdout_path=run_dir / "stdout.log", stderr_path=run_dir / "stderr.log",
-            external_id=f"replay:{run_id}", started_at=self._now,
-        )  # fmt: skip
+        handle = RunHandle.in_dir(run_id, self.name, run_dir, external_id=f"replay:{run_id}", started_at=self._now)
         done = _last_step(handle.metrics_path)
         if "Training finished" in _read(handle.stdout_path) or _read(handle.stderr_path).strip():
             return None  # it ended under the old launcher; nothing left to follow

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 class IncumbentPruner(optuna.pruners.BasePruner):
     """Prune a candidate at step s when its intermediate value is below the incumbent's at s
     (the run on the same seed if there is one, else their mean), or below the stage's best
-    finished candidate's, by more than ``margin``, for ``patience`` reports in a row. Incumbents are never pruned; a confirmation re-run that
-    falls below the incumbent is (it can no longer confirm a significant gain)."""
+    finished candidate's, by more than ``margin``, for ``patience`` reports in a row.
+    Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
+    already ran to step N, and an early running rate must not overrule that evidence."""
 
-    def __init__(self, *, margin: float = 0.0, n_warmup_steps: int = 50, patience: int = 2) -> None:
+    def __init__(self, *, margin: float = 0.0, n_warmup_steps: int = 100, patience: int = 2) -> None:
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), but got {margin}.")
         self.margin = margin
@@ -32,7 +33,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         self.patience = patience
 
     def prune(self, study: "optuna.Study", trial: "FrozenTrial") -> bool:
-        if trial.user_attrs.get("role", "candidate") not in ("candidate", "rerun"):
+        if trial.user_attrs.get("role", "candidate") != "candidate":
             return False
         steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
         if len(steps) < self.patience:
@@ -42,9 +43,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         # The stage's best finished candidate so far: a run clearly below it cannot win either.
         done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate"
                 and t.value is not None and t.number != trial.number]
-        # (Re-runs answer "does it beat the incumbent?", so they are held to the incumbent only.)
-        is_rerun = trial.user_attrs.get("role") == "rerun"
-        leaders = [max(done, key=lambda t: float(t.value))] if done and not is_rerun else []  # type: ignore[arg-type]
+        leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
         seed = trial.user_attrs.get("seed")
         for step in steps[-self.patience:]:
             references = [r for r in (self._reference(incumbents, step, seed), self._reference(leaders, step, seed))

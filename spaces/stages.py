@@ -537,6 +537,67 @@ class SystemsSpace(Space):
         return True
 
 
+class PolishSpace(Space):
+    """The final pass: mini-batch × lr (× KL strength when the chain runs with KL on) together,
+    from the chain's winner. One-at-a-time stages miss coupled optima (a larger mini-batch
+    tolerates a larger lr); the bounds stay the method's: mini-batch ±25% of the study's
+    baseline, lr 5e-7 - 5e-6, KL 0.0005 - 0.01."""
+
+    kind = "polish"
+    OPTIONS = frozenset({"mini_batch", "kl", "lr"})
+
+    def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
+                 base: Config, options: Mapping[str, Any], where: str = "",
+                 baseline: Config | None = None) -> None:
+        where = _where(where, "polish")
+        _check_options(options, self.OPTIONS, where)
+        facts = {"model": model, "hardware": hardware, "algorithm": algorithm}
+        # The mini-batch bound is ±25% of the study's baseline, not of the chain's winner.
+        origin = {**base, L.MINI_BATCH: L.setting(baseline or base, L.MINI_BATCH)}
+        self.parts: list[Space] = [
+            MiniBatchSpace(base=origin, options=options.get("mini_batch", {}), where=f"{where}.mini_batch", **facts),
+            LRSpace(base=base, options=options.get("lr", {}), where=f"{where}.lr", **facts),
+        ]
+        kl = KLSpace(base=base, options=options.get("kl", {}), where=f"{where}.kl", **facts)
+        if kl.incumbent_params(base) is not None:  # the KL stage chose "on": polish its strength
+            self.parts.append(kl)
+
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        config: Config = {}
+        for part in self.parts:
+            config.update(part.suggest(trial, base))
+        return config
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        params: dict[str, Any] = {}
+        for part in self.parts:
+            own = part.incumbent_params(base)
+            if own is None:
+                return None
+            params.update(own)
+        return params
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """Coupled moves the one-at-a-time stages could not make: a larger mini-batch with a
+        larger lr, a smaller one with a smaller lr (the batch-size/lr scaling rule)."""
+        incumbent = self.incumbent_params(base)
+        if incumbent is None:
+            return []
+        mini, lr = self.parts[0], self.parts[1]
+        assert isinstance(mini, MiniBatchSpace) and isinstance(lr, LRSpace)
+        points: list[dict[str, Any]] = []
+        for mini_factor, lr_factor in ((1.25, 2.0), (1.25, 1.4), (0.8, 0.6), (1.1, 1.6), (0.9, 0.75))[:n]:
+            value = min(mini.choices, key=lambda c: abs(c - mini_factor * incumbent[mini.param]))
+            rate = min(lr.bound.high, max(lr.bound.low, float(f"{incumbent[lr.param] * lr_factor:.3g}")))
+            point = {**incumbent, mini.param: value, lr.param: rate}
+            if point != incumbent and point not in points:
+                points.append(point)
+        return points
+
+    def explain(self) -> list[str]:
+        return [line for part in self.parts for line in part.explain()]
+
+
 SpaceFactory = Callable[..., Space]
 
 SPACES: dict[str, SpaceFactory] = {
@@ -546,6 +607,7 @@ SPACES: dict[str, SpaceFactory] = {
     "lr": LRSpace,
     "lam": LamSpace,
     "systems": SystemsSpace,
+    "polish": PolishSpace,
 }
 
 
@@ -558,17 +620,20 @@ def build_space(
     base: Config,
     options: Mapping[str, Any] | None = None,
     where: str = "",
+    baseline: Config | None = None,
 ) -> Space:
     """Build the space ``kind`` for a study; raises SpaceError on an unknown kind or a bad bound.
 
-    ``where`` prefixes error messages with the study-file field (e.g. ``stages[2].params``).
+    ``where`` prefixes error messages with the study-file field (e.g. ``stages[2].params``);
+    ``baseline`` is the study's baseline (the polish stage keeps its bounds relative to it).
     """
     if kind not in SPACES:
         raise SpaceError(
             f"{where + '.' if where else ''}space must be one of {sorted(SPACES)}, but got {kind!r}. "
             "Use one of those."
         )
+    extra = {"baseline": dict(baseline or base)} if SPACES[kind] is PolishSpace else {}
     return SPACES[kind](
         model=model, hardware=hardware, algorithm=algorithm, base=dict(base),
-        options=dict(options or {}), where=where,
+        options=dict(options or {}), where=where, **extra,
     )

@@ -278,3 +278,33 @@ def test_templates_follow_the_brief() -> None:
     long_model = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7, max_response_length=31744)
     t = template_for(long_model, A100x8, Algorithm.GRPO)
     assert t.config[L.MAX_TOKEN_LEN] * t.config[L.ULYSSES] >= long_model.max_seq_len
+
+
+def test_polish_tunes_mini_batch_and_lr_together_within_the_baselines_bounds() -> None:
+    chain = merge(GRPO_BASE, {L.MINI_BATCH: 384, L.LR: 2e-6})  # the chain moved mini-batch down
+    space = build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain,
+                        options={}, baseline=GRPO_BASE)
+    configs = sample(space, chain, n=40)
+    assert all(set(c) == {L.MINI_BATCH, L.LR} for c in configs)  # KL is off in the chain: left off
+    minis = {c[L.MINI_BATCH] for c in configs}
+    assert min(minis) >= 384 and max(minis) <= 640  # ±25% of the baseline's 512, not of 384
+    assert max(minis) > 480
+    assert all(5e-7 <= c[L.LR] <= 5e-6 for c in configs)
+    assert space.incumbent_params(chain) == {"mini_batch": 384, "lr": 2e-6}
+    points = space.starting_points(chain, 4)
+    assert len(points) == 4 and len({tuple(sorted(p.items())) for p in points}) == 4
+    # coupled moves: a larger mini-batch goes with a larger lr
+    assert all((p["mini_batch"] > 384) == (p["lr"] > 2e-6) for p in points)
+    for p in points:
+        assert p["mini_batch"] in space.parts[0].choices and 5e-7 <= p["lr"] <= 5e-6
+
+
+def test_polish_includes_kl_strength_when_the_chain_has_kl_on() -> None:
+    chain = merge(GRPO_BASE, {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.002})
+    space = build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain, options={})
+    config = sample(space, chain, n=1)[0]
+    assert 0.0005 <= config["actor_rollout_ref.actor.kl_loss_coef"] <= 0.01
+    assert space.incumbent_params(chain)["kl_coef"] == 0.002
+    with pytest.raises(SpaceError, match=r"polish\.lr\.high"):
+        build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain,
+                    options={"lr": {"high": 1e-4}})

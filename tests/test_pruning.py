@@ -1,0 +1,62 @@
+"""The incumbent pruner: stops only candidates, only after the warm-up, only after
+``patience`` reports in a row below the incumbent on the same seed."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from search.pruning import IncumbentPruner
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+STEPS = (25, 50, 75, 100, 125, 150)
+
+
+def _study_with_incumbent(rate: float = 1.0) -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(create_trial(
+        state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={"role": "incumbent", "seed": 11}, intermediate_values={s: rate for s in STEPS},
+    ))  # fmt: skip
+    return study
+
+
+def _running(study: optuna.Study, role: str, values: dict[int, float], seed: int = 11) -> optuna.trial.FrozenTrial:
+    trial = study.ask()
+    trial.set_user_attr("role", role)
+    trial.set_user_attr("seed", seed)
+    for step, value in values.items():
+        trial.report(value, step)
+    return study._storage.get_trial(trial._trial_id)
+
+
+def test_a_candidate_below_the_incumbent_after_the_warm_up_is_pruned() -> None:
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
+    study = _study_with_incumbent()
+    low = {s: 0.8 for s in STEPS}
+    assert not pruner.prune(study, _running(study, "candidate", {s: v for s, v in low.items() if s <= 100}))
+    assert pruner.prune(study, _running(study, "candidate", {s: v for s, v in low.items() if s <= 125}))
+
+
+def test_one_report_below_is_not_enough() -> None:
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
+    study = _study_with_incumbent()
+    assert not pruner.prune(study, _running(study, "candidate", {100: 1.1, 125: 0.8}))
+    assert not pruner.prune(study, _running(study, "candidate", {100: 0.8, 125: 1.0}))
+
+
+def test_slow_starters_survive_the_warm_up() -> None:
+    # KL on starts slower and ends higher: far below at 25-75, level from 100.
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
+    study = _study_with_incumbent()
+    assert not pruner.prune(study, _running(study, "candidate", {25: 0.5, 50: 0.6, 75: 0.7, 100: 1.0, 125: 1.01}))
+
+
+def test_incumbents_and_confirmation_reruns_are_never_pruned() -> None:
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
+    study = _study_with_incumbent()
+    low = {s: 0.5 for s in STEPS}
+    assert pruner.prune(study, _running(study, "candidate", low))
+    assert not pruner.prune(study, _running(study, "rerun", low, seed=13))
+    assert not pruner.prune(study, _running(study, "incumbent", low, seed=12))
