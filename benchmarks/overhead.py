@@ -114,16 +114,57 @@ def _verl_sweep_study(storage: Any, n: int) -> tuple[str, Any]:
     return name, stage
 
 
-def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, status_at: int | None = None) -> dict[str, Any]:
+def _unpooled(storage: Any) -> Any:
+    """A second handle on the same database with the engine open_storage used before issue 8
+    (NullPool: a new connection for every storage call), for a before/after comparison."""
+    from optuna.storages import RDBStorage
+    from sqlalchemy.pool import NullPool
+
+    state = storage.__getstate__()
+    state["engine_kwargs"] = {"poolclass": NullPool, "connect_args": {"connect_timeout": 10}}
+    before = RDBStorage.__new__(RDBStorage)
+    before.__setstate__(state)  # what unpickling does: a new engine from engine_kwargs
+    return before
+
+
+def _sampler(name: str) -> Any:
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=0, n_startup_trials=3, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=0)
+
+
+def _time_ask_tell(studies: dict[str, Any], n_cycles: int) -> dict[str, list[float]]:
+    """``n_cycles`` ask + tell on each study, interleaved so that a busy machine slows all alike."""
+    dists = _distributions()
+    times: dict[str, list[float]] = {key: [] for key in studies}
+    for i in range(n_cycles):
+        for key, study in studies.items():
+            t0 = time.perf_counter()
+            trial = study.ask(dists)
+            study.tell(trial, 1.0 + 0.001 * i)
+            times[key].append(time.perf_counter() - t0)
+    return times
+
+
+def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, status_at: int | None = None,
+                    compare_unpooled: bool = False, in_memory: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per size: fill a verl-sweep stage study with that many trials (add_trials), time
     ``n_cycles`` ask + tell with TPE as the driver builds it and with random; at
-    ``status_at`` trials also time ``verl-sweep status`` on it (a subprocess, as users run it)."""
+    ``status_at`` trials also time ``verl-sweep status`` on it (a subprocess, as users run it).
+    ``compare_unpooled`` (PostgreSQL): also time the NullPool engine, interleaved with the
+    pooled one. ``in_memory``: also time the same trials in Optuna's in-memory storage, which
+    is the sampler's own cost with no database."""
     import optuna
 
     from search.storage import open_storage
 
     storage = open_storage(url)
     backend = url.split(":")[0].split("+")[0]
+    handles = {"pooled": storage}
+    if compare_unpooled and backend == "postgresql":
+        handles["nullpool"] = _unpooled(storage)
     rows: list[dict[str, Any]] = []
     status: list[dict[str, Any]] = []
     name, stage = _verl_sweep_study(storage, 0)
@@ -131,20 +172,23 @@ def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, sta
     for size in sizes:
         fill_s = _fill(stage, size - filled, seed=size)
         filled = size
-        dists = _distributions()
+        memory = None
+        if in_memory:
+            memory = optuna.create_study(direction="maximize")
+            memory.add_trials(stage.get_trials(deepcopy=False))
         for sampler_name in ("tpe", "random"):
-            sampler = (optuna.samplers.TPESampler(seed=0, n_startup_trials=3, constant_liar=True)
-                       if sampler_name == "tpe" else optuna.samplers.RandomSampler(seed=0))  # fmt: skip
-            study = optuna.load_study(study_name=stage.study_name, storage=storage, sampler=sampler)
-            times = []
-            for i in range(n_cycles):
-                t0 = time.perf_counter()
-                trial = study.ask(dists)
-                study.tell(trial, 1.0 + 0.001 * i)
-                times.append(time.perf_counter() - t0)
-            filled += n_cycles
-            rows.append({"backend": backend, "trials": size, "sampler": sampler_name, "median_ms": 1000 * statistics.median(times),
-                         "max_ms": 1000 * max(times), "fill_s": fill_s})  # fmt: skip
+            studies = {key: optuna.load_study(study_name=stage.study_name, storage=handle, sampler=_sampler(sampler_name))
+                       for key, handle in handles.items()}  # fmt: skip
+            if memory is not None:
+                memory.sampler = _sampler(sampler_name)
+                studies["memory"] = memory
+            times = _time_ask_tell(studies, n_cycles)
+            filled += n_cycles * len(handles)
+            for key, ts in times.items():
+                label = "in-memory" if key == "memory" else backend
+                engine = "" if key == "memory" or len(handles) == 1 else key
+                rows.append({"backend": label, "engine": engine, "trials": size, "sampler": sampler_name,
+                             "median_ms": 1000 * statistics.median(ts), "max_ms": 1000 * max(ts), "fill_s": fill_s})  # fmt: skip
         if status_at is not None and size == status_at:
             started = time.perf_counter()
             proc = subprocess.run([str(Path(sys.executable).with_name("verl-sweep")), "status", name, "--storage", url],
@@ -181,9 +225,9 @@ def measure_all(*, quick: bool = False) -> dict[str, Any]:
         result["status"] += part["status"]
     url = None if quick else pg_url()
     if url is not None:
-        # Filling PostgreSQL through add_trials costs ~50 ms a trial here (one connection per
-        # statement under NullPool), so 10,000 would take ~8 minutes: PostgreSQL stops at 1,000.
-        part = measure_backend(url, sizes[:1], n_cycles=cycles, status_at=sizes[0])
+        # Filling PostgreSQL through add_trials is slow (tens of statements a trial), so
+        # 10,000 would take minutes: PostgreSQL stops at 1,000.
+        part = measure_backend(url, sizes[:1], n_cycles=cycles, status_at=sizes[0], compare_unpooled=True)
         result["ask_tell"] += part["ask_tell"]
         result["status"] += part["status"]
     else:
@@ -192,14 +236,15 @@ def measure_all(*, quick: bool = False) -> dict[str, Any]:
 
 
 def format_overhead(data: dict[str, Any]) -> str:
-    h = data["handoff"]
-    lines = [
-        "orchestration overhead (real seconds)",
-        f"  probe-to-probe hand-off on a freed slot: median {h['median_s']:.3f} s, max {h['max_s']:.3f} s "
-        f"({h['n_handoffs']} hand-offs, SimLauncher, real processes)" if h["median_s"] is not None else "  hand-off: none measured",
-    ]
+    lines = ["orchestration overhead (real seconds)"]
+    h = data.get("handoff")  # absent with --ask-tell-only
+    if h is not None:
+        lines.append(f"  probe-to-probe hand-off on a freed slot: median {h['median_s']:.3f} s, max {h['max_s']:.3f} s "
+                     f"({h['n_handoffs']} hand-offs, SimLauncher, real processes)" if h["median_s"] is not None
+                     else "  hand-off: none measured")  # fmt: skip
     for row in data["ask_tell"]:
-        lines.append(f"  ask+tell {row['backend']:<10} {row['trials']:>6} trials {row['sampler']:<6}: median "
+        backend = f"{row['backend']} ({row['engine']})" if row.get("engine") else row["backend"]
+        lines.append(f"  ask+tell {backend:<21} {row['trials']:>6} trials {row['sampler']:<6}: median "
                      f"{row['median_ms']:.1f} ms (max {row['max_ms']:.1f} ms; filling took {row['fill_s']:.1f} s)")  # fmt: skip
     for row in data["status"]:
         extra = f" — exit {row['exit_code']}: {row['error']}" if row["exit_code"] else ""
@@ -207,3 +252,47 @@ def format_overhead(data: dict[str, Any]) -> str:
     if "postgres" in data:
         lines.append(f"  PostgreSQL: {data['postgres']}")
     return "\n".join(lines)
+
+
+def measure_ask_tell(*, n_trials: int = 1000, n_cycles: int = 10, postgres: bool = True) -> dict[str, Any]:
+    """Only the ask + tell latency at ``n_trials``: SQLite, PostgreSQL pooled and NullPool
+    interleaved, and the in-memory storage (the sampler alone); no hand-off, no status."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    result: dict[str, Any] = {"ask_tell": [], "status": []}
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="vs-asktell-", dir=shm) as tmp:
+        result["ask_tell"] += measure_backend(f"sqlite:///{tmp}/overhead.db", (n_trials,), n_cycles=n_cycles,
+                                              in_memory=True)["ask_tell"]  # fmt: skip
+    url = pg_url() if postgres else None
+    if url is not None:
+        result["ask_tell"] += measure_backend(url, (n_trials,), n_cycles=n_cycles, compare_unpooled=True)["ask_tell"]
+    else:
+        result["postgres"] = "skipped (--no-postgres)" if not postgres else "no PostgreSQL server answered"
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.overhead --ask-tell-only``: the ask + tell measure alone (about a
+    minute); without the flag, everything that ``benchmarks.run`` measures."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ask-tell-only", action="store_true", help="only ask + tell latency at --trials")
+    parser.add_argument("--trials", type=int, default=1000, help="trials in the study (--ask-tell-only)")
+    parser.add_argument("--cycles", type=int, default=10, help="ask + tell cycles per sampler and engine")
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--quick", action="store_true", help="small sizes, no PostgreSQL (full measure)")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    args = parser.parse_args(argv)
+    if args.ask_tell_only:
+        data = measure_ask_tell(n_trials=args.trials, n_cycles=args.cycles, postgres=not args.no_postgres)
+    else:
+        data = measure_all(quick=args.quick)
+    print(format_overhead(data))
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -75,7 +75,9 @@ def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
         if os.environ.get("CI"):
             pytest.fail("VERL_SWEEP_TEST_PG_RESTART is not set in CI")
         pytest.skip("no command to restart PostgreSQL (VERL_SWEEP_TEST_PG_RESTART)")
-    study, name = tiny_study(tmp_path, budgets=(10, 10), storage=url)
+    # Probes 10x slower than tiny_study's: the study must outlast the rounds of faults below.
+    study, name = tiny_study(tmp_path, budgets=(10, 10), storage=url,
+                             launcher={"kind": "sim", "max_concurrent": 1, "options": {"time_scale": 2000}})
     logs = tmp_path / "logs"
     logs.mkdir()
     rng = random.Random(7)
@@ -116,6 +118,7 @@ def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
         assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     finally:
         stop_all(procs)
+    assert faults["postgres restart"] == 1, f"the study ended before its faults ({dict(faults)}): make its probes longer"
     counts = _check_study(url, name, {"minibatch": 10, "lr": 10})
     after = {(sn, t.number): t.value for sn, ts in all_trials(url, name).items() for t in ts}
     for key, value in completed_seen.items():
