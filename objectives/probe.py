@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 #: a probe counts as hung only after this many real seconds without new metrics as well
 MIN_REAL_HANG_S = 10.0
+#: bootstrap resamples for the score a stopped (pruned, unhealthy) run keeps
+KEPT_N_BOOT = 200
 
 
 class ProbeState(enum.Enum):
@@ -113,11 +115,12 @@ class Probe:
         assert self.follower is not None
         return [s for s in self.follower.series if 1 <= s.step <= self.settings.steps]
 
-    def running_score(self) -> Score | None:
-        """The score of the steps so far (for intermediate reports), or None if too few."""
+    def running_score(self, *, n_boot: int = 2) -> Score | None:
+        """The score of the steps so far, or None if too few. Intermediate reports need only
+        its value, so by default the bootstrap is minimal (the interval is meaningless then);
+        a score that is kept (a stopped run's) passes a real ``n_boot``."""
         try:
-            # Only the value is needed between reports: a small bootstrap keeps the loop cheap.
-            return self._score(self.steps, n_boot=50, final=False)
+            return self._score(self.steps, n_boot=n_boot, final=False)
         except ScoreError:
             return None
 
@@ -125,7 +128,7 @@ class Probe:
         """Stop the run from outside (pruned, or stopped by the driver) and close the probe."""
         assert self.handle is not None
         self.launcher.cancel(self.handle)
-        score = self.running_score()
+        score = self.running_score(n_boot=KEPT_N_BOOT)
         self._outcome = self._finish(state, reason=reason, score=score)
         return self._outcome
 
@@ -185,7 +188,7 @@ class Probe:
         assert self.handle is not None
         self.launcher.cancel(self.handle)
         self._outcome = self._finish(
-            ProbeState.STOPPED, reason=f"{verdict.kind}: {verdict.reason}", score=self.running_score()
+            ProbeState.STOPPED, reason=f"{verdict.kind}: {verdict.reason}", score=self.running_score(n_boot=KEPT_N_BOOT)
         )
         return self._outcome
 

@@ -193,6 +193,12 @@ def worker(
 
     def action() -> None:
         opened, spec = _open_study(name, storage)
+        if str(opened.url).startswith("sqlite"):
+            raise BadInputError(
+                "worker: needs a PostgreSQL storage, but the study is in SQLite, which cannot lock a queued "
+                "trial (two workers could take the same one). Put the study in PostgreSQL (README: cluster "
+                "guide), or run one driver with a larger launcher.max_concurrent on this machine."
+            )
         runner = _make_runner(spec, opened, launcher)
         print(f"worker joined study {spec.name}")
         _run_with_signals(runner)

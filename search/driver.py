@@ -255,8 +255,6 @@ class StudyRunner:
         return study, created
 
     def run_stage(self, index: int, stage: StageSettings, base: Config) -> StageResult:
-        import optuna
-
         try:
             space = self.build_space(
                 stage.space,
@@ -266,6 +264,7 @@ class StudyRunner:
                 base=base,
                 options=stage.params,
                 where=f"stages[{index}]",
+                baseline=self.spec.baseline_config(),
             )
         except SpaceError as e:
             raise BadInputError(str(e)) from None
@@ -334,10 +333,16 @@ class StudyRunner:
         may_start = not over_time and self._may_start(study, trials, stage, active)
         if not active and not may_start:
             trials = loop.trials(study, fresh=True)  # decide on the database as it is now
-            if self._waiting_on_others(trials, active):
-                # Idle while other workers finish the stage: confirm the best so far instead.
+            if not over_time and self._may_start(study, trials, stage, active):
+                # The cached view was behind: another worker queued work (e.g. a required
+                # confirmation) that this stage still needs; never decide without it.
+                may_start = True
+            elif self._waiting_on_others(trials, active):
+                # Idle while other workers finish the stage: confirm the top candidates now
+                # (required re-runs first), then re-run them again while that fits in the wait.
                 if not over_time and self.launcher.free_slots() > 0:
-                    if self._enqueue_confirmations(study, stage, trials, extra=True):
+                    if (self._enqueue_confirmations(study, stage, trials, extra=False)
+                            or self._enqueue_confirmations(study, stage, trials, extra=True)):
                         loop.stale = True
             elif over_time or not self._enqueue_confirmations(study, stage, trials, extra=False):
                 return True
@@ -431,7 +436,8 @@ class StudyRunner:
         """Queue re-runs of the top candidates on fresh seeds; False when there is nothing to
         queue. Required: one re-run of each of the top ``confirm_top`` that has none. Extra
         (``extra=True``, for workers that would sit idle while others finish the stage): one
-        more re-run of the least-confirmed top candidate, up to 2 × confirm_top re-runs."""
+        more re-run of the least-confirmed top candidate that has a fresh seed left, only
+        while the stage is expected to wait for its other probes anyway (``_worth_waiting``)."""
         from optuna.trial import TrialState
 
         if stage.confirm_top == 0:
@@ -442,18 +448,24 @@ class StudyRunner:
             if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate" and t.value is not None
             and not _infeasible(t) and float(t.value) > 1.0
         ]
-        top = sorted(done, key=lambda t: float(t.value), reverse=True)[: stage.confirm_top]  # type: ignore[arg-type]
+        top: list["optuna.trial.FrozenTrial"] = []
+        for t in sorted(done, key=lambda t: float(t.value), reverse=True):  # type: ignore[arg-type]
+            # A point the sampler proposed twice is one candidate: confirm it once.
+            if len(top) < stage.confirm_top and all(t.params != other.params for other in top):
+                top.append(t)
         reruns = [t for t in trials if t.user_attrs.get("role") == "rerun" and t.number not in requeued]
         count = {t.number: sum(int(r.user_attrs.get("rerun_of", -1)) == t.number for r in reruns) for t in top}
         if extra:
-            if len(reruns) >= 2 * stage.confirm_top or not top:
+            open_ = [t for t in top if self._unused_fresh_seeds(t.params, trials)]
+            if not open_ or not self._worth_waiting(trials):
                 return False
-            targets = [min(top, key=lambda t: count[t.number])]
+            targets = [min(open_, key=lambda t: count[t.number])]
         else:
             targets = [t for t in top if count[t.number] == 0]
-        fresh = self.spec.seeds[self.spec.probe.incumbent_repeats:] or self.spec.seeds
         for trial in targets:
-            seed = fresh[(count[trial.number] + len(reruns)) % len(fresh)]
+            # The seed is checked again when the re-run starts (_rerun_seed): workers that
+            # queue at the same moment pick the same one here.
+            seed = (self._unused_fresh_seeds(trial.params, trials) or self._fresh_seeds())[0]
             study.enqueue_trial(
                 trial.params,
                 user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": seed, "extra": extra},
@@ -525,12 +537,15 @@ class StudyRunner:
             study.tell(trial, state=_fail_state())
             return False
         role = trial.user_attrs.get("role", "candidate")
-        if role == "rerun" and self._redundant_rerun(study, trial, stage):
-            trial.set_user_attr("role", "skipped")
-            trial.set_user_attr("reason", "redundant re-run: other workers queued the same confirmation")
-            study.tell(trial, state=_fail_state())
-            return False
         seed = int(trial.user_attrs.get("seed", self.spec.seeds[0]))
+        if role == "rerun":
+            rerun_seed = self._rerun_seed(study, trial)
+            if rerun_seed is None:
+                trial.set_user_attr("role", "skipped")
+                trial.set_user_attr("reason", "redundant re-run: other workers queued the same confirmation")
+                study.tell(trial, state=_fail_state())
+                return False
+            seed = rerun_seed
         try:
             overrides = space.suggest(trial, base) if (role != "incumbent" or trial.params) else {}
         except SpaceError as e:
@@ -581,21 +596,66 @@ class StudyRunner:
                 and t.state != TrialState.FAIL}
         return next((s for s in self.spec.seeds if s not in used), seed)
 
-    def _redundant_rerun(self, study: "optuna.Study", trial: "optuna.trial.Trial", stage: StageSettings) -> bool:
-        """Workers that queue confirmations at the same moment can queue too many: a re-run
-        counts only within the first 2 × confirm_top re-runs by trial number, and only the
-        first required re-run of a given trial."""
+    def _rerun_seed(self, study: "optuna.Study", trial: "optuna.trial.Trial") -> int | None:
+        """The seed a queued re-run starts on; None when it is redundant. Workers that queue
+        confirmations at the same moment queue the same ones: a required re-run counts only as
+        the first required re-run of its trial, and every re-run takes the first fresh seed
+        that no run of the same point numbered below it has (so no two runs of a point are the
+        same run twice, which would pool as two); none left makes an extra re-run redundant."""
         trials = study.get_trials(deepcopy=False)
-        requeued = liveness.requeued_numbers(trials)
-        reruns = [t for t in trials if t.user_attrs.get("role") == "rerun" and t.number not in requeued
-                  and t.number <= trial.number]
-        if trial.user_attrs.get("extra"):
-            return len(reruns) > 2 * stage.confirm_top
-        else:
-            target = trial.user_attrs.get("rerun_of")
-            earlier = [t for t in reruns if t.number < trial.number and t.user_attrs.get("rerun_of") == target
+        target = trial.user_attrs.get("rerun_of")
+        if not trial.user_attrs.get("extra"):
+            requeued = liveness.requeued_numbers(trials)
+            earlier = [t for t in trials if t.number < trial.number and t.number not in requeued
+                       and t.user_attrs.get("role") == "rerun" and t.user_attrs.get("rerun_of") == target
                        and not t.user_attrs.get("extra")]
-            return bool(earlier)
+            if earlier:
+                return None
+        original = next((t for t in trials if t.number == target), None)
+        free = self._unused_fresh_seeds(original.params, trials, before=trial.number) if original else []
+        if free:
+            return free[0]
+        if trial.user_attrs.get("extra"):
+            return None
+        # A required re-run always runs (the decision needs it), even when twins of the point
+        # have used every fresh seed: then on the seed it was queued with.
+        return int(trial.user_attrs.get("seed", self._fresh_seeds()[0]))
+
+    def _fresh_seeds(self) -> list[int]:
+        """Seeds for confirmations: those the incumbent runs did not use."""
+        return list(self.spec.seeds[self.spec.probe.incumbent_repeats:] or self.spec.seeds)
+
+    def _unused_fresh_seeds(self, params: dict[str, Any], trials: list["optuna.trial.FrozenTrial"], *,
+                            before: int | None = None) -> list[int]:
+        """Fresh seeds no run of ``params`` has (queued, running or finished; only runs
+        numbered below ``before`` when given). A queued trial's parameters are its fixed ones."""
+        from optuna.trial import TrialState
+
+        used = {int(t.user_attrs["seed"]) for t in trials
+                if "seed" in t.user_attrs and t.state != TrialState.FAIL
+                and (before is None or t.number < before)
+                and (t.params or t.system_attrs.get("fixed_params")) == params}
+        return [s for s in self._fresh_seeds() if s not in used]
+
+    def _worth_waiting(self, trials: list["optuna.trial.FrozenTrial"]) -> bool:
+        """True while the stage is expected to wait for other workers' probes for at least
+        EXTRA_RERUN_MIN_WAIT of a probe's length (the median of its finished probes): an extra
+        re-run started now uses a worker that would sit idle and delays the stage by at most
+        the rest of a probe. Start times are the database's (Optuna's ask times)."""
+        import datetime
+
+        from optuna.trial import TrialState
+
+        lengths = [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials
+                   if t.state == TrialState.COMPLETE and t.datetime_start and t.datetime_complete
+                   and "run_id" in t.user_attrs]
+        if not lengths:
+            return False
+        probe_s = statistics.median(lengths)
+        now = datetime.datetime.now()
+        wait_s = max(((t.datetime_start - now).total_seconds() + probe_s for t in trials
+                      if t.state == TrialState.RUNNING and t.datetime_start), default=0.0)
+        return wait_s >= EXTRA_RERUN_MIN_WAIT * probe_s
 
     def _over_budget(self, study: "optuna.Study", trial: "optuna.trial.Trial", stage: StageSettings) -> bool:
         """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
@@ -664,6 +724,8 @@ class StudyRunner:
 
     def _report(self, study: "optuna.Study", stage: StageSettings, item: ActiveTrial) -> None:
         """Report the running rate every K steps and let the pruner decide (candidates only)."""
+        import optuna
+
         follower = item.probe.follower
         if follower is None or follower.last_step < item.next_report_step:
             return
@@ -672,8 +734,14 @@ class StudyRunner:
         score = item.probe.running_score()
         if score is None or not math.isfinite(score.rate):
             return
-        item.trial.report(score.rate, step)
-        if item.role in ("candidate", "rerun") and item.trial.should_prune():
+        try:
+            item.trial.report(score.rate, step)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Closed meanwhile by another process (its heartbeat looked stale) and queued again
+            # there: stop this run; _tell then drops the result instead of doubling it.
+            item.outcome = item.probe.stop(ProbeState.STOPPED, reason="closed by another worker")
+            return
+        if item.role == "candidate" and item.trial.should_prune():
             rule = {"incumbent": "clearly below the incumbent's on the same seed",
                     "median": "below the median of the stage's other trials"}.get(stage.pruner.name, "below the stage's others")
             item.outcome = item.probe.stop(
@@ -834,7 +902,7 @@ class StudyRunner:
         for t in trials:
             if t.user_attrs.get("role") == "rerun" and "score" in t.user_attrs:
                 reruns.setdefault(int(t.user_attrs["rerun_of"]), []).append(Score(**t.user_attrs["score"]))
-        # A confirmation run stopped for falling below the incumbent disqualifies its trial.
+        # A confirmation run stopped by the health screen (divergence, NaN) disqualifies its trial.
         failed = {int(t.user_attrs["rerun_of"]) for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
                   if t.user_attrs.get("role") == "rerun"}
         candidates = [t for t in candidates if t.number not in failed]
@@ -842,7 +910,9 @@ class StudyRunner:
             return dataclasses.replace(keep, decision="kept the incumbent: no candidate held up on a fresh seed")
 
         def pooled(t: "optuna.trial.FrozenTrial") -> tuple[float, float, float, int]:
-            scores = [Score(**t.user_attrs["score"])] + reruns.get(t.number, [])
+            # Every run of the same point counts: the sampler may have proposed it twice.
+            twins = [c for c in candidates if c.params == t.params]
+            scores = [Score(**c.user_attrs["score"]) for c in twins] + [s for c in twins for s in reruns.get(c.number, [])]
             e = eta_of(combine(scores) if len(scores) > 1 else scores[0], incumbents)
             return e.value, e.low, e.high, len(scores)
 
@@ -867,6 +937,10 @@ class StudyRunner:
             config=merge(base, overrides), overrides=overrides,
         )
 
+
+#: an idle worker starts an extra confirmation only while the stage is still expected to wait
+#: this fraction of a probe for other workers' probes (it delays the stage by at most the rest)
+EXTRA_RERUN_MIN_WAIT = 0.9
 
 #: how often a driver re-reads a stage's trials when nothing happened locally (many workers
 #: polling every 50 ms would otherwise saturate the database)

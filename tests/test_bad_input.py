@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-import yaml
 
 from conftest import cli, demo_data, write_study
 
@@ -138,6 +137,7 @@ def _cli_cases(db: Path) -> list[tuple[str, list[str], str]]:
         ("storage unreachable server", ["status", "tiny", "--storage", "postgresql://u:secret@127.0.0.1:1/db"], r"cannot reach the study database postgresql://u:\*\*\*@127\.0\.0\.1:1/db"),
         ("no storage found", ["status", "nowhere"], r"no database found for study 'nowhere'"),
         ("stage study is not a sweep", ["resume", "tiny.lr", "--storage", url], r"was not created by verl-sweep"),
+        ("worker on sqlite", ["worker", "tiny", "--storage", url], r"worker: needs a PostgreSQL storage, but the study is in SQLite"),
     ]
 
 
