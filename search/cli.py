@@ -261,7 +261,7 @@ def _print_status_table(data: dict[str, Any]) -> None:
             console.print("  stopped early: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
                           markup=False)
         for row in stage.get("trials", []):
-            if row["state"] in ("running", "waiting"):
+            if row["state"] in ("running", "waiting", "skipped"):
                 continue
             console.print("  " + _trial_line(row), markup=False)
 

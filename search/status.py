@@ -101,10 +101,13 @@ def reason_category(row: dict[str, Any]) -> str:
 def _trial_row(t: "optuna.trial.FrozenTrial", requeued: set[int]) -> dict[str, Any]:
     interval = t.user_attrs.get("eta_interval")
     probe = t.user_attrs.get("probe", {})
+    role = t.user_attrs.get("role", "candidate")
     row: dict[str, Any] = {
         "number": t.number,
-        "state": t.state.name.lower(),
-        "role": t.user_attrs.get("role", "candidate"),
+        # A trial a worker gave back unstarted (the budget was full, or another worker queued
+        # the same re-run) never ran: not a failure.
+        "state": "skipped" if role == "skipped" else t.state.name.lower(),
+        "role": role,
         "seed": t.user_attrs.get("seed"),
         "params": t.user_attrs.get("overrides", {}),
         "eta": t.user_attrs.get("eta"),

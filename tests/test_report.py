@@ -272,3 +272,18 @@ def test_report_of_a_synthetic_study_has_importance_curves_and_gpu_table(tmp_pat
     for later in spec.stages[1:]:
         assert f"<h2>Stage {later.name} (" in text
     assert text.count("* plotly.js v") == 1
+
+
+def test_status_counts_trials_given_back_unstarted_as_skipped_not_failed(tmp_path: Path) -> None:
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from search.status import study_status
+
+    storage, spec = _synthetic_study(tmp_path)
+    study = optuna.load_study(study_name=f"{spec.name}.{spec.stages[0].name}", storage=storage)
+    study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={
+        "role": "skipped", "reason": "over budget: other workers filled the stage first"}))
+    stage = study_status(storage, spec)["stages"][0]
+    assert stage["counts"] == {"complete": 8, "skipped": 1}
+    assert not stage["reasons"]
