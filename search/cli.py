@@ -274,6 +274,8 @@ def _trial_line(row: dict[str, Any]) -> str:
         low, high = row.get("eta_interval") or (row["eta"], row["eta"])
         text += f" η {row['eta']:.3f} [{low:.3f}, {high:.3f}]"
     text += f" ({format_params(row.get('params') or {})})"
+    if row.get("carried_from"):
+        text += f", the run of {row['carried_from']} carried over"
     if row["state"] in ("pruned", "fail") and row.get("reason"):
         text += f": {row['reason']}"
     gpu = row.get("gpu")

@@ -236,6 +236,7 @@ class StudyRunner:
             study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
             study.set_user_attr("base_config", base)
             study.set_user_attr("stage", stage.model_dump(mode="json"))
+            study.set_user_attr("probe_steps", probe_steps)
             created = True
         except optuna.exceptions.DuplicatedStudyError:
             existing = optuna.load_study(study_name=name, storage=self.storage)
@@ -272,7 +273,7 @@ class StudyRunner:
         study, created = with_retries(lambda: self._open_stage(stage, base, probe_steps),
                                       what="open the stage study")
         if created:
-            self._enqueue_initial(study, stage, space, base)
+            self._enqueue_initial(study, stage, space, base, carried=self._earlier_runs(index, base, probe_steps))
             study.set_user_attr("initialized", True)
         else:
             self._wait_initialized(study)
@@ -399,12 +400,48 @@ class StudyRunner:
                 return
             time.sleep(0.5)
 
-    def _enqueue_initial(self, study: "optuna.Study", stage: StageSettings, space: Space, base: Config) -> None:
-        """The stage's first trials: the incumbent (repeated), starting points, a template."""
+    def _earlier_runs(self, index: int, base: Config, probe_steps: int) -> dict[int, "optuna.trial.FrozenTrial"]:
+        """Finished runs of the previous stage that are this stage's incumbent runs already:
+        the same config, seed and probe length (a stage that kept its incumbent, or the
+        winner's own runs), by seed."""
+        import optuna
+        from optuna.trial import TrialState
+
+        if index == 0:
+            return {}
+        try:
+            previous = optuna.load_study(study_name=stage_study_name(self.spec, self.spec.stages[index - 1]),
+                                         storage=self.storage)
+        except KeyError:
+            return {}
+        if previous.user_attrs.get("probe_steps") != probe_steps:
+            return {}
+        prev_base = previous.user_attrs.get("base_config") or {}
+        runs: dict[int, optuna.trial.FrozenTrial] = {}
+        for t in previous.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if ("score" in t.user_attrs and "seed" in t.user_attrs
+                    and merge(prev_base, t.user_attrs.get("overrides", {})) == base):
+                runs.setdefault(int(t.user_attrs["seed"]), t)
+        return runs
+
+    def _enqueue_initial(self, study: "optuna.Study", stage: StageSettings, space: Space, base: Config,
+                         carried: dict[int, "optuna.trial.FrozenTrial"] | None = None) -> None:
+        """The stage's first trials: the incumbent (repeated), starting points, a template.
+        An incumbent run the previous stage already made (``carried``) is copied, not re-run."""
         params = space.incumbent_params(base) or {}
+        carried = carried or {}
+        scores: list[Score] = []
         for repeat in range(self.spec.probe.incumbent_repeats):
             seed = self.spec.seeds[repeat % len(self.spec.seeds)]
+            if seed in carried:
+                scores.append(Score(**carried[seed].user_attrs["score"]))
+                self._add_carried(study, space, base, params, carried[seed], scores)
+                continue
             study.enqueue_trial(params, user_attrs={"role": "incumbent", "seed": seed}, skip_if_exists=False)
+        reused = [seed for seed in self.spec.seeds[:self.spec.probe.incumbent_repeats] if seed in carried]
+        if reused:
+            self.console.note(f"{study.study_name}: incumbent runs on seed(s) {', '.join(map(str, reused))} "
+                              "carried over from the previous stage (same config, seed and probe length)")
         # The sampler's startup trials come from the space's starting points (the method's
         # first moves, or spread points), leaving at least one place for the sampler itself.
         n_start = min(stage.sampler.n_startup_trials,
@@ -422,6 +459,27 @@ class StudyRunner:
                     user_attrs={"role": "candidate", "seed": self.spec.seeds[0], "origin": f"template {template.name}"},
                     skip_if_exists=False,
                 )
+
+    def _add_carried(self, study: "optuna.Study", space: Space, base: Config, params: dict[str, Any],
+                     source: "optuna.trial.FrozenTrial", scores: list[Score]) -> None:
+        """Store a previous stage's run as a finished incumbent run of this stage: its score,
+        curve and intermediate values (the pruner pairs seeds on them), no GPU time of its own."""
+        import optuna
+        from optuna.trial import TrialState, create_trial
+
+        fixed = optuna.trial.FixedTrial(params)
+        if params:
+            space.suggest(fixed, base)  # the parameters' distributions, for the sampler
+        e = eta_of(scores[-1], scores)
+        attrs = {k: v for k, v in source.user_attrs.items() if k not in ("owner", "rerun_of", "extra", "origin")}
+        attrs.update(role="incumbent", overrides={}, eta=e.value, eta_interval=[e.low, e.high],
+                     carried_from=source.user_attrs.get("run_id", f"trial {source.number}"),
+                     probe={**source.user_attrs.get("probe", {}), "gpu_time_s": 0.0})
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=e.value, params=fixed.params if params else {},
+            distributions=fixed.distributions if params else {}, user_attrs=attrs,
+            intermediate_values=dict(source.intermediate_values),
+        ))
 
     def _counted(self, trials: list["optuna.trial.FrozenTrial"]) -> int:
         """Trials that use the stage's search budget: all but failures that were queued again

@@ -115,6 +115,7 @@ def _trial_row(t: "optuna.trial.FrozenTrial", requeued: set[int]) -> dict[str, A
         "reason": t.user_attrs.get("reason") or t.user_attrs.get("requeued_because"),
         "failure_kind": t.user_attrs.get("failure_kind"),
         "requeued": t.number in requeued,
+        "carried_from": t.user_attrs.get("carried_from"),
         "last_step": probe.get("last_step"),
         "gpu_time_s": probe.get("gpu_time_s"),
         "startup_s": probe.get("startup_s"),
