@@ -272,8 +272,10 @@ class StudyRunner:
         probe_steps = self.spec.stage_probe_steps(stage, speed_only=space.speed_only)
         study, created = with_retries(lambda: self._open_stage(stage, base, probe_steps),
                                       what="open the stage study")
+        carried: list["optuna.trial.FrozenTrial"] = []
         if created:
-            self._enqueue_initial(study, stage, space, base, carried=self._earlier_runs(index, base, probe_steps))
+            carried = self._enqueue_initial(study, stage, space, base,
+                                            carried=self._earlier_runs(index, base, probe_steps))
             study.set_user_attr("initialized", True)
         else:
             self._wait_initialized(study)
@@ -285,6 +287,13 @@ class StudyRunner:
             n_gpus=self.spec.hardware.n_gpus,
         )
         self.console.stage_started(index, stage, base, space.explain(), stage.budget.max_trials)
+        if carried:
+            self.console.note(f"{study.study_name}: incumbent runs on seed(s) "
+                              f"{', '.join(str(t.user_attrs['seed']) for t in carried)} carried over from the "
+                              "previous stage (same config, seed and probe length)")
+        for t in carried:
+            self.console.trial_finished(study, t.number, "incumbent", {}, eta=t.user_attrs["eta"],
+                                        interval=tuple(t.user_attrs["eta_interval"]))
         active: dict[int, ActiveTrial] = {}
         self._adopt_or_close_orphans(study, stage, settings, active)
         loop = _LoopClock(self.launcher.clock(), float(study.user_attrs.get("wall_clock_used_s", 0.0)))
@@ -425,9 +434,10 @@ class StudyRunner:
         return runs
 
     def _enqueue_initial(self, study: "optuna.Study", stage: StageSettings, space: Space, base: Config,
-                         carried: dict[int, "optuna.trial.FrozenTrial"] | None = None) -> None:
+                         carried: dict[int, "optuna.trial.FrozenTrial"] | None = None) -> list["optuna.trial.FrozenTrial"]:
         """The stage's first trials: the incumbent (repeated), starting points, a template.
-        An incumbent run the previous stage already made (``carried``) is copied, not re-run."""
+        An incumbent run the previous stage already made (``carried``) is copied, not re-run;
+        returns the copies."""
         params = space.incumbent_params(base) or {}
         carried = carried or {}
         scores: list[Score] = []
@@ -438,10 +448,7 @@ class StudyRunner:
                 self._add_carried(study, space, base, params, carried[seed], scores)
                 continue
             study.enqueue_trial(params, user_attrs={"role": "incumbent", "seed": seed}, skip_if_exists=False)
-        reused = [seed for seed in self.spec.seeds[:self.spec.probe.incumbent_repeats] if seed in carried]
-        if reused:
-            self.console.note(f"{study.study_name}: incumbent runs on seed(s) {', '.join(map(str, reused))} "
-                              "carried over from the previous stage (same config, seed and probe length)")
+        copies = [t for t in study.get_trials(deepcopy=False) if "carried_from" in t.user_attrs]
         # The sampler's startup trials come from the space's starting points (the method's
         # first moves, or spread points), leaving at least one place for the sampler itself.
         n_start = min(stage.sampler.n_startup_trials,
@@ -459,6 +466,7 @@ class StudyRunner:
                     user_attrs={"role": "candidate", "seed": self.spec.seeds[0], "origin": f"template {template.name}"},
                     skip_if_exists=False,
                 )
+        return copies
 
     def _add_carried(self, study: "optuna.Study", space: Space, base: Config, params: dict[str, Any],
                      source: "optuna.trial.FrozenTrial", scores: list[Score]) -> None:
