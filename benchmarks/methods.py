@@ -27,6 +27,7 @@ from search.driver import StageResult, StudyRunner
 from search.study_file import StudySpec
 from spaces import build_space
 from spaces.base import Space
+from spaces.stages import CompositeSpace
 from spaces.overrides import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
@@ -119,28 +120,13 @@ def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, runner_cls: type[St
     return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), console.stopped_early)
 
 
-class JointSpace(Space):
+class JointSpace(CompositeSpace):
     """Every stage's space at once, all on the baseline (the joint methods' space)."""
 
     kind = "joint"
 
     def __init__(self, parts: list[Space]) -> None:
         self.parts = parts
-
-    def suggest(self, trial: Any, base: Config) -> Config:
-        config: Config = {}
-        for part in self.parts:
-            config.update(part.suggest(trial, base))
-        return config
-
-    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        params: dict[str, Any] = {}
-        for part in self.parts:
-            p = part.incumbent_params(base)
-            if p is None:
-                return None
-            params.update(p)
-        return params
 
 
 def joint_space(spec: StudySpec) -> JointSpace:

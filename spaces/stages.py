@@ -537,7 +537,29 @@ class SystemsSpace(Space):
         return True
 
 
-class PolishSpace(Space):
+class CompositeSpace(Space):
+    """Several spaces asked together on one base: their suggestions merged; an incumbent only
+    when every part has one."""
+
+    parts: list[Space]
+
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        config: Config = {}
+        for part in self.parts:
+            config.update(part.suggest(trial, base))
+        return config
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        params: dict[str, Any] = {}
+        for part in self.parts:
+            own = part.incumbent_params(base)
+            if own is None:
+                return None
+            params.update(own)
+        return params
+
+
+class PolishSpace(CompositeSpace):
     """The final pass: mini-batch × lr (× KL strength when the chain runs with KL on) together,
     from the chain's winner. One-at-a-time stages miss coupled optima (a larger mini-batch
     tolerates a larger lr); the bounds stay the method's: mini-batch ±25% of the study's
@@ -561,21 +583,6 @@ class PolishSpace(Space):
         kl = KLSpace(base=base, options=options.get("kl", {}), where=f"{where}.kl", **facts)
         if kl.incumbent_params(base) is not None:  # the KL stage chose "on": polish its strength
             self.parts.append(kl)
-
-    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
-        config: Config = {}
-        for part in self.parts:
-            config.update(part.suggest(trial, base))
-        return config
-
-    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        params: dict[str, Any] = {}
-        for part in self.parts:
-            own = part.incumbent_params(base)
-            if own is None:
-                return None
-            params.update(own)
-        return params
 
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
         """Coupled moves the one-at-a-time stages could not make: a larger mini-batch with a
