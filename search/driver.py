@@ -528,6 +528,9 @@ class StudyRunner:
             targets = [min(open_, key=lambda t: count[t.number])]
         else:
             targets = [t for t in top if count[t.number] == 0]
+            if not targets:
+                # Runs beyond the first re-run are "extra": they need a fresh seed of their own.
+                targets, extra = self._undecided_leader(stage, trials), True
         for trial in targets:
             # The seed is checked again when the re-run starts (_rerun_seed): workers that
             # queue at the same moment pick the same one here.
@@ -541,6 +544,25 @@ class StudyRunner:
             self.console.note(f"{study.study_name}: re-running on fresh seeds: "
                               + ", ".join(f"trial {t.number}" for t in targets))
         return bool(targets)
+
+    def _undecided_leader(self, stage: StageSettings,
+                          trials: list["optuna.trial.FrozenTrial"]) -> list["optuna.trial.FrozenTrial"]:
+        """The would-be winner, when its runs so far neither clear the tolerance nor fall
+        within it (η above 1 + tolerance, interval reaching it) and it may run again: one more
+        fresh seed decides more than the first two runs could. Once its re-runs are done."""
+        from optuna.trial import TrialState
+
+        ranked, _ = _ranked_candidates(trials)
+        if not ranked:
+            return []
+        (value, low, _high, n_runs), leader = ranked[0]
+        threshold = 1 + stage.stop.tolerance
+        pending = any(t.user_attrs.get("role") == "rerun" and t.state in (TrialState.WAITING, TrialState.RUNNING)
+                      and (t.params or t.system_attrs.get("fixed_params")) == leader.params for t in trials)
+        if (value <= threshold or low > threshold or n_runs >= stage.confirm_max_runs or pending
+                or not self._unused_fresh_seeds(leader.params, trials)):
+            return []
+        return [leader]
 
     def _may_start(
         self,
@@ -950,41 +972,18 @@ class StudyRunner:
         stays clear of the incumbent; otherwise the incumbent is kept."""
         from optuna.trial import TrialState
 
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        incumbents = [Score(**t.user_attrs["score"]) for t in trials
-                      if t.user_attrs.get("role") == "incumbent" and "score" in t.user_attrs]
-        incumbent_etas = [float(t.value) for t in trials if t.user_attrs.get("role") == "incumbent" and t.value is not None]
+        trials = study.get_trials(deepcopy=False)
+        incumbent_etas = [float(t.value) for t in trials if t.state == TrialState.COMPLETE
+                          and t.user_attrs.get("role") == "incumbent" and t.value is not None]
         keep = StageResult(
             stage=stage.name, winner_trial=None, eta=1.0,
             eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
             decision=f"kept the incumbent: no candidate beat it by more than {stage.stop.tolerance:.0%}",
             config=base, overrides={},
         )
-        candidates = [t for t in trials if t.user_attrs.get("role") == "candidate" and t.value is not None
-                      and not _infeasible(t) and "score" in t.user_attrs]
-        if not candidates or not incumbents:
-            return dataclasses.replace(keep, decision="kept the incumbent: no candidate finished")
-        reruns: dict[int, list[Score]] = {}
-        for t in trials:
-            if t.user_attrs.get("role") == "rerun" and "score" in t.user_attrs:
-                reruns.setdefault(int(t.user_attrs["rerun_of"]), []).append(Score(**t.user_attrs["score"]))
-        # A confirmation run stopped by the health screen (divergence, NaN) disqualifies its trial.
-        failed = {int(t.user_attrs["rerun_of"]) for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
-                  if t.user_attrs.get("role") == "rerun"}
-        candidates = [t for t in candidates if t.number not in failed]
-        if not candidates:
-            return dataclasses.replace(keep, decision="kept the incumbent: no candidate held up on a fresh seed")
-
-        def pooled(t: "optuna.trial.FrozenTrial") -> tuple[float, float, float, int]:
-            # Every run of the same point counts: the sampler may have proposed it twice.
-            twins = [c for c in candidates if c.params == t.params]
-            scores = [Score(**c.user_attrs["score"]) for c in twins] + [s for c in twins for s in reruns.get(c.number, [])]
-            e = eta_of(combine(scores) if len(scores) > 1 else scores[0], incumbents)
-            return e.value, e.low, e.high, len(scores)
-
-        # Confirmed candidates (with re-runs) are judged on their mean; others on their one run.
-        confirmed = [t for t in candidates if t.number in reruns] or candidates
-        ranked = sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True)
+        ranked, why_none = _ranked_candidates(trials)
+        if not ranked:
+            return dataclasses.replace(keep, decision=f"kept the incumbent: {why_none}")
         (value, low, high, n_runs), best = ranked[0]
         threshold = 1 + stage.stop.tolerance
         if value <= threshold:
@@ -1036,6 +1035,43 @@ class _LoopClock:
             self._read_at = now
             self.stale = False
         return self._trials
+
+
+def _ranked_candidates(
+    trials: list["optuna.trial.FrozenTrial"],
+) -> tuple[list[tuple[tuple[float, float, float, int], "optuna.trial.FrozenTrial"]], str]:
+    """The stage's finished candidates by η (value, low, high, runs), best first, and why
+    the list is empty when it is. Confirmed candidates (with re-runs) are judged on the mean of
+    all runs of their point; while none has a re-run, every candidate on its one run."""
+    from optuna.trial import TrialState
+
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    incumbents = [Score(**t.user_attrs["score"]) for t in done
+                  if t.user_attrs.get("role") == "incumbent" and "score" in t.user_attrs]
+    candidates = [t for t in done if t.user_attrs.get("role") == "candidate" and t.value is not None
+                  and not _infeasible(t) and "score" in t.user_attrs]
+    if not candidates or not incumbents:
+        return [], "no candidate finished"
+    reruns: dict[int, list[Score]] = {}
+    for t in done:
+        if t.user_attrs.get("role") == "rerun" and "score" in t.user_attrs:
+            reruns.setdefault(int(t.user_attrs["rerun_of"]), []).append(Score(**t.user_attrs["score"]))
+    # A confirmation run stopped by the health screen (divergence, NaN) disqualifies its trial.
+    failed = {int(t.user_attrs["rerun_of"]) for t in trials
+              if t.state == TrialState.PRUNED and t.user_attrs.get("role") == "rerun"}
+    candidates = [t for t in candidates if t.number not in failed]
+    if not candidates:
+        return [], "no candidate held up on a fresh seed"
+
+    def pooled(t: "optuna.trial.FrozenTrial") -> tuple[float, float, float, int]:
+        # Every run of the same point counts: the sampler may have proposed it twice.
+        twins = [c for c in candidates if c.params == t.params]
+        scores = [Score(**c.user_attrs["score"]) for c in twins] + [s for c in twins for s in reruns.get(c.number, [])]
+        e = eta_of(combine(scores) if len(scores) > 1 else scores[0], incumbents)
+        return e.value, e.low, e.high, len(scores)
+
+    confirmed = [t for t in candidates if t.number in reruns] or candidates
+    return sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True), ""
 
 
 def optuna_trial(study: "optuna.Study", frozen: "optuna.trial.FrozenTrial") -> "optuna.trial.Trial":

@@ -85,6 +85,9 @@ class StageSettings(_Strict):
     #: before a winner is declared, the top this-many candidates are re-run on fresh seeds
     #: and the winner is chosen on the mean (0: no re-runs)
     confirm_top: int = Field(default=3, ge=0, le=100)
+    #: a leader whose η interval still reaches the tolerance (a gain the runs so far can
+    #: neither confirm nor rule out) is re-run on further fresh seeds, up to this many runs
+    confirm_max_runs: int = Field(default=3, ge=2, le=100)
     #: probe length for this stage (default: the study's probe.steps)
     probe_steps: int | None = Field(default=None, ge=2, le=10_000_000)
 

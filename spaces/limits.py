@@ -167,6 +167,14 @@ def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str
     return TokenBudget(floor, seed, memory_cap, bound, suggested, lines)
 
 
+def memory_fraction_for(model: ModelFacts, hardware: HardwareFacts, tokens: int, tp: int) -> float:
+    """The smallest ``gpu_memory_utilization`` whose vLLM pool holds ``tokens`` (the inverse
+    of ``token_budget``'s pool), rounded up to 0.01."""
+    weights_gb = model.n_params_b * 2 / tp
+    pool_gb = tokens * (int(model.hidden_size or 0) / 8) / 1024**2
+    return math.ceil((pool_gb + weights_gb) / hardware.gpu_memory_gb * 100 - 1e-9) / 100
+
+
 def _int_setting(config: Mapping[str, Any], key: str) -> int:
     # A malformed value is reported by check_config; the arithmetic falls back to verl's default.
     value = setting(config, key)

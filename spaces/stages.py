@@ -13,6 +13,7 @@ memory-bound parameters (token budget, memory fraction) below the smallest value
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
@@ -413,15 +414,21 @@ class SystemsSpace(Space):
         self.memory = B.GPU_MEMORY_UTILIZATION.narrowed(sub, where=f"{where}.gpu_memory_utilization")
         self.lines: list[str] = [f"systems: {L.GPU_MEMORY} — {self.memory.describe()}"]
 
-        # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and even at the
-        # lowest memory fraction the vLLM pool holds the base's token budget.
+        # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and the vLLM
+        # pool holds the base's token budget within the memory range. On a tuned base (a
+        # systems stage after the token budget stage) the memory floor rises instead, so that
+        # every layout the space proposes still holds that budget.
         dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
         budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
-        tps: list[int] = []
+        floors: dict[int, float] = {}
         for tp in L.rollout_tp_sizes(model, hardware).value:
-            pool = L.token_budget(model, hardware, {L.GPU_MEMORY: self.memory.low, L.ROLLOUT_TP: tp}).memory_cap
-            if hardware.n_gpus % (tp * dp_r * pp) == 0 and pool >= budget:
-                tps.append(tp)
+            floor = L.memory_fraction_for(model, hardware, budget, tp)
+            if hardware.n_gpus % (tp * dp_r * pp) == 0 and floor <= self.memory.high:
+                floors[tp] = floor
+        tps = list(floors)
+        if tps and max(floors.values()) > self.memory.low:
+            self.memory = dataclasses.replace(self.memory, low=max(floors.values()),
+                                              source=f"{self.memory.source}; floor holds token budget {budget:,}")
         self.lines.append(
             f"systems: rollout TP ∈ {tps} (divides GPUs/node and heads; TP·DP {dp_r}·PP {pp} divides "
             f"{hardware.n_gpus} GPUs; pool at memory fraction {self.memory.low:g} ≥ token budget {budget:,})"

@@ -79,3 +79,50 @@ def test_a_required_rerun_runs_even_when_twins_used_the_fresh_seeds(tmp_path: Pa
     _queue(study, 13, extra=True)
     _queue(study, 13, extra=False)
     assert [_start(runner, study) for _ in range(2)] == [None, 13]  # else it would be queued forever
+
+
+def _scored(study: optuna.Study, role: str, rate: float, seed: int, **attrs: object) -> None:
+    score = {"rate": rate, "gain": rate * 100, "train_time_s": 100.0, "n_steps": 500, "ci_low": rate * 0.95,
+             "ci_high": rate * 1.05, "rate_se": rate * 0.03}
+    params = {} if role == "incumbent" else {"lr": 3e-6}
+    dists = {} if role == "incumbent" else {"lr": FloatDistribution(1e-7, 1e-5, log=True)}
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=rate, params=params, distributions=dists,
+                                 user_attrs={"role": role, "seed": seed, "score": score, **attrs}))
+
+
+def _scored_runner(tmp_path: Path) -> tuple[StudyRunner, optuna.Study]:
+    runner, _ = _runner(tmp_path)
+    return runner, optuna.create_study(study_name="demo.polish", storage=runner.storage, direction="maximize")
+
+
+def test_an_undecided_leader_is_rerun_until_its_interval_decides(tmp_path: Path) -> None:
+    """η 1.06 with a ±5% interval neither clears the 2% rule nor falls within it: the leader
+    gets one more fresh seed per pass, up to ``confirm_max_runs`` runs."""
+    runner, study = _scored_runner(tmp_path)
+    stage = runner.spec.stages[-2]
+    assert stage.confirm_max_runs == 3
+    for seed in (11, 12):
+        _scored(study, "incumbent", 1.0, seed)
+    _scored(study, "candidate", 1.06, 11)
+    leader = study.get_trials(deepcopy=False)[-1]
+    _scored(study, "rerun", 1.06, 13, rerun_of=leader.number)
+    trials = study.get_trials(deepcopy=False)
+    assert runner._undecided_leader(stage, trials) == [leader]
+    assert runner._enqueue_confirmations(study, stage, trials, extra=False)  # queues run 3
+    trials = study.get_trials(deepcopy=False)
+    assert runner._undecided_leader(stage, trials) == []  # its re-run is pending
+    queued = [t for t in trials if t.state == TrialState.WAITING]
+    assert [t.user_attrs["extra"] for t in queued] == [True]
+    study.tell(study.ask(), state=TrialState.FAIL)  # the queued run: drop it, then score run 3
+    _scored(study, "rerun", 1.06, 14, rerun_of=leader.number)
+    assert runner._undecided_leader(stage, study.get_trials(deepcopy=False)) == []  # 3 runs: no more
+
+
+def test_a_leader_within_the_tolerance_is_not_rerun(tmp_path: Path) -> None:
+    runner, study = _scored_runner(tmp_path)
+    stage = runner.spec.stages[-2]
+    for seed in (11, 12):
+        _scored(study, "incumbent", 1.0, seed)
+    _scored(study, "candidate", 1.01, 11)
+    _scored(study, "rerun", 1.01, 13, rerun_of=study.get_trials(deepcopy=False)[-1].number)
+    assert runner._undecided_leader(stage, study.get_trials(deepcopy=False)) == []

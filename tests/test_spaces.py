@@ -308,3 +308,19 @@ def test_polish_includes_kl_strength_when_the_chain_has_kl_on() -> None:
     with pytest.raises(SpaceError, match=r"polish\.lr\.high"):
         build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain,
                     options={"lr": {"high": 1e-4}})
+
+
+def test_systems_after_the_token_stage_raises_the_memory_floor() -> None:
+    """A second systems stage on a tuned base (large token budget): instead of dropping every
+    rollout TP, the memory floor rises so that each proposed layout's vLLM pool holds the
+    budget (at the method's lowest fraction 0.3 no TP would)."""
+    base = merge(GRPO_BASE, {L.MICRO_BATCH: 8, L.TOKEN_BUDGET: 60_000})
+    space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    assert 0.3 < space.memory.low < space.memory.high
+    for config in sample(space, base, n=60, seed=3):
+        merged = merge(base, config)
+        assert L.token_budget(MODEL_7B, A100x8, merged).memory_cap >= 60_000, config
+        assert L.check_config(merged, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO) == [], config
+    untuned = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO,
+                          base=merge(GRPO_BASE, {L.MICRO_BATCH: 8}), options={})
+    assert untuned.memory.low == 0.3
