@@ -183,7 +183,7 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
         StageSettings(name="systems", space="systems", budget=Budget(max_trials=12), confirm_top=1),
         StageSettings(name="minibatch", space="mini_batch", budget=Budget(max_trials=8)),
         StageSettings(name="kl", space="kl", budget=Budget(max_trials=8)),
-        StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=6)),
+        StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=10)),
         StageSettings(name="lr", space="lr", budget=Budget(max_trials=8)),
     ]
     # The final pass over the coupled knobs, from the chain's winner.
