@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from spaces import limits as L
 from spaces.base import SpaceError

@@ -27,6 +27,17 @@ def require_pg() -> str:
     return PG_URL
 
 
+def require_pg_restart() -> str:
+    """The shell command that restarts the test PostgreSQL server: required in CI, else the
+    test is skipped."""
+    restart = os.environ.get("VERL_SWEEP_TEST_PG_RESTART")
+    if not restart:
+        if os.environ.get("CI"):
+            pytest.fail("VERL_SWEEP_TEST_PG_RESTART is not set in CI")
+        pytest.skip("no command to restart PostgreSQL (VERL_SWEEP_TEST_PG_RESTART)")
+    return restart
+
+
 def tiny_study(tmp_path: Path, *, budgets: tuple[int, ...] = (8, 8), steps: int = 150, **extra: Any) -> tuple[Path, str]:
     """A two-stage study (mini-batch, lr) with short probes; returns (file, name)."""
     data = demo_data()

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import REPO, cli, demo_data, write_study
+from conftest import cli, demo_data, write_study
 
 
 def _fast_demo(tmp_path: Path, **launcher_options: Any) -> Path:

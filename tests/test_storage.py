@@ -3,13 +3,12 @@ server restart between calls costs no error."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 
 import pytest
 
-from cluster import require_pg
+from cluster import require_pg, require_pg_restart
 
 pytestmark = [pytest.mark.postgres]
 
@@ -52,11 +51,7 @@ def test_postgres_restart_between_calls_is_invisible() -> None:
     from search.storage import open_storage
 
     url = require_pg()
-    restart = os.environ.get("VERL_SWEEP_TEST_PG_RESTART")
-    if not restart:
-        if os.environ.get("CI"):
-            pytest.fail("VERL_SWEEP_TEST_PG_RESTART is not set in CI")
-        pytest.skip("no command to restart PostgreSQL (VERL_SWEEP_TEST_PG_RESTART)")
+    restart = require_pg_restart()
     storage = open_storage(url)
     name = _new_study(storage)
     _ask_tell(storage, name, 2)

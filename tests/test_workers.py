@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import os
 import random
 import signal
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import all_trials, processes_mentioning, require_pg, start_cli, stop_all, tiny_study, wait_for_root
+from cluster import all_trials, processes_mentioning, require_pg, require_pg_restart, start_cli, stop_all, tiny_study, wait_for_root
 from conftest import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -70,11 +69,7 @@ def test_sixteen_workers_share_one_postgres_study(tmp_path: Path) -> None:
 
 def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
     url = require_pg()
-    restart = os.environ.get("VERL_SWEEP_TEST_PG_RESTART")
-    if not restart:
-        if os.environ.get("CI"):
-            pytest.fail("VERL_SWEEP_TEST_PG_RESTART is not set in CI")
-        pytest.skip("no command to restart PostgreSQL (VERL_SWEEP_TEST_PG_RESTART)")
+    restart = require_pg_restart()
     # Probes 10x slower than tiny_study's: the study must outlast the rounds of faults below.
     study, name = tiny_study(tmp_path, budgets=(10, 10), storage=url,
                              launcher={"kind": "sim", "max_concurrent": 1, "options": {"time_scale": 2000}})
