@@ -159,7 +159,12 @@ def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
 
     result = cli("resume", "demo", "--storage", f"sqlite:///{db}", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "closed 1 trial" in result.stdout or "closed 2 trial" in result.stdout
+    # A trial the kill left RUNNING is closed and queued again, or, when its simulator run
+    # outlived the driver (it may have finished in the meantime), followed again.
+    left_running = sum(t["state"] == "RUNNING" for trials in before.values() for t in trials)
+    assert left_running >= 1
+    assert (f"closed {left_running} trial" in result.stdout
+            or "re-attached to the runs of trial" in result.stdout), result.stdout
 
     after = _trials_db(db)
     status = _status(tmp_path)
