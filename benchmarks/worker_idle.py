@@ -116,8 +116,9 @@ def read_spans(name: str, storage: str) -> tuple[list[Span], dict[str, int]]:
             role = t.user_attrs.get("role", "?")
             if role == "skipped":
                 counts["skipped"] += 1
-            if "run_id" not in t.user_attrs or t.datetime_start is None or t.datetime_complete is None:
-                continue  # never ran a probe (skipped, released before start)
+            if ("run_id" not in t.user_attrs or t.datetime_start is None or t.datetime_complete is None
+                    or "carried_from" in t.user_attrs):
+                continue  # never ran a probe (skipped, released before start, or a copy of an earlier run)
             if role == "rerun":
                 counts["extra reruns" if t.user_attrs.get("extra") else "required reruns"] += 1
             pid = int((t.user_attrs.get("owner") or {}).get("pid", -1))

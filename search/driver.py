@@ -549,7 +549,10 @@ class StudyRunner:
                           trials: list["optuna.trial.FrozenTrial"]) -> list["optuna.trial.FrozenTrial"]:
         """The would-be winner, when its runs so far neither clear the tolerance nor fall
         within it (η above 1 + tolerance, interval reaching it) and it may run again: one more
-        fresh seed decides more than the first two runs could. Once its re-runs are done."""
+        fresh seed decides more than the first runs could. Runs already queued or running count
+        towards ``confirm_max_runs``: a worker that would sit idle while another runs the
+        leader's re-run starts the next one beside it (one driver, which asks only when all its
+        slots are free, runs them one after the other)."""
         from optuna.trial import TrialState
 
         ranked, _ = _ranked_candidates(trials)
@@ -557,9 +560,9 @@ class StudyRunner:
             return []
         (value, low, _high, n_runs), leader = ranked[0]
         threshold = 1 + stage.stop.tolerance
-        pending = any(t.user_attrs.get("role") == "rerun" and t.state in (TrialState.WAITING, TrialState.RUNNING)
+        pending = sum(t.user_attrs.get("role") == "rerun" and t.state in (TrialState.WAITING, TrialState.RUNNING)
                       and (t.params or t.system_attrs.get("fixed_params")) == leader.params for t in trials)
-        if (value <= threshold or low > threshold or n_runs >= stage.confirm_max_runs or pending
+        if (value <= threshold or low > threshold or n_runs + pending >= stage.confirm_max_runs
                 or not self._unused_fresh_seeds(leader.params, trials)):
             return []
         return [leader]
