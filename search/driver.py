@@ -561,7 +561,7 @@ class StudyRunner:
         (value, low, _high, n_runs), leader = ranked[0]
         threshold = 1 + stage.stop.tolerance
         pending = sum(t.user_attrs.get("role") == "rerun" and t.state in (TrialState.WAITING, TrialState.RUNNING)
-                      and (t.params or t.system_attrs.get("fixed_params")) == leader.params for t in trials)
+                      and _point(t) == leader.params for t in trials)
         if (value <= threshold or low > threshold or n_runs + pending >= stage.confirm_max_runs
                 or not self._unused_fresh_seeds(leader.params, trials)):
             return []
@@ -725,7 +725,7 @@ class StudyRunner:
         used = {int(t.user_attrs["seed"]) for t in trials
                 if "seed" in t.user_attrs and t.state != TrialState.FAIL
                 and (before is None or t.number < before)
-                and (t.params or t.system_attrs.get("fixed_params")) == params}
+                and _point(t) == params}
         return [s for s in self._fresh_seeds() if s not in used]
 
     def _worth_waiting(self, trials: list["optuna.trial.FrozenTrial"]) -> bool:
@@ -1038,6 +1038,11 @@ class _LoopClock:
             self._read_at = now
             self.stale = False
         return self._trials
+
+
+def _point(trial: "optuna.trial.FrozenTrial") -> dict[str, Any] | None:
+    """A trial's parameters; for a queued trial (no params yet), the ones it was queued with."""
+    return trial.params or trial.system_attrs.get("fixed_params")
 
 
 def _ranked_candidates(

@@ -131,6 +131,15 @@ def _tokens_for_gb(gb: float, hidden_size: int) -> int:
     return int(gb * 1024**2 / (hidden_size / 8))
 
 
+def _gb_for_tokens(tokens: int, hidden_size: int) -> float:
+    return tokens * (hidden_size / 8) / 1024**2
+
+
+def _weights_gb(model: ModelFacts, tp: int) -> float:
+    # bf16 weights (2 bytes a parameter) split over the rollout TP ranks.
+    return model.n_params_b * 2 / tp
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenBudget:
     floor: int
@@ -148,7 +157,7 @@ def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str
     fraction = float(setting(config, GPU_MEMORY))
     tp = int(setting(config, ROLLOUT_TP))
     seed = _tokens_for_gb(gb * SEED_FRACTION, hidden)
-    weights_gb = model.n_params_b * 2 / tp
+    weights_gb = _weights_gb(model, tp)
     pool_gb = gb * fraction - weights_gb
     memory_cap = max(0, _tokens_for_gb(pool_gb, hidden)) if pool_gb > 0 else 0
     bound = min(seed, memory_cap)
@@ -170,9 +179,8 @@ def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str
 def memory_fraction_for(model: ModelFacts, hardware: HardwareFacts, tokens: int, tp: int) -> float:
     """The smallest ``gpu_memory_utilization`` whose vLLM pool holds ``tokens`` (the inverse
     of ``token_budget``'s pool), rounded up to 0.01."""
-    weights_gb = model.n_params_b * 2 / tp
-    pool_gb = tokens * (int(model.hidden_size or 0) / 8) / 1024**2
-    return math.ceil((pool_gb + weights_gb) / hardware.gpu_memory_gb * 100 - 1e-9) / 100
+    needed_gb = _gb_for_tokens(tokens, int(model.hidden_size or 0)) + _weights_gb(model, tp)
+    return math.ceil(needed_gb / hardware.gpu_memory_gb * 100 - 1e-9) / 100
 
 
 def _int_setting(config: Mapping[str, Any], key: str) -> int:
