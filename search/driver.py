@@ -115,25 +115,36 @@ def build_sampler(stage: StageSettings, n_existing_trials: int) -> "optuna.sampl
     if settings.name == "grid":
         raise BadInputError(f"stages {stage.name}: sampler 'grid' is not supported yet; use tpe or random.")
     return optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True
+        seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True,
+        multivariate=settings.multivariate, group=settings.multivariate,
     )
 
 
-def build_pruner(stage: StageSettings, probe_steps: int) -> "optuna.pruners.BasePruner":
+def pruning_steps(stage: StageSettings, settings: ProbeSettings) -> tuple[int, int]:
+    """(report every N steps, no pruning before step M) for this stage's probes. Speed probes
+    are short (30 steps) and steady from step to step, so the 500-step settings would never
+    act on them: they report every tenth of the probe and may stop from its middle."""
+    if settings.speed_only:
+        return max(1, settings.steps // 10), settings.steps // 2
+    return stage.pruner.interval_steps, stage.pruner.warmup_steps
+
+
+def build_pruner(stage: StageSettings, settings: ProbeSettings) -> "optuna.pruners.BasePruner":
     import optuna
 
     p = stage.pruner
+    _, warmup = pruning_steps(stage, settings)
     if p.name == "none":
         return optuna.pruners.NopPruner()
     if p.name == "incumbent":
-        return IncumbentPruner(margin=p.margin, n_warmup_steps=p.warmup_steps, patience=p.patience)
+        return IncumbentPruner(margin=p.margin, n_warmup_steps=warmup, patience=p.patience)
     if p.name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.warmup_steps)
+        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=warmup)
     if p.name == "wilcoxon":
-        return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=p.warmup_steps)
+        return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=warmup)
     return optuna.pruners.PatientPruner(
         optuna.pruners.PercentilePruner(
-            p.percentile, n_startup_trials=p.n_startup_trials, n_warmup_steps=p.warmup_steps
+            p.percentile, n_startup_trials=p.n_startup_trials, n_warmup_steps=warmup
         ),
         patience=p.patience,
     )
@@ -149,6 +160,7 @@ class ActiveTrial:
     role: str
     seed: int
     overrides: Config
+    report_every: int
     next_report_step: int
     outcome: ProbeOutcome | None = None
 
@@ -220,7 +232,7 @@ class StudyRunner:
         return None if data is None else StageResult(**data)
 
     # -- one stage ------------------------------------------------------------------------------
-    def _open_stage(self, stage: StageSettings, base: Config, probe_steps: int) -> tuple["optuna.Study", bool]:
+    def _open_stage(self, stage: StageSettings, base: Config, settings: ProbeSettings) -> tuple["optuna.Study", bool]:
         import optuna
 
         name = stage_study_name(self.spec, stage)
@@ -231,12 +243,12 @@ class StudyRunner:
                 storage=self.storage,
                 direction="maximize",
                 sampler=build_sampler(stage, 0),
-                pruner=build_pruner(stage, probe_steps),
+                pruner=build_pruner(stage, settings),
             )
             study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
             study.set_user_attr("base_config", base)
             study.set_user_attr("stage", stage.model_dump(mode="json"))
-            study.set_user_attr("probe_steps", probe_steps)
+            study.set_user_attr("probe_steps", settings.steps)
             created = True
         except optuna.exceptions.DuplicatedStudyError:
             existing = optuna.load_study(study_name=name, storage=self.storage)
@@ -245,7 +257,7 @@ class StudyRunner:
                 study_name=name,
                 storage=self.storage,
                 sampler=build_sampler(stage, n),
-                pruner=build_pruner(stage, probe_steps),
+                pruner=build_pruner(stage, settings),
             )
             stored_base = study.user_attrs.get("base_config")
             if stored_base is not None and stored_base != base:
@@ -270,7 +282,14 @@ class StudyRunner:
         except SpaceError as e:
             raise BadInputError(str(e)) from None
         probe_steps = self.spec.stage_probe_steps(stage, speed_only=space.speed_only)
-        study, created = with_retries(lambda: self._open_stage(stage, base, probe_steps),
+        settings = ProbeSettings(
+            steps=probe_steps,
+            speed_only=space.speed_only,
+            warmup_steps=self.spec.probe.speed_warmup_steps if space.speed_only else self.spec.probe.warmup_steps,
+            hang_timeout_s=self.spec.probe.hang_timeout_s,
+            n_gpus=self.spec.hardware.n_gpus,
+        )
+        study, created = with_retries(lambda: self._open_stage(stage, base, settings),
                                       what="open the stage study")
         carried: list["optuna.trial.FrozenTrial"] = []
         if created:
@@ -279,13 +298,6 @@ class StudyRunner:
             study.set_user_attr("initialized", True)
         else:
             self._wait_initialized(study)
-        settings = ProbeSettings(
-            steps=probe_steps,
-            speed_only=space.speed_only,
-            warmup_steps=self.spec.probe.speed_warmup_steps if space.speed_only else self.spec.probe.warmup_steps,
-            hang_timeout_s=self.spec.probe.hang_timeout_s,
-            n_gpus=self.spec.hardware.n_gpus,
-        )
         self.console.stage_started(index, stage, base, space.explain(), stage.budget.max_trials)
         if carried:
             self.console.note(f"{study.study_name}: incumbent runs on seed(s) "
@@ -669,8 +681,9 @@ class StudyRunner:
         trial.set_user_attr("run_id", run_id)
         trial.set_user_attr("run_dir", str(handle.run_dir))
         self.storage.record_heartbeat(trial._trial_id)
-        interval = stage.pruner.interval_steps
-        active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, next_report_step=interval)
+        interval, _ = pruning_steps(stage, settings)
+        active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, report_every=interval,
+                                           next_report_step=interval)
         self.console.trial_started(stage.name, trial.number, role, overrides)
         return True
 
@@ -767,6 +780,7 @@ class StudyRunner:
         re-attach (a Ray job outlives its submitter), else close them, kill what their run
         left behind, and queue them again."""
         adopted, closed = [], []
+        interval, _ = pruning_steps(stage, settings)
         for frozen in liveness.orphaned_trials(study):
             run_id = frozen.user_attrs.get("run_id")
             handle = self.launcher.reattach(run_id) if run_id else None
@@ -783,7 +797,7 @@ class StudyRunner:
                 self.storage.record_heartbeat(frozen._trial_id)
                 active[frozen.number] = ActiveTrial(
                     trial, probe, frozen.user_attrs.get("role", "candidate"), int(frozen.user_attrs.get("seed", 0)),
-                    dict(frozen.user_attrs.get("overrides", {})), next_report_step=stage.pruner.interval_steps,
+                    dict(frozen.user_attrs.get("overrides", {})), report_every=interval, next_report_step=interval,
                     outcome=outcome,
                 )
                 adopted.append(frozen.number)
@@ -821,7 +835,7 @@ class StudyRunner:
         if follower is None or follower.last_step < item.next_report_step:
             return
         step = item.next_report_step
-        item.next_report_step += stage.pruner.interval_steps
+        item.next_report_step += item.report_every
         score = item.probe.running_score()
         if score is None or not math.isfinite(score.rate):
             return

@@ -52,6 +52,9 @@ class SamplerSettings(_Strict):
     name: Literal["tpe", "random", "gp", "grid"] = "tpe"
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     n_startup_trials: int = Field(default=3, ge=0, le=10_000)
+    #: TPE only: model the parameters jointly (grouped by which ones a trial has), so
+    #: coupled knobs such as TP × memory fraction are learned together
+    multivariate: bool = False
 
 
 class PrunerSettings(_Strict):
@@ -180,7 +183,10 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     (step 4 is lr then λ, λ only with GAE, never both at once), then the polish: mini-batch
     × lr (× KL) together from the chain's winner."""
     stages = [
-        StageSettings(name="systems", space="systems", budget=Budget(max_trials=12), confirm_top=1),
+        # Speed probes are 30 steps: a full 30-trial sweep of the 8 coupled layout knobs,
+        # modelled jointly, costs about two 500-step runs and picks clearly better layouts.
+        StageSettings(name="systems", space="systems", budget=Budget(max_trials=30), confirm_top=1,
+                      stop=StopRule(stable_trials=30), sampler=SamplerSettings(multivariate=True)),
         StageSettings(name="minibatch", space="mini_batch", budget=Budget(max_trials=8)),
         StageSettings(name="kl", space="kl", budget=Budget(max_trials=8)),
         StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=10)),

@@ -74,7 +74,8 @@ def test_stage_0_finds_a_layout_at_least_as_fast_as_the_template(pruned: dict[st
     # true (noise-free) throughput of the chosen layout vs the source's template
     assert landscape.expected(winner).throughput >= landscape.expected(template).throughput
     probes = [t for t in systems["trials"] if t["state"] != "fail" or t["failure_kind"]]
-    assert len([t for t in probes if t["role"] != "skipped"]) <= 12
+    # the budget counts every probe but the confirmation re-runs
+    assert len([t for t in probes if t["role"] not in ("skipped", "rerun")]) <= spec.stages[0].budget.max_trials
     facts = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
     for trial in systems["trials"]:
         assert check_config(merge(base, trial["params"]), **facts) == [], trial
@@ -125,3 +126,15 @@ def test_incumbent_runs_the_previous_stage_made_are_carried_over_not_rerun(prune
         assert row["state"] == "complete" and row["eta"] is not None
     # the token-budget stage runs 30-step probes: nothing of the 500-step kl stage is carried
     assert not any(t["carried_from"] for t in stages["tokens"]["trials"])
+
+
+def test_slow_layouts_stop_in_the_second_half_of_their_speed_probe(pruned: dict[str, Any]) -> None:
+    # Speed probes are 30 steps: the 500-step pruning settings (from step 100) would never act.
+    systems = pruned["stages"][0]
+    stopped = [t for t in systems["trials"] if t["state"] == "pruned"]
+    assert stopped, "no slow layout was stopped early"
+    for t in stopped:
+        assert t["role"] == "candidate"
+        assert 15 <= t["last_step"] < 30, t
+    winner = systems["winner"]
+    assert winner is not None and winner["eta"] > max(t["eta"] or 0.0 for t in stopped)
