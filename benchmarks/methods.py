@@ -145,7 +145,9 @@ def joint_spec(spec: StudySpec, sampler: str, *, n_trials: int, seed: int) -> St
     first = dict(data["stages"][0])
     first.update(
         name="joint", space="joint", params={}, budget={"max_trials": n_trials},
-        sampler={**first.get("sampler", {}), "name": sampler, "seed": seed, "n_startup_trials": 8 if sampler != "random" else 0},
+        # TPE models the joint space's knobs together (multivariate), its strongest form.
+        sampler={"name": sampler, "seed": seed, "n_startup_trials": 8 if sampler != "random" else 0,
+                 "multivariate": sampler == "tpe"},
         stop={**first.get("stop", {}), "stable_trials": 10_000}, confirm_top=0, probe_steps=None,
     )  # fmt: skip
     data["stages"] = [first]

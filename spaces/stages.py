@@ -8,7 +8,8 @@ when they apply, so nothing is sampled and then rejected.
 Learning from OOM: the driver marks a trial that died of OOM with the user attrs
 ``failure_kind="oom"`` and ``hardware=hardware_tag(hardware)`` (and
 ``trial.set_constraint("oom", 1.0)``); every later ``suggest`` in that study keeps the
-memory-bound parameters (token budget, memory fraction) below the smallest value that OOMed.
+memory-bound parameters below the smallest value that OOMed: the token budget always, the
+memory fraction for the same layout.
 """
 
 from __future__ import annotations
@@ -479,14 +480,7 @@ class SystemsSpace(Space):
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         c = self.choices
-        memory_high = self.memory.high
-        ceiling = oom_ceiling(_study_trials(trial), "gpu_memory_utilization", hardware=self.hardware_tag)
-        if ceiling is not None and ceiling <= memory_high:
-            memory_high = max(self.memory.low, ceiling - 0.01)
-        config: Config = {
-            L.ROLLOUT_TP: trial.suggest_categorical("rollout_tp", c["rollout_tp"]),
-            L.GPU_MEMORY: trial.suggest_float("gpu_memory_utilization", self.memory.low, memory_high),
-        }
+        config: Config = {L.ROLLOUT_TP: trial.suggest_categorical("rollout_tp", c["rollout_tp"])}
         strategy = trial.suggest_categorical("strategy", c["strategy"])
         config[L.STRATEGY] = strategy
         # FSDP1-only option: asked only under fsdp, pinned off otherwise.
@@ -504,7 +498,25 @@ class SystemsSpace(Space):
             config[L.MAX_TOKEN_LEN] = trial.suggest_categorical(f"ppo_max_token_len_per_gpu_sp{sp}", self.token_lens[sp])
         config[L.GRADIENT_CHECKPOINTING] = trial.suggest_categorical("gradient_checkpointing", c["gradient_checkpointing"])
         config[L.ACTIVATION_OFFLOAD] = trial.suggest_categorical("activation_offload", c["activation_offload"])
+        # Asked last: its ceiling depends on the layout chosen above.
+        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.memory.low,
+                                                   self._memory_high(trial))
         return config
+
+    def _memory_high(self, trial: "optuna.trial.BaseTrial") -> float:
+        """Below the smallest memory fraction that ran out of memory with this same layout
+        (every other knob equal). An OOM of another layout says nothing about the fraction:
+        it may come from training (a large token limit without checkpointing), and capping
+        every layout by it kept a study from ever trying the fractions that were fastest."""
+        def layout(params: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in params.items() if k != "gpu_memory_utilization"}
+
+        mine = layout(trial.params)
+        same = [t for t in _study_trials(trial) if layout(t.params) == mine]
+        ceiling = oom_ceiling(same, "gpu_memory_utilization", hardware=self.hardware_tag)
+        if ceiling is not None and ceiling <= self.memory.high:
+            return max(self.memory.low, ceiling - 0.01)
+        return self.memory.high
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
         c = self.choices

@@ -252,17 +252,30 @@ def test_systems_options_and_incumbent() -> None:
     assert space.incumbent_params(merge(GRPO_BASE, {L.ROLLOUT_TP: 8})) is None
 
 
-def test_oom_at_memory_fraction_keeps_later_trials_below_it() -> None:
+def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
     space = build("systems")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
-    study.enqueue_trial({"gpu_memory_utilization": 0.5})
+    layout = {"rollout_tp": 4, "strategy": "fsdp2", "ulysses": 1, "use_dynamic_bsz": False,
+              "gradient_checkpointing": True, "activation_offload": False}
+    study.enqueue_trial({**layout, "gpu_memory_utilization": 0.5})
     trial = study.ask()
     assert space.suggest(trial, GRPO_BASE)[L.GPU_MEMORY] == 0.5
     _oom(study, trial, hardware_tag(A100x8))
-    for _ in range(20):
+    for _ in range(10):
+        study.enqueue_trial(layout)
         t = study.ask()
         assert space.suggest(t, GRPO_BASE)[L.GPU_MEMORY] < 0.5
         study.tell(t, 0.0)
+    # Another layout may have run out for a reason the fraction does not change (training
+    # memory): it keeps the whole range.
+    others = []
+    for _ in range(20):
+        t = study.ask()
+        config = space.suggest(t, GRPO_BASE)
+        if {k: v for k, v in t.params.items() if k != "gpu_memory_utilization"} != layout:
+            others.append(config[L.GPU_MEMORY])
+        study.tell(t, 0.0)
+    assert others and max(others) > 0.5
 
 
 def test_templates_follow_the_brief() -> None:
