@@ -19,13 +19,13 @@ if TYPE_CHECKING:
 
 
 class IncumbentPruner(optuna.pruners.BasePruner):
-    """Prune a candidate at step s when its intermediate value is below the incumbent's at s
-    (the run on the same seed if there is one, else their mean), or below the stage's best
-    finished candidate's, by more than ``margin``, for ``patience`` reports in a row.
+    """Prune a candidate at step s when its intermediate value is more than ``margin`` below
+    the incumbent's at s (the run on the same seed if there is one, else their mean), or below
+    the stage's best finished candidate's, for ``patience`` reports in a row.
     Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
     already ran to step N, and an early running rate must not overrule that evidence."""
 
-    def __init__(self, *, margin: float = 0.0, n_warmup_steps: int = 100, patience: int = 2) -> None:
+    def __init__(self, *, margin: float = 0.03, n_warmup_steps: int = 100, patience: int = 2) -> None:
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), but got {margin}.")
         self.margin = margin
@@ -46,9 +46,12 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
         seed = trial.user_attrs.get("seed")
         for step in steps[-self.patience:]:
-            references = [r for r in (self._reference(incumbents, step, seed), self._reference(leaders, step, seed))
-                          if r is not None]
-            if not references or trial.intermediate_values[step] >= max(references) * (1 - self.margin):
+            # The margin applies to the incumbent: a candidate within it may be a slow starter
+            # (KL on) that ends above. The leader already beat the incumbent on a whole run.
+            incumbent = self._reference(incumbents, step, seed)
+            references = [r for r in (None if incumbent is None else incumbent * (1 - self.margin),
+                                      self._reference(leaders, step, seed)) if r is not None]
+            if not references or trial.intermediate_values[step] >= max(references):
                 return False
         return True
 

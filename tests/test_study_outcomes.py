@@ -49,7 +49,8 @@ def test_pruning_saves_gpu_time_and_keeps_the_winner(pruned: dict[str, Any], tmp
     saving = 1 - with_pruning / without
     print(f"simulated GPU-hours: {with_pruning / 3600:.0f} with pruning, {without / 3600:.0f} without: "
           f"{saving:.0%} saved")
-    # Issue 5 asks for >= 30%: measured 31.9-34.1% over sampler seeds 1, 2, 3 and 7.
+    # Issue 5 asks for >= 30%: 32% with sampler seed 7 (31.9-34.1% over seeds 1, 2, 3 and 7 before
+    # the systems stage grew to 30 speed probes, which are pruned from their middle).
     assert saving >= 0.30
     for a, b in zip(pruned["stages"], unpruned["stages"]):
         wa, wb = a["winner"], b["winner"]
