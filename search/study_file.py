@@ -56,6 +56,13 @@ class SamplerSettings(_Strict):
     #: coupled knobs such as TP × memory fraction are learned together
     multivariate: bool = False
 
+    @model_validator(mode="after")
+    def _multivariate_is_tpe(self) -> "SamplerSettings":
+        if self.multivariate and self.name != "tpe":
+            raise ValueError(f"multivariate applies to the tpe sampler only, but the sampler is "
+                             f"{self.name!r}. Remove multivariate or use tpe.")
+        return self
+
 
 class PrunerSettings(_Strict):
     # "incumbent" (the default) stops a candidate that runs clearly below the incumbent on

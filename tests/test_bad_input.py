@@ -89,6 +89,8 @@ STUDY_CASES: list[tuple[str, Change, str]] = [
     ("lam on grpo", _set("stages/0/space", "lam"), r"λ|lam"),
     ("bound widened", _set("stages/0/params", {"high": 1e-4}), r"must be ≤ 5e-06 .*unsafe: true"),
     ("unknown space option", _set("stages/0/params", {"hgih": 1e-6}), r"hgih"),
+    ("multivariate random", _set("stages/0/sampler", {"name": "random", "multivariate": True}),
+     r"stages\[0\]\.sampler: multivariate applies to the tpe sampler only"),
 ]
 
 RAW_FILES: list[tuple[str, bytes, str]] = [
