@@ -160,7 +160,6 @@ class ActiveTrial:
     role: str
     seed: int
     overrides: Config
-    report_every: int
     next_report_step: int
     outcome: ProbeOutcome | None = None
 
@@ -682,8 +681,7 @@ class StudyRunner:
         trial.set_user_attr("run_dir", str(handle.run_dir))
         self.storage.record_heartbeat(trial._trial_id)
         interval, _ = pruning_steps(stage, settings)
-        active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, report_every=interval,
-                                           next_report_step=interval)
+        active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, next_report_step=interval)
         self.console.trial_started(stage.name, trial.number, role, overrides)
         return True
 
@@ -797,7 +795,7 @@ class StudyRunner:
                 self.storage.record_heartbeat(frozen._trial_id)
                 active[frozen.number] = ActiveTrial(
                     trial, probe, frozen.user_attrs.get("role", "candidate"), int(frozen.user_attrs.get("seed", 0)),
-                    dict(frozen.user_attrs.get("overrides", {})), report_every=interval, next_report_step=interval,
+                    dict(frozen.user_attrs.get("overrides", {})), next_report_step=interval,
                     outcome=outcome,
                 )
                 adopted.append(frozen.number)
@@ -835,7 +833,7 @@ class StudyRunner:
         if follower is None or follower.last_step < item.next_report_step:
             return
         step = item.next_report_step
-        item.next_report_step += item.report_every
+        item.next_report_step += pruning_steps(stage, item.probe.settings)[0]
         score = item.probe.running_score()
         if score is None or not math.isfinite(score.rate):
             return
