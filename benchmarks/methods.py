@@ -97,7 +97,7 @@ class _RecordingConsole(Console):
 
 
 class _TracingRunner(StudyRunner):
-    def run_stage(self, index: int, stage: Any, base: Config) -> StageResult:
+    def run_stage(self, index: int, stage: Any, base: Config) -> StageResult | None:
         assert isinstance(self.console, _RecordingConsole)
         self.console.base = dict(base)
         return super().run_stage(index, stage, base)

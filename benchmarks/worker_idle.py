@@ -7,8 +7,10 @@ second). Afterwards the trials in the database (start, end, owner pid) give each
 time (a trial of its own RUNNING) and idle time (none RUNNING).
 
 What counts as worker time: from the worker's first probe start to the study's end (the last
-probe's end). Process start-up (imports, joining the study) comes before and is printed on
-its own; the stage decision and exit come after the last probe and are not counted.
+probe's end), or to the worker's exit if it left earlier (a worker leaves once the last stage
+has nothing left for it but other processes' confirmations, handing its GPUs back). Process
+start-up (imports, joining the study) comes before and is printed on its own; the stage
+decision and exit come after the last probe and are not counted.
 Idle time is "at a stage boundary" while the stage has started its last budgeted probe and
 the next stage (or, for the last stage, the end of the study) has not started yet — the stage
 is waiting for its last probes; all other idle time (hand-off between probes, joining a new
@@ -73,8 +75,9 @@ def write_study(work: Path, name: str, storage: str, *, time_scale: float, probe
 
 
 def run_processes(work: Path, study_file: Path, name: str, storage: str, n_workers: int,
-                  timeout_s: float) -> dict[int, tuple[float, int | None, Path]]:
-    """Start the driver, then the workers; returns pid → (start time, exit code, log file)."""
+                  timeout_s: float) -> dict[int, tuple[float, float, int | None, Path]]:
+    """Start the driver, then the workers; returns pid → (start time, exit time, exit code,
+    log file). A worker leaves when the last stage has nothing left for it."""
     cmd = [sys.executable, "-m", "search.cli"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs: list[tuple[subprocess.Popen[bytes], float, Path]] = []
@@ -89,41 +92,48 @@ def run_processes(work: Path, study_file: Path, name: str, storage: str, n_worke
     for i in range(1, n_workers):
         start(["worker", name, "--storage", storage], work / f"worker{i}.log")
     deadline = time.monotonic() + timeout_s
+    ended: dict[int, float] = {}
+    while len(ended) < len(procs) and time.monotonic() < deadline:
+        for p, _, _ in procs:
+            if p.pid not in ended and p.poll() is not None:
+                ended[p.pid] = time.time()
+        time.sleep(0.2)
     result = {}
     for p, started, log in procs:
-        try:
-            rc: int | None = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             p.terminate()
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-            rc = None
-        result[p.pid] = (started, rc, log)
+        result[p.pid] = (started, ended.get(p.pid, time.time()), p.returncode if p.pid in ended else None, log)
     return result
 
 
 def read_spans(name: str, storage: str) -> tuple[list[Span], dict[str, int]]:
+    """Every probe of the study, those of stages run ahead from a leader that lost included
+    (studies renamed ``<stage>~lost<id>``: busy, but wasted; role "wasted")."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spans, counts = [], {"skipped": 0, "extra reruns": 0, "required reruns": 0}
-    stage_names = [n for n, _ in STAGES]
-    for index, stage in enumerate(stage_names):
-        study = optuna.load_study(study_name=f"{name}.{stage}", storage=storage)
-        for t in study.get_trials(deepcopy=False):
-            role = t.user_attrs.get("role", "?")
-            if role == "skipped":
-                counts["skipped"] += 1
-            if ("run_id" not in t.user_attrs or t.datetime_start is None or t.datetime_complete is None
-                    or "carried_from" in t.user_attrs):
-                continue  # never ran a probe (skipped, released before start, or a copy of an earlier run)
-            if role == "rerun":
-                counts["extra reruns" if t.user_attrs.get("extra") else "required reruns"] += 1
-            pid = int((t.user_attrs.get("owner") or {}).get("pid", -1))
-            spans.append(Span(pid, index, t.number, role, _ts(t.datetime_start), _ts(t.datetime_complete),
-                              t.state.name))
+    names = optuna.get_all_study_names(storage)
+    for index, (stage, _) in enumerate(STAGES):
+        for study_name in [f"{name}.{stage}"] + sorted(n for n in names if n.startswith(f"{name}.{stage}~lost")):
+            lost = study_name != f"{name}.{stage}"
+            study = optuna.load_study(study_name=study_name, storage=storage)
+            for t in study.get_trials(deepcopy=False):
+                role = t.user_attrs.get("role", "?")
+                if role == "skipped":
+                    counts["skipped"] += 1
+                if ("run_id" not in t.user_attrs or t.datetime_start is None or t.datetime_complete is None
+                        or "carried_from" in t.user_attrs):
+                    continue  # never ran a probe (skipped, released before start, or a copy of an earlier run)
+                if role == "rerun" and not lost:
+                    counts["extra reruns" if t.user_attrs.get("extra") else "required reruns"] += 1
+                pid = int((t.user_attrs.get("owner") or {}).get("pid", -1))
+                spans.append(Span(pid, index, t.number, "wasted" if lost else role, _ts(t.datetime_start),
+                                  _ts(t.datetime_complete), t.state.name))
     return spans, counts
 
 
@@ -132,8 +142,8 @@ def boundary_windows(spans: list[Span], n_stages: int, study_end: float) -> list
     starts after it) to the first probe of the next stage (the study end for the last)."""
     windows = []
     for k in range(n_stages):
-        budgeted = [s.start for s in spans if s.stage == k and s.role != "rerun"]
-        nxt = [s.start for s in spans if s.stage == k + 1]
+        budgeted = [s.start for s in spans if s.stage == k and s.role not in ("rerun", "wasted")]
+        nxt = [s.start for s in spans if s.stage == k + 1 and s.role != "wasted"]
         if budgeted:
             windows.append((max(budgeted), min(nxt) if nxt else study_end))
     return windows
@@ -143,11 +153,15 @@ def overlap(a: float, b: float, windows: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(b, hi) - max(a, lo)) for lo, hi in windows)
 
 
-def measure(spans: list[Span], windows: list[tuple[float, float]], study_end: float) -> list[dict[str, float]]:
+def measure(spans: list[Span], windows: list[tuple[float, float]], study_end: float,
+            exits: dict[int, float]) -> list[dict[str, float]]:
+    """Per worker: busy and idle seconds from its first probe to the study end, or to its
+    exit if it left earlier (a worker leaves when the last stage has nothing left for it)."""
     rows = []
     for pid in sorted({s.pid for s in spans}):
         mine = sorted((s for s in spans if s.pid == pid), key=lambda s: s.start)
         first = mine[0].start
+        end = min(study_end, max(exits.get(pid, study_end), mine[-1].end))
         busy, at_boundary, cursor = 0.0, 0.0, first
         for s in mine:  # union of the worker's probe intervals; the gaps are its idle time
             if s.start > cursor:
@@ -155,9 +169,9 @@ def measure(spans: list[Span], windows: list[tuple[float, float]], study_end: fl
             if s.end > cursor:
                 busy += s.end - max(s.start, cursor)
                 cursor = s.end
-        if study_end > cursor:
-            at_boundary += overlap(cursor, study_end, windows)
-        life = study_end - first
+        if end > cursor:
+            at_boundary += overlap(cursor, end, windows)
+        life = end - first
         rows.append({"pid": pid, "probes": len(mine), "first": first, "life": life, "busy": busy,
                      "idle": life - busy, "boundary": at_boundary})
     return rows
@@ -205,7 +219,7 @@ def main() -> int:
     began = time.time()
     procs = run_processes(work, study_file, name, storage, args.workers, args.timeout)
     wall = time.time() - began
-    failed = {pid: (rc, log) for pid, (_, rc, log) in procs.items() if rc != 0}
+    failed = {pid: (rc, log) for pid, (_, _, rc, log) in procs.items() if rc != 0}
     for pid, (rc, log) in failed.items():
         tail = log.read_text(errors="replace").splitlines()[-15:]
         print(f"process {pid} exited with {rc}; the end of {log}:", *("  " + line for line in tail), sep="\n")
@@ -217,7 +231,7 @@ def main() -> int:
     study_start = min(s.start for s in spans)
     study_end = max(s.end for s in spans)
     windows = boundary_windows(spans, len(STAGES), study_end)
-    rows = measure(spans, windows, study_end)
+    rows = measure(spans, windows, study_end, {pid: ended for pid, (_, ended, _, _) in procs.items()})
     mean_probe = sum(s.end - s.start for s in spans) / len(spans)
     kind = storage.split(":", 1)[0]
 
@@ -228,13 +242,18 @@ def main() -> int:
           f"{os.cpu_count()} CPU cores")
     print(f"{len(spans)} probes ({counts['required reruns']} required and {counts['extra reruns']} extra "
           f"re-runs on fresh seeds), {counts['skipped']} trials skipped without a probe")
+    ahead = [s for s in spans if s.stage > 0 and s.start < max(p.end for p in spans if p.stage == s.stage - 1)]
+    wasted = [s for s in spans if s.role == "wasted"]
+    print(f"{len(ahead)} probes started ahead, before the stage before them had ended; {len(wasted)} of them "
+          f"wasted (their leader lost): {sum(s.end - s.start for s in wasted):.0f} worker-s")
     print()
-    print("worker    probes   busy s   idle s   idle %   at boundary s   start-up s")
+    print("worker    probes   busy s   idle s   idle %   at boundary s   start-up s   left s before the end")
     for r in rows:
-        started = next((s for pid, (s, _, _) in procs.items() if pid == r["pid"]), None)
+        started, ended = next(((s, e) for pid, (s, e, _, _) in procs.items() if pid == r["pid"]), (None, None))
         startup = f"{r['first'] - started:10.1f}" if started is not None else "         ?"
+        left = f"{max(0.0, study_end - ended):8.1f}" if ended is not None else "       ?"
         print(f"{r['pid']:<9} {r['probes']:>6}  {r['busy']:7.1f}  {r['idle']:7.1f}  {100 * r['idle'] / r['life']:6.1f}"
-              f"   {r['boundary']:13.1f}   {startup}")
+              f"   {r['boundary']:13.1f}   {startup}   {left}")
     life = sum(r["life"] for r in rows)
     idle = sum(r["idle"] for r in rows)
     boundary = sum(r["boundary"] for r in rows)

@@ -79,7 +79,8 @@ def _open_study(name: str, storage: Optional[str]):  # type: ignore[no-untyped-d
     return opened, load_spec(opened, name)
 
 
-def _make_runner(spec, storage, launcher_kind: Optional[str], quiet: bool = False):  # type: ignore[no-untyped-def]
+def _make_runner(spec, storage, launcher_kind: Optional[str], quiet: bool = False,  # type: ignore[no-untyped-def]
+                 leave_at_end: bool = False):
     from launchers import LauncherError, make_launcher
     from search.console import Console
     from search.driver import StudyRunner
@@ -97,7 +98,8 @@ def _make_runner(spec, storage, launcher_kind: Optional[str], quiet: bool = Fals
         raise BadInputError(str(e)) from None
     except TypeError as e:
         raise BadInputError(f"launcher.options: {e}. See the README's study-file reference.") from None
-    return StudyRunner(spec, storage, launcher, console=Console(quiet=quiet), build_space=build_space)
+    return StudyRunner(spec, storage, launcher, console=Console(quiet=quiet), build_space=build_space,
+                       leave_at_end=leave_at_end)
 
 
 def _run_with_signals(runner) -> None:  # type: ignore[no-untyped-def]
@@ -199,10 +201,13 @@ def worker(
                 "trial (two workers could take the same one). Put the study in PostgreSQL (README: cluster "
                 "guide), or run one driver with a larger launcher.max_concurrent on this machine."
             )
-        runner = _make_runner(spec, opened, launcher)
+        runner = _make_runner(spec, opened, launcher, leave_at_end=True)
         print(f"worker joined study {spec.name}")
         _run_with_signals(runner)
-        print(f"study {spec.name} finished.")
+        if runner.left:
+            print(f"worker left study {spec.name}: nothing left for it; the other processes finish the last stage.")
+        else:
+            print(f"study {spec.name} finished.")
 
     _guard(action)
 

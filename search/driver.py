@@ -5,11 +5,15 @@ Stage k is the Optuna study ``<study>.<stage>`` in one storage. It first runs it
 its budget or when η has stopped improving; its winner becomes the next stage's base. The
 chain is stored on the studies (``base_config`` and ``result`` user attributes), so every
 process that resumes — or joins as a worker — computes the same chain from the database.
+A worker with nothing left to do in a stage while others finish it opens the next stage
+ahead, from the stage's leader (``_run_ahead``); if another config wins, that study is moved
+aside (``_vacate``) and the next stage opens afresh under its own name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import statistics
@@ -191,14 +195,21 @@ class StudyRunner:
         console: Console,
         build_space: Callable[..., Space],
         poll_interval_s: float | None = None,
+        leave_at_end: bool = False,
     ) -> None:
         self.spec = spec
+        # A worker (not the driver that reports the result) leaves once the last stage has
+        # nothing left but other processes' runs: its GPUs go back to the cluster.
+        self.leave_at_end = leave_at_end
+        self.left = False
         self.storage = storage
         self.launcher = launcher
         self.console = console
         self.build_space = build_space
         self.poll_interval_s = launcher.poll_interval_s if poll_interval_s is None else poll_interval_s
         self._stop_requested: str | None = None
+        self._ahead: _StageRun | None = None  # this process's runs ahead into the next stage
+        self._ahead_declined: set[tuple[str, str]] = set()  # (stage, leader) another worker runs ahead from
 
     # -- public ---------------------------------------------------------------------------------
     def request_stop(self, why: str) -> None:
@@ -215,8 +226,13 @@ class StudyRunner:
             result = self.stage_result(stage)
             if result is None:
                 result = self.run_stage(index, stage, base)
+                if result is None:
+                    return base  # left before the end (leave_at_end)
             else:
                 self.console.stage_skipped(stage.name, result)
+                ahead = self._take_ahead(index, base)
+                if ahead is not None and ahead.active:  # a stage waits for every run of it
+                    raise SweepError(f"stage {stage.name} was decided while this worker still ran it")
             base = result.config
         return base
 
@@ -231,7 +247,8 @@ class StudyRunner:
         return None if data is None else StageResult(**data)
 
     # -- one stage ------------------------------------------------------------------------------
-    def _open_stage(self, stage: StageSettings, base: Config, settings: ProbeSettings) -> tuple["optuna.Study", bool]:
+    def _open_stage(self, stage: StageSettings, base: Config, settings: ProbeSettings, *,
+                    ahead_of: str | None = None) -> tuple["optuna.Study", bool] | None:
         import optuna
 
         name = stage_study_name(self.spec, stage)
@@ -248,9 +265,27 @@ class StudyRunner:
             study.set_user_attr("base_config", base)
             study.set_user_attr("stage", stage.model_dump(mode="json"))
             study.set_user_attr("probe_steps", settings.steps)
+            if ahead_of is not None:
+                study.set_user_attr("ahead_of", ahead_of)
+                # Its run ids stay unique if it is moved aside and the stage opened again.
+                study.set_user_attr("run_prefix", f"{name}.ahead{study._study_id}")
             created = True
         except optuna.exceptions.DuplicatedStudyError:
             existing = optuna.load_study(study_name=name, storage=self.storage)
+            # Its creator sets the base (and whether it runs ahead) before "initialized".
+            self._wait_initialized(existing)
+            stored_base = existing.user_attrs.get("base_config")
+            if stored_base is not None and stored_base != base:
+                if ahead_of is not None:
+                    return None  # another worker runs this stage ahead from another leader
+                if existing.user_attrs.get("ahead_of"):
+                    # Opened ahead from a leader that then lost: move it aside, start afresh.
+                    self._vacate(existing, why="the stage before chose another config")
+                    return self._open_stage(stage, base, settings)
+                raise SweepError(
+                    f"stage {stage.name}: the database's base config differs from the chain computed "
+                    "now; the study was changed after it started. Start a new study name."
+                )
             n = len(existing.get_trials(deepcopy=False))
             study = optuna.load_study(
                 study_name=name,
@@ -258,63 +293,19 @@ class StudyRunner:
                 sampler=build_sampler(stage, n),
                 pruner=build_pruner(stage, settings),
             )
-            stored_base = study.user_attrs.get("base_config")
-            if stored_base is not None and stored_base != base:
-                raise SweepError(
-                    f"stage {stage.name}: the database's base config differs from the chain computed "
-                    "now; the study was changed after it started. Start a new study name."
-                )
         return study, created
 
-    def run_stage(self, index: int, stage: StageSettings, base: Config) -> StageResult:
-        try:
-            space = self.build_space(
-                stage.space,
-                model=self.spec.model,
-                hardware=self.spec.hardware,
-                algorithm=self.spec.algorithm,
-                base=base,
-                options=stage.params,
-                where=f"stages[{index}]",
-                baseline=self.spec.baseline_config(),
-            )
-        except SpaceError as e:
-            raise BadInputError(str(e)) from None
-        probe_steps = self.spec.stage_probe_steps(stage, speed_only=space.speed_only)
-        settings = ProbeSettings(
-            steps=probe_steps,
-            speed_only=space.speed_only,
-            warmup_steps=self.spec.probe.speed_warmup_steps if space.speed_only else self.spec.probe.warmup_steps,
-            hang_timeout_s=self.spec.probe.hang_timeout_s,
-            n_gpus=self.spec.hardware.n_gpus,
-        )
-        study, created = with_retries(lambda: self._open_stage(stage, base, settings),
-                                      what="open the stage study")
-        carried: list["optuna.trial.FrozenTrial"] = []
-        if created:
-            carried = self._enqueue_initial(study, stage, space, base,
-                                            carried=self._earlier_runs(index, base, probe_steps))
-            study.set_user_attr("initialized", True)
-        else:
-            self._wait_initialized(study)
-        self.console.stage_started(index, stage, base, space.explain(), stage.budget.max_trials)
-        if carried:
-            self.console.note(f"{study.study_name}: incumbent runs on seed(s) "
-                              f"{', '.join(str(t.user_attrs['seed']) for t in carried)} carried over from the "
-                              "previous stage (same config, seed and probe length)")
-        for t in carried:
-            self.console.trial_finished(study, t.number, "incumbent", {}, eta=t.user_attrs["eta"],
-                                        interval=tuple(t.user_attrs["eta_interval"]))
-        active: dict[int, ActiveTrial] = {}
-        self._adopt_or_close_orphans(study, stage, settings, active)
-        loop = _LoopClock(self.launcher.clock(), float(study.user_attrs.get("wall_clock_used_s", 0.0)))
+    def run_stage(self, index: int, stage: StageSettings, base: Config) -> StageResult | None:
+        run = self._take_ahead(index, base) or self._open_run(index, stage, base)
+        assert run is not None  # only a run ahead gives up on opening
+        self._adopt_or_close_orphans(run.study, stage, run.settings, run.active)
         delay = 1.0
         try:
             while True:
                 if self._stop_requested:
                     raise Interrupted(f"stopped by {self._stop_requested}")
                 try:
-                    if self._iterate(study, stage, space, base, settings, active, loop):
+                    if self._iterate(run):
                         break
                     delay = 1.0
                 except Exception as e:  # noqa: BLE001 - only database outages are survived here
@@ -329,42 +320,102 @@ class StudyRunner:
                     continue
                 self.launcher.wait(self.poll_interval_s)
         except BaseException as e:
-            self._abandon(study, active, why=str(e) or type(e).__name__)
+            why = str(e) or type(e).__name__
+            self._abandon(run.study, run.active, why=why)
+            self._abandon_ahead(why)
             raise
-        result = with_retries(lambda: self._record_result(study, stage, base, loop), what="store the stage result")
+        if self.left:
+            return None
+        result = with_retries(lambda: self._record_result(run.study, stage, base, run.loop),
+                              what="store the stage result")
         self.console.stage_finished(stage.name, result)
         return result
 
-    def _iterate(
-        self,
-        study: "optuna.Study",
-        stage: StageSettings,
-        space: Space,
-        base: Config,
-        settings: ProbeSettings,
-        active: dict[int, ActiveTrial],
-        loop: "_LoopClock",
-    ) -> bool:
-        """One pass of the stage loop; True when the stage is over (for every worker)."""
+    def _open_run(self, index: int, stage: StageSettings, base: Config, *,
+                  ahead_of: str | None = None) -> "_StageRun | None":
+        """Open (create, or join) stage ``index`` from ``base``. With ``ahead_of`` (the stage
+        still being decided), the stage is opened ahead from that stage's leader; None when
+        another worker already runs it ahead from another leader, or its space rejects the
+        leader (the real chain reports that once it gets there)."""
+        try:
+            space = self.build_space(
+                stage.space,
+                model=self.spec.model,
+                hardware=self.spec.hardware,
+                algorithm=self.spec.algorithm,
+                base=base,
+                options=stage.params,
+                where=f"stages[{index}]",
+                baseline=self.spec.baseline_config(),
+            )
+        except SpaceError as e:
+            if ahead_of is not None:
+                return None
+            raise BadInputError(str(e)) from None
+        probe_steps = self.spec.stage_probe_steps(stage, speed_only=space.speed_only)
+        settings = ProbeSettings(
+            steps=probe_steps,
+            speed_only=space.speed_only,
+            warmup_steps=self.spec.probe.speed_warmup_steps if space.speed_only else self.spec.probe.warmup_steps,
+            hang_timeout_s=self.spec.probe.hang_timeout_s,
+            n_gpus=self.spec.hardware.n_gpus,
+        )
+        opened = with_retries(lambda: self._open_stage(stage, base, settings, ahead_of=ahead_of),
+                              what="open the stage study")
+        if opened is None:
+            return None
+        study, created = opened
+        carried: list["optuna.trial.FrozenTrial"] = []
+        if created:
+            carried = self._enqueue_initial(study, stage, space, base,
+                                            carried=self._earlier_runs(index, base, probe_steps))
+            study.set_user_attr("initialized", True)
+        if ahead_of is None:
+            self.console.stage_started(index, stage, base, space.explain(), stage.budget.max_trials)
+        if carried:
+            self.console.note(f"{study.study_name}: incumbent runs on seed(s) "
+                              f"{', '.join(str(t.user_attrs['seed']) for t in carried)} carried over from the "
+                              "previous stage (same config, seed and probe length)")
+        for t in carried:
+            self.console.trial_finished(study, t.number, "incumbent", {}, eta=t.user_attrs["eta"],
+                                        interval=tuple(t.user_attrs["eta_interval"]))
+        loop = _LoopClock(self.launcher.clock(), float(study.user_attrs.get("wall_clock_used_s", 0.0)))
+        return _StageRun(index, stage, base, study, space, settings, loop, ahead_of=ahead_of,
+                         run_prefix=study.user_attrs.get("run_prefix", f"{self.spec.name}.{stage.name}"))
+
+    def _iterate(self, run: "_StageRun", *, may_start_more: bool = True) -> bool:
+        """One pass of the stage loop; True when the stage is over (for every worker).
+        ``may_start_more`` False: follow the runs in flight, start nothing new."""
         import optuna
 
+        study, stage, active, loop = run.study, run.stage, run.active, run.loop
         wall_used = loop.used(self.launcher.clock())
         trials = loop.trials(study)
         over_time = stage.budget.max_wall_clock_s is not None and wall_used >= stage.budget.max_wall_clock_s
-        may_start = not over_time and self._may_start(study, trials, stage, active)
+        allowed = may_start_more and not over_time
+        may_start = allowed and self._may_start(study, trials, stage, active)
         if not active and not may_start:
             trials = loop.trials(study, fresh=True)  # decide on the database as it is now
-            if not over_time and self._may_start(study, trials, stage, active):
+            if allowed and self._may_start(study, trials, stage, active):
                 # The cached view was behind: another worker queued work (e.g. a required
                 # confirmation) that this stage still needs; never decide without it.
                 may_start = True
             elif self._waiting_on_others(trials, active):
                 # Idle while other workers finish the stage: confirm the top candidates now
-                # (required re-runs first), then re-run them again while that fits in the wait.
-                if not over_time and self.launcher.free_slots() > 0:
+                # (required re-runs first), then re-run them again while that fits in the
+                # wait; with nothing to re-run, start the next stage from the current leader.
+                if allowed and self.launcher.free_slots() > 0:
                     if (self._enqueue_confirmations(study, stage, trials, extra=False)
-                            or self._enqueue_confirmations(study, stage, trials, extra=True)):
+                            or self._enqueue_confirmations(study, stage, trials, extra=True)
+                            or self._enqueue_early_confirmation(run, trials)):
                         loop.stale = True
+                    elif self._nothing_left_for_me(run, trials):
+                        self.left = True
+                        self.console.note(f"{study.study_name}: only other workers' confirmations are left; "
+                                          "leaving (they finish the study)")
+                        return True
+                    else:
+                        self._run_ahead(run, trials)
             elif over_time or not self._enqueue_confirmations(study, stage, trials, extra=False):
                 return True
             else:
@@ -375,12 +426,13 @@ class StudyRunner:
             trials = loop.trials(study, fresh=True)
             may_start = self._may_start(study, trials, stage, active)
         while may_start and self.launcher.free_slots() > 0:
-            started = self._start_trial(study, stage, space, base, settings, active)
+            started = self._start_trial(run)
             trials = loop.trials(study, fresh=True)
             if not started:
                 break
             may_start = self._may_start(study, trials, stage, active)
-        self._poll_active(study, stage, settings, active)
+        self._poll_active(study, stage, run.settings, active)
+        self._stop_orphan_reruns(active, loop.trials(study))
         if self._tell_finished(study, active, loop.trials(study)):
             loop.stale = True
         now = time.monotonic()
@@ -388,12 +440,156 @@ class StudyRunner:
             for item in active.values():
                 self.storage.record_heartbeat(item.trial._trial_id)
             optuna.storages.fail_stale_trials(study)
-            self._adopt_or_close_orphans(study, stage, settings, active)
+            self._adopt_or_close_orphans(study, stage, run.settings, active)
             loop.last_heartbeat = now
         if now - loop.last_saved > 5.0:
             study.set_user_attr("wall_clock_used_s", wall_used)
             loop.last_saved = now
         return False
+
+    def _nothing_left_for_me(self, run: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> bool:
+        """A worker in the last stage, idle, whose stage only waits on other processes'
+        confirmation runs: nothing it could start there or ahead."""
+        from optuna.trial import TrialState
+
+        return (self.leave_at_end and run.ahead_of is None and run.index == len(self.spec.stages) - 1
+                and not any(t.state in (TrialState.RUNNING, TrialState.WAITING) and t.user_attrs.get("role") != "rerun"
+                            for t in trials))
+
+    # -- running ahead into the next stage (issue 7) ---------------------------------------------
+    def _run_ahead(self, current: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> None:
+        """Idle while other workers finish ``current``, with nothing of it to re-run: run the
+        next stage from the current leader (the config ``_decide`` would pick if the leader
+        holds up). Follows those runs until this worker has none left, ``current`` is
+        decided, or ``current`` has queued work again (a failed run queued again, a required
+        confirmation): then back to ``current``. The runs count only if the leader wins; if
+        another config wins they are closed as wasted and the study is moved aside
+        (``_vacate``), so the winner's stage starts from a clean study under its own name."""
+        from optuna.trial import TrialState
+
+        if current.ahead_of is not None or current.index + 1 >= len(self.spec.stages):
+            return  # one stage ahead at most
+        ahead = self._ahead
+        if ahead is None:
+            guess = self._leading_config(current.stage, trials, current.base)
+            if guess is None:
+                return
+            key = (current.study.study_name, json.dumps(guess, sort_keys=True, default=str))
+            if key in self._ahead_declined:
+                return
+            ahead = self._open_run(current.index + 1, self.spec.stages[current.index + 1], guess,
+                                   ahead_of=current.study.study_name)
+            if ahead is None:
+                self._ahead_declined.add(key)  # not again on every poll
+                return
+            self._ahead = ahead
+            self.console.note(f"{ahead.study.study_name}: running ahead from the leader of "
+                              f"{current.stage.name} while other workers finish it")
+        while True:
+            if self._stop_requested:
+                raise Interrupted(f"stopped by {self._stop_requested}")
+            if self.storage.get_study_user_attrs(current.study._study_id).get("result") is not None:
+                return  # decided: the next stage takes these runs over, or drops them
+            queued = current.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            self._iterate(ahead, may_start_more=not queued)
+            if not ahead.active:
+                return
+            self.launcher.wait(self.poll_interval_s)
+
+    def _leading_config(self, stage: StageSettings, trials: list["optuna.trial.FrozenTrial"],
+                        base: Config) -> Config | None:
+        """The config this stage would choose if its leader held up: the leading candidate
+        (by η over the runs it has so far, confirmed or not: the top ones are all confirmed
+        before the decision) when its η is above the tolerance, else the incumbent. None while
+        a candidate still running could take the lead (``_running_etas``)."""
+        ranked, _ = _ranked_candidates(trials, confirmed_only=False)
+        threshold = 1 + stage.stop.tolerance
+        leader = ranked[0] if ranked and ranked[0][0][0] > threshold else None
+        bar = leader[0][0] if leader else threshold
+        if any(e is None or e > bar for e, _ in _running_etas(trials)):
+            return None
+        return merge(base, dict(leader[1].user_attrs.get("overrides", {}))) if leader else base
+
+    def _enqueue_early_confirmation(self, run: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> bool:
+        """Idle, with nothing finished to re-run: queue the confirmation of the running
+        candidate with the best running η above the tolerance, past the pruner's warm-up (no
+        re-run yet, a fresh seed left). It is the one a finished leader would need anyway;
+        started now, the stage does not wait a whole probe for it after the first run ends.
+        If the first run is pruned after all, the re-run is stopped (``_stop_orphan_reruns``)."""
+        from optuna.trial import TrialState
+
+        study, stage = run.study, run.stage
+        if stage.confirm_top == 0:
+            return False
+        _, warmup = pruning_steps(stage, run.settings)
+        rerun_of = {int(t.user_attrs["rerun_of"]) for t in trials
+                    if t.user_attrs.get("role") == "rerun" and t.state != TrialState.FAIL}
+        running = [(e, t) for e, t in _running_etas(trials)
+                   if e is not None and e > 1 + stage.stop.tolerance and t.state == TrialState.RUNNING
+                   and max(t.intermediate_values) >= warmup and t.number not in rerun_of and self._unused_fresh_seeds(t.params, trials)]
+        if not running:
+            return False
+        _, target = max(running, key=lambda item: item[0])
+        seed = self._unused_fresh_seeds(target.params, trials)[0]
+        study.enqueue_trial(target.params, user_attrs={"role": "rerun", "rerun_of": target.number, "seed": seed,
+                                                       "extra": False}, skip_if_exists=False)
+        self.console.note(f"{study.study_name}: re-running trial {target.number} on a fresh seed "
+                          "while its first run is still going (it runs ahead of the incumbent)")
+        return True
+
+    def _take_ahead(self, index: int, base: Config) -> "_StageRun | None":
+        """This worker's runs ahead into stage ``index``, if the stage before chose the config
+        they started from; else they are dropped as wasted."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead.index == index and ahead.base == base:
+            ahead.ahead_of = None
+            self.console.stage_started(index, ahead.stage, base, ahead.space.explain(), ahead.stage.budget.max_trials)
+            self.console.note(f"{ahead.study.study_name}: the runs started ahead count (the leader won)")
+            return ahead
+        why = f"ran ahead from a leader of {self.spec.stages[ahead.index - 1].name} that did not win"
+        for item in ahead.active.values():
+            if item.outcome is None and item.probe.handle is not None:
+                self.launcher.cancel(item.probe.handle)
+        self._vacate(ahead.study, why=why)
+        return None
+
+    def _abandon_ahead(self, why: str) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        self._abandon(ahead.study, ahead.active, why=why)
+        if self.storage.get_study_name_from_id(ahead.study._study_id) != ahead.study.study_name:
+            # Moved aside meanwhile: what _abandon queued again there must not stay queued.
+            self._vacate(ahead.study, why="its leader did not win")
+
+    def _vacate(self, study: "optuna.Study", *, why: str) -> None:
+        """Move aside a stage study opened ahead from a leader that lost: close its queued and
+        running trials (as wasted, never queued again; a dead owner's run is cleaned up) and
+        rename it ``<name>~lost<id>``, so the stage opens afresh under its own name while the
+        wasted runs stay on record. Optuna has no rename; the name is a column of its
+        ``studies`` table, and the update only applies if no other process renamed it first."""
+        import sqlalchemy as sa
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.storages._rdb.models import StudyModel
+        from optuna.trial import TrialState
+
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+            try:
+                self.storage.set_trial_user_attr(t._trial_id, "reason", f"wasted: {why}")
+                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            except UpdateFinishedTrialError:
+                continue
+            if t.state == TrialState.RUNNING and liveness.owner_is_dead(t.user_attrs.get("owner")):
+                self.launcher.cleanup_leftover(Path(t.user_attrs.get("run_dir", "")))
+        name, lost = study.study_name, f"{study.study_name}~lost{study._study_id}"
+        with self.storage.engine.begin() as conn:
+            renamed = conn.execute(sa.update(StudyModel)
+                                   .where(StudyModel.study_id == study._study_id, StudyModel.study_name == name)
+                                   .values(study_name=lost)).rowcount
+        if renamed:
+            self.console.note(f"{name}: closed the runs started ahead ({why}); kept as {lost}")
 
     def _record_result(self, study: "optuna.Study", stage: StageSettings, base: Config, loop: "_LoopClock") -> StageResult:
         """Decide once: the first worker to finish the stage stores the result; the others
@@ -599,39 +795,24 @@ class StudyRunner:
 
         return any(t.state == TrialState.RUNNING and t.number not in active for t in trials)
 
-    def _start_trial(
-        self,
-        study: "optuna.Study",
-        stage: StageSettings,
-        space: Space,
-        base: Config,
-        settings: ProbeSettings,
-        active: dict[int, ActiveTrial],
-    ) -> bool:
+    def _start_trial(self, run: "_StageRun") -> bool:
+        study = run.study
         trial = study.ask()
         # Heartbeat and owner first: a trial without them could never be found stale.
         self.storage.record_heartbeat(trial._trial_id)
         trial.set_user_attr("owner", liveness.owner_record())
         try:
-            return self._start_asked(study, trial, stage, space, base, settings, active)
+            return self._start_asked(run, trial)
         except BaseException as e:
-            if trial.number not in active:
+            if trial.number not in run.active:
                 try:
                     self._release(study, trial, reason=f"could not start: {str(e)[:200] or type(e).__name__}")
                 except Exception:  # noqa: BLE001 - the heartbeat closes it later
                     logger.warning("could not release trial %d", trial.number, exc_info=True)
             raise
 
-    def _start_asked(
-        self,
-        study: "optuna.Study",
-        trial: "optuna.trial.Trial",
-        stage: StageSettings,
-        space: Space,
-        base: Config,
-        settings: ProbeSettings,
-        active: dict[int, ActiveTrial],
-    ) -> bool:
+    def _start_asked(self, run: "_StageRun", trial: "optuna.trial.Trial") -> bool:
+        study, stage, space, base, settings, active = run.study, run.stage, run.space, run.base, run.settings, run.active
         if trial.user_attrs.get("role", "candidate") == "candidate" and self._over_budget(study, trial, stage):
             # Another worker took the last place in the budget between our count and ask.
             trial.set_user_attr("role", "skipped")
@@ -658,7 +839,7 @@ class StudyRunner:
         if "seed" not in trial.user_attrs:
             seed = self._unused_seed(study, trial, seed)
         config = merge(base, overrides, {"data.seed": seed})
-        run_id = f"{self.spec.name}.{stage.name}.t{trial.number:04d}"
+        run_id = f"{run.run_prefix}.t{trial.number:04d}"
         spec = RunSpec(
             run_id=run_id,
             overrides=tuple(to_overrides(config)),
@@ -824,6 +1005,17 @@ class StudyRunner:
             else:
                 item.outcome = outcome
             self.console.trial_progress(stage.name, item.trial.number, item.probe)
+
+    def _stop_orphan_reruns(self, active: dict[int, ActiveTrial], trials: list["optuna.trial.FrozenTrial"]) -> None:
+        """A confirmation started while its first run was still going (an early one) whose
+        first run was then pruned: it can no longer count, stop it."""
+        from optuna.trial import TrialState
+
+        pruned = {t.number for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("role") == "candidate"}
+        for item in active.values():
+            target = item.trial.user_attrs.get("rerun_of")
+            if item.outcome is None and item.role == "rerun" and target is not None and int(target) in pruned:
+                item.outcome = item.probe.stop(ProbeState.STOPPED, reason=f"its first run (trial {target}) was pruned")
 
     def _report(self, study: "optuna.Study", stage: StageSettings, item: ActiveTrial) -> None:
         """Report the running rate every K steps and let the pruner decide (candidates only)."""
@@ -1018,6 +1210,24 @@ class StudyRunner:
         )
 
 
+@dataclasses.dataclass
+class _StageRun:
+    """One stage as this process follows it: its study, space and probe settings, the trials
+    running here, and the loop's clock. ``ahead_of`` names the stage still being decided
+    while this one runs ahead of it."""
+
+    index: int
+    stage: StageSettings
+    base: Config
+    study: "optuna.Study"
+    space: Space
+    settings: ProbeSettings
+    loop: "_LoopClock"
+    active: dict[int, ActiveTrial] = dataclasses.field(default_factory=dict)
+    ahead_of: str | None = None
+    run_prefix: str = ""
+
+
 #: an idle worker starts an extra confirmation only while the stage is still expected to wait
 #: this fraction of a probe for other workers' probes (it delays the stage by at most the rest)
 EXTRA_RERUN_MIN_WAIT = 0.9
@@ -1057,12 +1267,31 @@ def _point(trial: "optuna.trial.FrozenTrial") -> dict[str, Any] | None:
     return trial.params or trial.system_attrs.get("fixed_params")
 
 
+def _running_etas(trials: list["optuna.trial.FrozenTrial"]) -> list[tuple[float | None, "optuna.trial.FrozenTrial"]]:
+    """Each queued or running candidate with its running η so far: its last reported running
+    rate over the finished incumbent runs' mean at the same step; None before its first
+    report."""
+    from optuna.trial import TrialState
+
+    curves = [t.intermediate_values for t in trials
+              if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "incumbent"]
+    out: list[tuple[float | None, "optuna.trial.FrozenTrial"]] = []
+    for t in trials:
+        if t.user_attrs.get("role") != "candidate" or t.state not in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        step = max(t.intermediate_values, default=None)
+        at_step = [c[step] for c in curves if step in c and c[step] > 0]
+        out.append((t.intermediate_values[step] / statistics.fmean(at_step) if step is not None and at_step else None, t))
+    return out
+
+
 def _ranked_candidates(
-    trials: list["optuna.trial.FrozenTrial"],
+    trials: list["optuna.trial.FrozenTrial"], *, confirmed_only: bool = True,
 ) -> tuple[list[tuple[tuple[float, float, float, int], "optuna.trial.FrozenTrial"]], str]:
     """The stage's finished candidates by η (value, low, high, runs), best first, and why
     the list is empty when it is. Confirmed candidates (with re-runs) are judged on the mean of
-    all runs of their point; while none has a re-run, every candidate on its one run."""
+    all runs of their point; while none has a re-run (or ``confirmed_only`` is False), every
+    candidate on the runs it has."""
     from optuna.trial import TrialState
 
     done = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -1090,7 +1319,7 @@ def _ranked_candidates(
         e = eta_of(combine(scores) if len(scores) > 1 else scores[0], incumbents)
         return e.value, e.low, e.high, len(scores)
 
-    confirmed = [t for t in candidates if t.number in reruns] or candidates
+    confirmed = [t for t in candidates if t.number in reruns or not confirmed_only] or candidates
     return sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True), ""
 
 

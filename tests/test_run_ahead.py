@@ -1,0 +1,75 @@
+"""Idle workers run the next stage ahead from the current leader (issue 7). When another
+config wins, that stage is moved aside: its runs are closed as wasted (a dead owner's probe
+killed), its name freed, and the stage opens afresh from the winner."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+from optuna.trial import TrialState
+
+from launchers import make_launcher
+from launchers import process as proc_mod
+from launchers.base import RunSpec
+from objectives.probe import ProbeSettings
+from search.console import Console
+from search.driver import StudyRunner
+from search.storage import open_storage
+from search.study_file import load_study
+from spaces import build_space
+from spaces.overrides import merge
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _dead_owner() -> dict[str, object]:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return {"host": socket.gethostname(), "pid": gone.pid, "started": 0.0}
+
+
+def test_a_stage_run_ahead_from_a_leader_that_lost_is_moved_aside(tmp_path: Path) -> None:
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    launcher = make_launcher("sim", tmp_path / "runs", max_concurrent=2)
+    runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space)
+    stage, before = spec.stages[1], spec.stages[0].name
+    settings = ProbeSettings(steps=50, speed_only=False, warmup_steps=5, hang_timeout_s=60, n_gpus=2)
+    baseline = spec.baseline_config()
+    leader = merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6})
+
+    opened = runner._open_stage(stage, leader, settings, ahead_of=f"demo.{before}")
+    assert opened is not None and opened[1]
+    ahead = opened[0]
+    ahead.set_user_attr("initialized", True)  # as _open_run does once the first trials are queued
+    assert ahead.user_attrs["run_prefix"] == f"demo.{stage.name}.ahead{ahead._study_id}"
+    # Another idle worker whose leader is the incumbent does not take the name over.
+    assert runner._open_stage(stage, baseline, settings, ahead_of=f"demo.{before}") is None
+    # One run ahead in flight whose worker died (SIGKILL), one queued.
+    handle = launcher.start(RunSpec(run_id="ahead-run", overrides=("actor_rollout_ref.rollout.name=vllm",
+                                                                    "trainer.total_training_steps=100000"), n_gpus=2))
+    record = proc_mod.read_record(handle.run_dir)
+    assert record is not None and proc_mod.is_alive(record)
+    running = ahead.ask()
+    running.set_user_attr("owner", _dead_owner())
+    running.set_user_attr("run_dir", str(handle.run_dir))
+    ahead.enqueue_trial({}, user_attrs={"role": "incumbent", "seed": 11})
+
+    # The stage before kept its incumbent: the real chain opens the stage from the baseline.
+    real, created = runner._open_stage(stage, baseline, settings)
+    assert created and real.study_name == f"demo.{stage.name}" and real._study_id != ahead._study_id
+    assert real.user_attrs["base_config"] == baseline and "ahead_of" not in real.user_attrs
+    lost = optuna.load_study(study_name=f"demo.{stage.name}~lost{ahead._study_id}", storage=storage)
+    assert [t.state for t in lost.trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert all(t.user_attrs["reason"].startswith("wasted: ") for t in lost.trials)
+    deadline = time.monotonic() + 10
+    while proc_mod.is_alive(record) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not proc_mod.is_alive(record), "the dead worker's probe should have been killed"
+    assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == psutil.STATUS_ZOMBIE
