@@ -73,3 +73,30 @@ def test_a_stage_run_ahead_from_a_leader_that_lost_is_moved_aside(tmp_path: Path
         time.sleep(0.1)
     assert not proc_mod.is_alive(record), "the dead worker's probe should have been killed"
     assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_runs_ahead_from_a_losing_leader_are_stopped_and_closed_as_wasted(tmp_path: Path) -> None:
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    launcher = make_launcher("sim", tmp_path / "runs", max_concurrent=2, time_scale=1.0)
+    runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space)
+    index, baseline = 1, spec.baseline_config()
+    leader = merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6})
+    ahead = runner._open_run(index, spec.stages[index], leader, ahead_of=f"demo.{spec.stages[0].name}")
+    assert ahead is not None
+    assert runner._start_trial(ahead)  # this worker's first run ahead: a real simulator probe
+    (item,) = ahead.active.values()
+    record = proc_mod.read_record(item.probe.handle.run_dir)
+    assert record is not None and proc_mod.is_alive(record)
+    runner._ahead = ahead
+
+    # The stage before kept its incumbent: the runs ahead from the leader do not count.
+    assert runner._take_ahead(index, baseline) is None
+    assert not proc_mod.is_alive(record)
+    lost = optuna.load_study(study_name=f"{ahead.study.study_name}~lost{ahead.study._study_id}", storage=storage)
+    assert {t.state for t in lost.trials} == {TrialState.FAIL}
+    assert all(t.user_attrs["reason"].startswith("wasted: ran ahead from a leader") for t in lost.trials)
+    # The stage then opens afresh from the real winner, under its own name.
+    real = runner._open_run(index, spec.stages[index], baseline)
+    assert real is not None and real.study.study_name == ahead.study.study_name
+    assert real.study.user_attrs["base_config"] == baseline
