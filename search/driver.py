@@ -686,7 +686,7 @@ class StudyRunner:
         if params:
             space.suggest(fixed, base)  # the parameters' distributions, for the sampler
         e = eta_of(scores[-1], scores)
-        attrs = {k: v for k, v in source.user_attrs.items() if k not in ("owner", "rerun_of", "extra", "origin")}
+        attrs = {k: v for k, v in source.user_attrs.items() if k not in ("owner", "rerun_of", "extra", "idle_fill", "origin")}
         attrs.update(role="incumbent", overrides={}, eta=e.value, eta_interval=[e.low, e.high],
                      carried_from=source.user_attrs.get("run_id", f"trial {source.number}"),
                      probe={**source.user_attrs.get("probe", {}), "gpu_time_s": 0.0})
@@ -710,9 +710,11 @@ class StudyRunner:
         queue. Required: one re-run of each of the top ``confirm_top`` that has none. Extra
         (``extra=True``, for workers that would sit idle while others finish the stage): one
         more re-run of the least-confirmed top candidate that has a fresh seed left, only
-        while the stage is expected to wait for its other probes anyway (``_worth_waiting``)."""
+        while the stage is expected to wait for its other probes anyway (``_worth_waiting``,
+        checked again when it starts: ``idle_fill``)."""
         from optuna.trial import TrialState
 
+        idle_fill = extra
         if stage.confirm_top == 0:
             return False
         requeued = liveness.requeued_numbers(trials)
@@ -744,7 +746,8 @@ class StudyRunner:
             seed = (self._unused_fresh_seeds(trial.params, trials) or self._fresh_seeds())[0]
             study.enqueue_trial(
                 trial.params,
-                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": seed, "extra": extra},
+                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": seed, "extra": extra,
+                            "idle_fill": idle_fill},
                 skip_if_exists=False,
             )
         if targets:
@@ -822,6 +825,12 @@ class StudyRunner:
         role = trial.user_attrs.get("role", "candidate")
         seed = int(trial.user_attrs.get("seed", self.spec.seeds[0]))
         if role == "rerun":
+            if trial.user_attrs.get("idle_fill") and not self._worth_waiting(study.get_trials(deepcopy=False)):
+                # Queued to fill a wait that is over by now: started, it would lengthen the stage.
+                trial.set_user_attr("role", "skipped")
+                trial.set_user_attr("reason", "extra re-run no longer fits in the stage's wait")
+                study.tell(trial, state=_fail_state())
+                return False
             rerun_seed = self._rerun_seed(study, trial)
             if rerun_seed is None:
                 trial.set_user_attr("role", "skipped")

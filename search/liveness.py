@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 #: user attributes that describe what a trial is for (copied when it is queued again);
 #: everything else on a trial describes one run of it
-ASSIGNMENT_ATTRS = ("role", "seed", "attempt", "rerun_of", "extra", "origin")
+ASSIGNMENT_ATTRS = ("role", "seed", "attempt", "rerun_of", "extra", "idle_fill", "origin")
 MAX_REQUEUES = 3
 #: a RUNNING trial with no owner older than this was asked for by a process that died at once
 ORPHAN_GRACE_S = 120.0
