@@ -227,7 +227,7 @@ class StudyRunner:
             if result is None:
                 result = self.run_stage(index, stage, base)
                 if result is None:
-                    return base  # left before the end (leave_at_end)
+                    return base  # left before the end (leave_at_end): the others store the result
             else:
                 self.console.stage_skipped(stage.name, result)
                 ahead = self._take_ahead(index, base)
@@ -526,7 +526,8 @@ class StudyRunner:
                     if t.user_attrs.get("role") == "rerun" and t.state != TrialState.FAIL}
         running = [(e, t) for e, t in _running_etas(trials)
                    if e is not None and e > 1 + stage.stop.tolerance and t.state == TrialState.RUNNING
-                   and max(t.intermediate_values) >= warmup and t.number not in rerun_of and self._unused_fresh_seeds(t.params, trials)]
+                   and max(t.intermediate_values) >= warmup and t.number not in rerun_of
+                   and self._unused_fresh_seeds(t.params, trials)]
         if not running:
             return False
         _, target = max(running, key=lambda item: item[0])
@@ -686,7 +687,8 @@ class StudyRunner:
         if params:
             space.suggest(fixed, base)  # the parameters' distributions, for the sampler
         e = eta_of(scores[-1], scores)
-        attrs = {k: v for k, v in source.user_attrs.items() if k not in ("owner", "rerun_of", "extra", "idle_fill", "origin")}
+        attrs = {k: v for k, v in source.user_attrs.items()
+                 if k not in ("owner", "rerun_of", "extra", "idle_fill", "origin")}
         attrs.update(role="incumbent", overrides={}, eta=e.value, eta_interval=[e.low, e.high],
                      carried_from=source.user_attrs.get("run_id", f"trial {source.number}"),
                      probe={**source.user_attrs.get("probe", {}), "gpu_time_s": 0.0})
@@ -1290,7 +1292,8 @@ def _running_etas(trials: list["optuna.trial.FrozenTrial"]) -> list[tuple[float 
             continue
         step = max(t.intermediate_values, default=None)
         at_step = [c[step] for c in curves if step in c and c[step] > 0]
-        out.append((t.intermediate_values[step] / statistics.fmean(at_step) if step is not None and at_step else None, t))
+        eta = t.intermediate_values[step] / statistics.fmean(at_step) if step is not None and at_step else None
+        out.append((eta, t))
     return out
 
 
