@@ -289,12 +289,14 @@ class KLSpace(Space):
         return params
 
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
-        """Coefficients spread over the log range (fixed control; PPO's adaptive controller
-        is left to the sampler)."""
+        """Coefficients spread evenly over the log range, both bounds included: an optimum
+        at a bound (the method's KL range ends where strong KL still helps some runs) gets a
+        first probe near it (fixed control; PPO's adaptive controller is left to the sampler)."""
         low, high = math.log(self.bound.low), math.log(self.bound.high)
         points = []
         for i in range(n):
-            point: dict[str, Any] = {self.param: float(f"{math.exp(low + (i + 0.5) / n * (high - low)):.3g}")}
+            fraction = i / (n - 1) if n > 1 else 0.5
+            point: dict[str, Any] = {self.param: float(f"{math.exp(low + fraction * (high - low)):.3g}")}
             if self.algorithm is Algorithm.PPO and "fixed" in self.types:
                 point["kl_ctrl_type"] = "fixed"
             points.append(point)

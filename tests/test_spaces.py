@@ -116,6 +116,14 @@ def test_kl_grpo_sets_the_loss_keys() -> None:
         assert not any(k.startswith("algorithm.") for k in config)
 
 
+def test_kl_starting_points_span_the_bounds_ends_included() -> None:
+    """An optimum at a bound (strong KL at 0.01) must get a first probe near it, not only the
+    interior of the log range."""
+    assert [p["kl_coef"] for p in build("kl").starting_points(GRPO_BASE, 5)] == [0.0005, 0.00106, 0.00224, 0.00473, 0.01]
+    narrowed = [p["kl_coef"] for p in build("kl", low=0.001, high=0.004).starting_points(GRPO_BASE, 3)]
+    assert narrowed == [0.001, 0.002, 0.004]
+
+
 def test_kl_ppo_is_conditional_on_controller_type() -> None:
     configs = sample(build("kl", Algorithm.PPO), PPO_BASE, n=40)
     kinds = {c[L.KL_CTRL_TYPE] for c in configs}
