@@ -801,13 +801,18 @@ class StudyRunner:
         return any(t.state == TrialState.RUNNING and t.number not in active for t in trials)
 
     def _start_trial(self, run: "_StageRun") -> bool:
+        import optuna
+
         study = run.study
         trial = study.ask()
-        # Heartbeat and owner first: a trial without them could never be found stale.
-        self.storage.record_heartbeat(trial._trial_id)
-        trial.set_user_attr("owner", liveness.owner_record())
         try:
+            # Heartbeat and owner first: a trial without them could never be found stale.
+            self.storage.record_heartbeat(trial._trial_id)
+            trial.set_user_attr("owner", liveness.owner_record())
             return self._start_asked(run, trial)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Closed by another process while starting (its stage moved aside): nothing to give back.
+            return False
         except BaseException as e:
             if trial.number not in run.active:
                 try:
@@ -866,12 +871,16 @@ class StudyRunner:
         except LauncherError as e:
             self._release(study, trial, reason=str(e))
             raise
-        trial.set_user_attr("role", role)
-        trial.set_user_attr("seed", seed)
-        trial.set_user_attr("overrides", overrides)
-        trial.set_user_attr("run_id", run_id)
-        trial.set_user_attr("run_dir", str(handle.run_dir))
-        self.storage.record_heartbeat(trial._trial_id)
+        try:
+            trial.set_user_attr("role", role)
+            trial.set_user_attr("seed", seed)
+            trial.set_user_attr("overrides", overrides)
+            trial.set_user_attr("run_id", run_id)
+            trial.set_user_attr("run_dir", str(handle.run_dir))
+            self.storage.record_heartbeat(trial._trial_id)
+        except BaseException:
+            self.launcher.cancel(handle)  # nobody would follow it: never leave it running
+            raise
         interval, _ = pruning_steps(stage, settings)
         active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, next_report_step=interval)
         self.console.trial_started(stage.name, trial.number, role, overrides)
