@@ -969,6 +969,8 @@ class StudyRunner:
     def _release(self, study: "optuna.Study", trial: "optuna.trial.Trial", *, reason: str) -> None:
         """Give back a trial we asked for but could not start (its assignment re-queued)."""
         frozen = study._storage.get_trial(trial._trial_id)
+        if frozen.state.is_finished():
+            return  # closed meanwhile by another process, which queued it again where needed
         study.tell(trial, state=_fail_state())
         liveness.requeue(study, frozen, reason=reason)
 
