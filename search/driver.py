@@ -432,7 +432,7 @@ class StudyRunner:
                 break
             may_start = self._may_start(study, trials, stage, active)
         self._poll_active(study, stage, run.settings, active)
-        self._stop_orphan_reruns(active, loop.trials(study))
+        self._stop_runs_that_no_longer_count(active, loop.trials(study))
         if self._tell_finished(study, active, loop.trials(study)):
             loop.stale = True
         now = time.monotonic()
@@ -515,7 +515,8 @@ class StudyRunner:
         candidate with the best running η above the tolerance, past the pruner's warm-up (no
         re-run yet, a fresh seed left). It is the one a finished leader would need anyway;
         started now, the stage does not wait a whole probe for it after the first run ends.
-        If the first run is pruned after all, the re-run is stopped (``_stop_orphan_reruns``)."""
+        If the first run is pruned after all, the re-run is stopped
+        (``_stop_runs_that_no_longer_count``)."""
         from optuna.trial import TrialState
 
         study, stage = run.study, run.stage
@@ -578,7 +579,7 @@ class StudyRunner:
 
         for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
             try:
-                self.storage.set_trial_user_attr(t._trial_id, "reason", f"wasted: {why}")
+                self.storage.set_trial_user_attr(t._trial_id, "reason", f"{WASTED}{why}")
                 self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             except UpdateFinishedTrialError:
                 continue
@@ -1028,15 +1029,22 @@ class StudyRunner:
                 item.outcome = outcome
             self.console.trial_progress(stage.name, item.trial.number, item.probe)
 
-    def _stop_orphan_reruns(self, active: dict[int, ActiveTrial], trials: list["optuna.trial.FrozenTrial"]) -> None:
-        """A confirmation started while its first run was still going (an early one) whose
-        first run was then pruned: it can no longer count, stop it."""
+    def _stop_runs_that_no_longer_count(self, active: dict[int, ActiveTrial],
+                                        trials: list["optuna.trial.FrozenTrial"]) -> None:
+        """Stop this worker's runs whose trial another process closed (a stage run ahead and
+        moved aside, a heartbeat that looked stale), and early confirmations whose first run
+        was then pruned: their results could no longer count."""
         from optuna.trial import TrialState
 
+        state = {t.number: t.state for t in trials}
         pruned = {t.number for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("role") == "candidate"}
-        for item in active.values():
+        for number, item in active.items():
+            if item.outcome is not None:
+                continue
             target = item.trial.user_attrs.get("rerun_of")
-            if item.outcome is None and item.role == "rerun" and target is not None and int(target) in pruned:
+            if state.get(number, TrialState.RUNNING).is_finished():
+                item.outcome = item.probe.stop(ProbeState.STOPPED, reason="closed by another worker")
+            elif item.role == "rerun" and target is not None and int(target) in pruned:
                 item.outcome = item.probe.stop(ProbeState.STOPPED, reason=f"its first run (trial {target}) was pruned")
 
     def _report(self, study: "optuna.Study", stage: StageSettings, item: ActiveTrial) -> None:
@@ -1070,7 +1078,9 @@ class StudyRunner:
         from optuna.trial import TrialState
 
         requeued = liveness.requeued_numbers(trials)
-        mine = [t for t in trials if t.user_attrs.get("role") == "incumbent" and t.number not in requeued]
+        # Runs closed as wasted (a stage run ahead and moved aside, _vacate) did not fail.
+        mine = [t for t in trials if t.user_attrs.get("role") == "incumbent" and t.number not in requeued
+                and not str(t.user_attrs.get("reason", "")).startswith(WASTED)]
         scores = [Score(**t.user_attrs["score"]) for t in mine
                   if t.state == TrialState.COMPLETE and "score" in t.user_attrs]
         pending = any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine)
@@ -1249,6 +1259,9 @@ class _StageRun:
     ahead_of: str | None = None
     run_prefix: str = ""
 
+
+#: how the reason of a trial closed by _vacate begins (its run did not fail: it no longer counts)
+WASTED = "wasted: "
 
 #: an idle worker starts an extra confirmation only while the stage is still expected to wait
 #: this fraction of a probe for other workers' probes (it delays the stage by at most the rest)

@@ -100,3 +100,31 @@ def test_runs_ahead_from_a_losing_leader_are_stopped_and_closed_as_wasted(tmp_pa
     real = runner._open_run(index, spec.stages[index], baseline)
     assert real is not None and real.study.study_name == ahead.study.study_name
     assert real.study.user_attrs["base_config"] == baseline
+
+
+def test_a_worker_whose_run_ahead_is_moved_aside_under_it_stops_cleanly(tmp_path: Path) -> None:
+    """Another worker opens the real stage (another config won) while this one still follows a
+    run ahead: this worker's next passes stop its probe, and dropping the run ahead is quiet."""
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    index, baseline = 1, spec.baseline_config()
+    runners = [StudyRunner(spec, storage, make_launcher("sim", tmp_path / f"runs{i}", max_concurrent=2, time_scale=1.0),
+                           console=Console(quiet=True), build_space=build_space, poll_interval_s=0.1)
+               for i in range(2)]
+    mine, other = runners
+    ahead = mine._open_run(index, spec.stages[index], merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6}),
+                           ahead_of=f"demo.{spec.stages[0].name}")
+    assert ahead is not None and mine._start_trial(ahead)
+    mine._ahead = ahead
+    (item,) = ahead.active.values()
+    record = proc_mod.read_record(item.probe.handle.run_dir)
+
+    real = other._open_run(index, spec.stages[index], baseline)  # the incumbent won: moved aside
+    assert real is not None and real.study._study_id != ahead.study._study_id
+    for _ in range(3):
+        mine._iterate(ahead, may_start_more=False)  # its trial was closed: the probe is stopped
+    assert not ahead.active
+    assert record is not None and not proc_mod.is_alive(record)
+    assert mine._take_ahead(index, baseline) is None
+    lost = optuna.load_study(study_name=f"{real.study.study_name}~lost{ahead.study._study_id}", storage=storage)
+    assert {t.state for t in lost.trials} == {TrialState.FAIL}
