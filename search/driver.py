@@ -533,8 +533,7 @@ class StudyRunner:
             return False
         _, target = max(running, key=lambda item: item[0])
         seed = self._unused_fresh_seeds(target.params, trials)[0]
-        study.enqueue_trial(target.params, user_attrs={"role": "rerun", "rerun_of": target.number, "seed": seed,
-                                                       "extra": False}, skip_if_exists=False)
+        _queue_rerun(study, target, seed, extra=False)
         self.console.note(f"{study.study_name}: re-running trial {target.number} on a fresh seed "
                           "while its first run is still going (it runs ahead of the incumbent)")
         return True
@@ -747,12 +746,7 @@ class StudyRunner:
             # The seed is checked again when the re-run starts (_rerun_seed): workers that
             # queue at the same moment pick the same one here.
             seed = (self._unused_fresh_seeds(trial.params, trials) or self._fresh_seeds())[0]
-            study.enqueue_trial(
-                trial.params,
-                user_attrs={"role": "rerun", "rerun_of": trial.number, "seed": seed, "extra": extra,
-                            "idle_fill": idle_fill},
-                skip_if_exists=False,
-            )
+            _queue_rerun(study, trial, seed, extra=extra, idle_fill=idle_fill)
         if targets:
             self.console.note(f"{study.study_name}: re-running on fresh seeds: "
                               + ", ".join(f"trial {t.number}" for t in targets))
@@ -1300,6 +1294,14 @@ class _LoopClock:
 def _point(trial: "optuna.trial.FrozenTrial") -> dict[str, Any] | None:
     """A trial's parameters; for a queued trial (no params yet), the ones it was queued with."""
     return trial.params or trial.system_attrs.get("fixed_params")
+
+
+def _queue_rerun(study: "optuna.Study", of: "optuna.trial.FrozenTrial", seed: int, *, extra: bool,
+                 idle_fill: bool = False) -> None:
+    """Queue a confirmation run of ``of``'s point on ``seed`` (the seed is checked again when
+    it starts, ``_rerun_seed``; ``idle_fill`` re-runs also check that the wait is still there)."""
+    study.enqueue_trial(of.params, skip_if_exists=False, user_attrs={
+        "role": "rerun", "rerun_of": of.number, "seed": seed, "extra": extra, "idle_fill": idle_fill})
 
 
 def _running_etas(trials: list["optuna.trial.FrozenTrial"]) -> list[tuple[float | None, "optuna.trial.FrozenTrial"]]:
