@@ -130,8 +130,13 @@ def _unpooled(storage: Any) -> Any:
 def _sampler(name: str) -> Any:
     import optuna
 
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=0, n_startup_trials=3, constant_liar=True)
+    from search.driver import build_sampler
+    from search.study_file import StageSettings
+
+    if name.startswith("tpe"):  # as the driver builds it: a stage's default, or multivariate (systems)
+        stage = StageSettings.model_validate({"name": "x", "space": "lr", "budget": {"max_trials": 10},
+                                              "sampler": {"seed": 0, "multivariate": name == "tpe-mv"}})  # fmt: skip
+        return build_sampler(stage, 0)
     return optuna.samplers.RandomSampler(seed=0)
 
 
@@ -176,7 +181,7 @@ def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, sta
         if in_memory:
             memory = optuna.create_study(direction="maximize")
             memory.add_trials(stage.get_trials(deepcopy=False))
-        for sampler_name in ("tpe", "random"):
+        for sampler_name in ("tpe", "tpe-mv", "random"):
             studies = {key: optuna.load_study(study_name=stage.study_name, storage=handle, sampler=_sampler(sampler_name))
                        for key, handle in handles.items()}  # fmt: skip
             if memory is not None:

@@ -118,10 +118,23 @@ def build_sampler(stage: StageSettings, n_existing_trials: int) -> "optuna.sampl
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=settings.n_startup_trials)
     if settings.name == "grid":
         raise BadInputError(f"stages {stage.name}: sampler 'grid' is not supported yet; use tpe or random.")
+    use_vectorized_normal_tails()
     return optuna.samplers.TPESampler(
         seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True,
         multivariate=settings.multivariate, group=settings.multivariate,
     )
+
+
+def use_vectorized_normal_tails() -> None:
+    """Optuna 5.0's TPE computes log Φ of its truncated normals one element at a time in
+    Python, to do without SciPy (optuna#5478): at 1,000 trials that loop is most of an ask.
+    SciPy's ``log_ndtr`` is the function Optuna's was ported from, vectorized, and SciPy is a
+    dependency here already; put it in place. Optuna looks the name up at call time."""
+    from optuna.samplers._tpe import _truncnorm
+    from scipy.special import log_ndtr
+
+    if hasattr(_truncnorm, "_log_ndtr"):  # a later Optuna may have renamed or vectorized it
+        _truncnorm._log_ndtr = log_ndtr
 
 
 def pruning_steps(stage: StageSettings, settings: ProbeSettings) -> tuple[int, int]:
