@@ -199,11 +199,13 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
         StageSettings(name="minibatch", space="mini_batch", budget=Budget(max_trials=8)),
         StageSettings(name="kl", space="kl", budget=Budget(max_trials=8)),
         StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=10)),
-        StageSettings(name="lr", space="lr", budget=Budget(max_trials=8)),
+        # lr gains of 4-6% need more than 3 runs to clear the 2% rule
+        StageSettings(name="lr", space="lr", budget=Budget(max_trials=8), confirm_max_runs=5),
     ]
-    # The final pass over the coupled knobs, from the chain's winner.
-    polish = StageSettings(name="polish", space="polish", budget=Budget(max_trials=8),
-                           sampler=SamplerSettings(n_startup_trials=4))
+    # The final pass over the coupled knobs, from the chain's winner: 4 starting points
+    # (coupled moves) leave 8 trials for the sampler.
+    polish = StageSettings(name="polish", space="polish", budget=Budget(max_trials=12),
+                           sampler=SamplerSettings(n_startup_trials=4), confirm_max_runs=5)
     if algorithm is Algorithm.PPO:
         stages.append(StageSettings(name="lam", space="lam", budget=Budget(max_trials=6)))
     return [*stages, polish]
