@@ -142,6 +142,14 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     return result
 
 
+def reference(landscape_name: str, quick: bool) -> tuple[str, dict[str, Any]]:
+    """(the landscape's name, its best reachable η) for the summary."""
+    from launchers.simulator import load_landscape
+
+    spec = demo_spec(landscape_name, quick=False)
+    return load_landscape(landscape_name).name, best_reachable(landscape_name, spec, n_random=60 if quick else 400)
+
+
 # -- one (landscape, method, repetition) ---------------------------------------------------------
 
 
@@ -337,23 +345,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--no-overhead", action="store_true", help="skip the orchestration-overhead measures")
     args = parser.parse_args(argv)
-    from launchers.simulator import shipped_landscapes
+    from launchers.simulator import load_landscape, shipped_landscapes
 
     landscapes = args.landscape or (["default"] if args.quick else shipped_landscapes())
     reps = args.reps or (2 if args.quick else 10)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    best = {}
-    for name in landscapes:
-        from launchers.simulator import load_landscape
-
-        best[load_landscape(name).name] = best_reachable(name, demo_spec(name), n_random=60 if args.quick else 400)
     names = {name: load_landscape(name).name for name in landscapes}
+    references = [(name, args.quick) for name in landscapes]
     tasks = [(name, method, rep, args.quick) for name in landscapes for rep in range(reps) for method in METHODS]
     if args.jobs > 1:
+        # The references are only needed for the summary: they share the pool with the runs.
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            pending = pool.starmap_async(reference, references, chunksize=1)
             results = pool.map(run_one, tasks, chunksize=1)
+            best = dict(pending.get())
     else:
+        best = dict(reference(*r) for r in references)
         results = [run_one(t) for t in tasks]
     for r in results:
         r["landscape"] = names[r["landscape"]]
