@@ -213,11 +213,13 @@ def _grid_solve(weights: np.ndarray, g: np.ndarray, y: np.ndarray) -> tuple[np.n
 
     R(t) = R0 (1 − g) + A g is linear in (R0, A) given the grid point's g, and each weighted
     sum is a matrix product over steps, so refitting every bootstrap resample on the whole
-    grid costs five matrix products.
+    grid costs three matrix products (the sums with u = 1 − g follow from those with g).
     """
-    u, v = 1.0 - g, g  # (k, n)
-    suu, svv, suv = weights @ (u * u).T, weights @ (v * v).T, weights @ (u * v).T  # (b, k)
-    sur, svr = weights @ (u * y).T, weights @ (v * y).T
+    sw, swg, svv = weights.sum(1)[:, None], weights @ g.T, weights @ (g * g).T  # (b, k)
+    suv = swg - svv  # Σ w (1−g) g
+    suu = sw - 2 * swg + svv  # Σ w (1−g)²
+    svr = weights @ (g * y).T
+    sur = (weights @ y)[:, None] - svr  # Σ w (1−g) y
     syy = (weights @ (y * y))[:, None]
     det = suu * svv - suv**2
     with np.errstate(divide="ignore", invalid="ignore"):
