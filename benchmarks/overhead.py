@@ -130,7 +130,7 @@ def _unpooled(storage: Any) -> Any:
 def _sampler(name: str) -> Any:
     import optuna
 
-    from search.driver import build_sampler
+    from search.sampler import build_sampler
     from search.study_file import StageSettings
 
     if name.startswith("tpe"):  # as the driver builds it: a stage's default, or multivariate (systems)

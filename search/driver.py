@@ -29,6 +29,7 @@ from search import liveness
 from search.console import Console
 from search.errors import BadInputError, SweepError
 from search.pruning import IncumbentPruner
+from search.sampler import build_sampler
 from search.storage import HEARTBEAT_INTERVAL_S, describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
 from spaces import hardware_tag, template_for
@@ -102,39 +103,7 @@ def load_spec(storage: "optuna.storages.BaseStorage", name: str) -> StudySpec:
     return spec_from_dict(stored)
 
 
-# -- samplers and pruners, rebuilt from the saved settings on every resume ---------------------
-
-
-def build_sampler(stage: StageSettings, n_existing_trials: int) -> "optuna.samplers.BaseSampler":
-    import optuna
-
-    settings = stage.sampler
-    # A fixed seed would repeat the same suggestions after a resume and across workers:
-    # offset it by what the study already holds.
-    seed = None if settings.seed is None else settings.seed + n_existing_trials
-    if settings.name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if settings.name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=settings.n_startup_trials)
-    if settings.name == "grid":
-        raise BadInputError(f"stages {stage.name}: sampler 'grid' is not supported yet; use tpe or random.")
-    use_vectorized_normal_tails()
-    return optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True,
-        multivariate=settings.multivariate, group=settings.multivariate,
-    )
-
-
-def use_vectorized_normal_tails() -> None:
-    """Optuna 5.0's TPE computes log Φ of its truncated normals one element at a time in
-    Python, to do without SciPy (optuna#5478): at 1,000 trials that loop is most of an ask.
-    SciPy's ``log_ndtr`` is the function Optuna's was ported from, vectorized, and SciPy is a
-    dependency here already; put it in place. Optuna looks the name up at call time."""
-    from optuna.samplers._tpe import _truncnorm
-    from scipy.special import log_ndtr
-
-    if hasattr(_truncnorm, "_log_ndtr"):  # a later Optuna may have renamed or vectorized it
-        _truncnorm._log_ndtr = log_ndtr
+# -- pruners, rebuilt from the saved settings on every resume --------------------------------
 
 
 def pruning_steps(stage: StageSettings, settings: ProbeSettings) -> tuple[int, int]:
