@@ -431,12 +431,18 @@ class StudyRunner:
 
     def _nothing_left_for_me(self, run: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> bool:
         """A worker in the last stage, idle, whose stage only waits on other processes'
-        confirmation runs: nothing it could start there or ahead."""
+        confirmation runs: nothing it could start there or ahead. A run whose process on this
+        host is gone (SIGKILL) is work left: the next heartbeat round queues it again, and
+        this worker may be the last one to take it."""
         from optuna.trial import TrialState
 
+        def work_left(t: "optuna.trial.FrozenTrial") -> bool:
+            if t.state not in (TrialState.RUNNING, TrialState.WAITING):
+                return False
+            return t.user_attrs.get("role") != "rerun" or liveness.owner_is_dead(t.user_attrs.get("owner"))
+
         return (self.leave_at_end and run.ahead_of is None and run.index == len(self.spec.stages) - 1
-                and not any(t.state in (TrialState.RUNNING, TrialState.WAITING) and t.user_attrs.get("role") != "rerun"
-                            for t in trials))
+                and not any(work_left(t) for t in trials))
 
     # -- running ahead into the next stage (issue 7) ---------------------------------------------
     def _run_ahead(self, current: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> None:

@@ -128,3 +128,22 @@ def test_a_worker_whose_run_ahead_is_moved_aside_under_it_stops_cleanly(tmp_path
     assert mine._take_ahead(index, baseline) is None
     lost = optuna.load_study(study_name=f"{real.study.study_name}~lost{ahead.study._study_id}", storage=storage)
     assert {t.state for t in lost.trials} == {TrialState.FAIL}
+
+
+def test_a_worker_stays_while_a_dead_process_s_confirmation_run_looks_alive(tmp_path: Path) -> None:
+    """Right after a SIGKILL the dead process's run still has a fresh heartbeat; on this host
+    its owner is known dead, so the worker does not leave: it will queue that run again."""
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    launcher = make_launcher("sim", tmp_path / "runs", max_concurrent=1)
+    runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space,
+                         leave_at_end=True)  # fmt: skip
+    last = type("LastStageRun", (), {"ahead_of": None, "index": len(spec.stages) - 1})()
+    alive_owner = {"host": socket.gethostname(), "pid": psutil.Process().ppid(),
+                   "started": round(psutil.Process().parent().create_time(), 2)}  # fmt: skip
+
+    def rerun(owner: dict[str, object]) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={"role": "rerun", "owner": owner})
+
+    assert runner._nothing_left_for_me(last, [rerun(alive_owner)])
+    assert not runner._nothing_left_for_me(last, [rerun(alive_owner), rerun(_dead_owner())])
