@@ -539,8 +539,7 @@ class StudyRunner:
             return ahead
         why = f"ran ahead from a leader of {self.spec.stages[ahead.index - 1].name} that did not win"
         for item in ahead.active.values():
-            if item.outcome is None and item.probe.handle is not None:
-                self.launcher.cancel(item.probe.handle)
+            self._cancel_run(item)
         self._vacate(ahead.study, why=why)
         return None
 
@@ -1161,8 +1160,7 @@ class StudyRunner:
 
         for item in active.values():
             try:
-                if item.outcome is None and item.probe.handle is not None:
-                    self.launcher.cancel(item.probe.handle)
+                self._cancel_run(item)
                 frozen = study._storage.get_trial(item.trial._trial_id)
                 if frozen.state == TrialState.RUNNING:
                     study.tell(item.trial, state=TrialState.FAIL)
@@ -1170,6 +1168,11 @@ class StudyRunner:
             except Exception:  # noqa: BLE001 - best effort on the way out; the heartbeat covers the rest
                 logger.exception("could not close trial %d", item.trial.number)
         active.clear()
+
+    def _cancel_run(self, item: ActiveTrial) -> None:
+        """Kill the trial's run if it is still going; the caller closes the trial."""
+        if item.outcome is None and item.probe.handle is not None:
+            self.launcher.cancel(item.probe.handle)
 
     # -- ending -----------------------------------------------------------------------------------
     def _stable(self, trials: list["optuna.trial.FrozenTrial"], stage: StageSettings) -> bool:
