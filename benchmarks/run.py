@@ -142,12 +142,9 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     return result
 
 
-def reference(landscape_name: str, quick: bool) -> tuple[str, dict[str, Any]]:
-    """(the landscape's name, its best reachable η) for the summary."""
-    from launchers.simulator import load_landscape
-
-    spec = demo_spec(landscape_name, quick=False)
-    return load_landscape(landscape_name).name, best_reachable(landscape_name, spec, n_random=60 if quick else 400)
+def reference(landscape_name: str, quick: bool) -> dict[str, Any]:
+    """The landscape's best reachable η, for the summary."""
+    return best_reachable(landscape_name, demo_spec(landscape_name), n_random=60 if quick else 400)
 
 
 # -- one (landscape, method, repetition) ---------------------------------------------------------
@@ -359,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             pending = pool.starmap_async(reference, references, chunksize=1)
             results = pool.map(run_one, tasks, chunksize=1)
-            best = dict(pending.get())
+            best = {names[name]: b for name, b in zip(landscapes, pending.get())}
     else:
-        best = dict(reference(*r) for r in references)
+        best = {names[name]: reference(name, quick) for name, quick in references}
         results = [run_one(t) for t in tasks]
     for r in results:
         r["landscape"] = names[r["landscape"]]
