@@ -944,9 +944,10 @@ class StudyRunner:
 
     def _over_budget(self, study: "optuna.Study", trial: "optuna.trial.Trial", stage: StageSettings) -> bool:
         """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
-        counted trials have a smaller number (numbers are assigned by the database)."""
-        before = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
-        return self._counted(before) >= stage.budget.max_trials
+        counted trials have a smaller number (numbers are assigned by the database). The trial
+        itself is in the count, so that a trial queued again replaces the failure it retries."""
+        up_to_it = [t for t in study.get_trials(deepcopy=False) if t.number <= trial.number]
+        return self._counted(up_to_it) > stage.budget.max_trials
 
     def _release(self, study: "optuna.Study", trial: "optuna.trial.Trial", *, reason: str) -> None:
         """Give back a trial we asked for but could not start (its assignment re-queued)."""

@@ -13,7 +13,7 @@ from optuna.trial import TrialState, create_trial
 from search.console import Console
 from search.driver import StudyRunner
 from search.storage import open_storage
-from search.study_file import load_study
+from search.study_file import Budget, load_study
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -125,3 +125,24 @@ def test_a_leader_within_the_tolerance_is_not_rerun(tmp_path: Path) -> None:
     _scored(study, "candidate", 1.01, 11)
     _scored(study, "rerun", 1.01, 13, rerun_of=study.get_trials(deepcopy=False)[-1].number)
     assert runner._undecided_leader(stage, study.get_trials(deepcopy=False)) == []
+
+
+def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path) -> None:
+    """A stage at its budget whose last candidate died (SIGKILL) and was queued again: the
+    retry fills that candidate's place, and one more fresh candidate would not fit."""
+    from search import liveness
+
+    runner, study = _scored_runner(tmp_path)
+    stage = runner.spec.stages[-2].model_copy(update={"budget": Budget(max_trials=3)})
+    _scored(study, "incumbent", 1.0, 11)
+    _scored(study, "candidate", 1.1, 11)
+    dead = study.ask({"lr": FloatDistribution(1e-7, 1e-5, log=True)})
+    dead.set_user_attr("role", "candidate")
+    study.tell(dead, state=TrialState.FAIL)
+    liveness.requeue(study, study.get_trials(deepcopy=False)[-1], reason="its driver process died")
+
+    retry = study.ask()
+    assert study._storage.get_trial(retry._trial_id).system_attrs["retry_history"] == [dead.number]
+    assert not runner._over_budget(study, retry, stage)
+    study.tell(retry, 1.05)
+    assert runner._over_budget(study, study.ask(), stage)
