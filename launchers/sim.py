@@ -16,6 +16,7 @@ from typing import Mapping
 
 from launchers.base import Clock, LauncherError, RunSpec
 from launchers.local import LocalLauncher
+from launchers.simulator.landscape import LandscapeError, load_landscape
 
 SIMULATOR_COMMAND: tuple[str, ...] = (sys.executable, "-m", "launchers.simulator")
 
@@ -54,8 +55,13 @@ class SimLauncher(LocalLauncher):
     ) -> None:
         if max_concurrent < 1:
             raise LauncherError(f"max_concurrent must be >= 1, but got {max_concurrent}.")
-        if not time_scale > 0:
-            raise LauncherError(f"time_scale must be > 0, but got {time_scale}. It is simulated seconds per real second.")
+        if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or not time_scale > 0:
+            raise LauncherError(f"time_scale must be a number > 0, but got {time_scale!r}. "
+                                "It is simulated seconds per real second.")
+        try:  # here, not in each probe: a misspelled landscape fails the launch, not every run
+            load_landscape(landscape)
+        except LandscapeError as e:
+            raise LauncherError(f"launcher.options.landscape: {e}") from None
         self.time_scale = float(time_scale)
         self.landscape = landscape
         super().__init__(

@@ -102,7 +102,10 @@ def diagnose(
     for kind, pattern in _SIGNATURES:
         match = pattern.search(stderr_tail)
         if match:
-            return Failure(kind, _line_at(stderr_tail, match.start()))
+            evidence = _line_at(stderr_tail, match.start())
+            if evidence.startswith(_HYDRA_WRAPPER):
+                evidence = _cause_after(stderr_tail, match.end()) or evidence
+            return Failure(kind, evidence)
     if exit_code is None:
         # Not exited by itself: the caller stopped it because its metrics stopped coming.
         return Failure(FailureKind.HANG, f"no exit code; last metrics step {last_step} of {expected_steps}")
@@ -127,6 +130,17 @@ def classify(
     """
     failure = diagnose(stderr_tail, exit_code, last_step=last_step, expected_steps=expected_steps)
     return None if failure is None else failure.kind
+
+
+#: Hydra's first line of any failed job: it lists the overrides; the cause comes after it
+_HYDRA_WRAPPER = "Error executing job with overrides"
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|Could not override|Key '[^']+' is not in struct)\b.*", re.MULTILINE)
+
+
+def _cause_after(text: str, index: int) -> str | None:
+    """The last exception line after Hydra's wrapper line (the one that names the cause)."""
+    found = _EXCEPTION_LINE.findall(text, index)
+    return found[-1].strip()[:300] if found else None
 
 
 def _line_at(text: str, index: int) -> str:

@@ -122,5 +122,6 @@ def diagnose(summary: dict[str, Any]) -> str:
     if free is not None and free < MIN_FREE_GB:
         findings.append(f"free GPU memory fell to {free:.1f} GB (< {MIN_FREE_GB:.0f} GB guard)")
     if not findings and util is not None and util < 50:
-        findings.append(f"GPUs idle half the time (mean utilisation {util:.0f}%): try a layout that fits")
+        findings.append(f"GPUs busy under half the time (mean utilisation {util:.0f}%): tune the layout "
+                        "(the systems stage: rollout TP, micro-batches, memory share)")
     return "; ".join(findings) or "balanced"

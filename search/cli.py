@@ -21,12 +21,17 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Staged, noise-aware hyperparameter search for verl (GRPO/PPO) runs.",
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # joins a docstring's wrapped lines in the command list
 )
 
-StorageOption = typer.Option(None, "--storage", help="Study database URL (default: the SQLite file beside the study file, or $VERL_SWEEP_STORAGE).")
+StorageOption = typer.Option(None, "--storage", help="Study database URL (default: the study file's storage, else NAME.db beside the study file).")
+#: for the commands that take a study name: default_storage_for's order
+NamedStorageOption = typer.Option(None, "--storage", help="Study database URL (default: $VERL_SWEEP_STORAGE, else NAME.db here or in studies/).")
 DebugOption = typer.Option(False, "--debug", help="Show tracebacks for errors.")
 
 _debug = False
+#: "NAME [--storage URL]" of the study this command works on, for the hints it prints
+_study_args = ""
 
 
 def _fail(error: BaseException) -> None:
@@ -52,7 +57,8 @@ def _guard(action: Callable[[], Any]) -> Any:
     except SweepError as e:
         _fail(e)
     except KeyboardInterrupt:
-        print("stopped (Ctrl-C); running trials were queued again. Continue with `verl-sweep resume`.", file=sys.stderr)
+        resume = f"verl-sweep resume {_study_args}".strip()
+        print(f"stopped (Ctrl-C); running trials were queued again. Continue with `{resume}`.", file=sys.stderr)
         raise typer.Exit(130)
 
 
@@ -63,6 +69,15 @@ def _setup(debug: bool) -> None:
         level=logging.DEBUG if debug else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def _remember_study(name: str, url: str) -> None:
+    """The study and, unless it is where ``resume NAME`` looks by itself, its storage (password
+    masked), for the commands this one suggests."""
+    from search.storage import default_storage_for
+
+    global _study_args
+    _study_args = name if default_storage_for(name) == url else f"{name} --storage {_masked(url)}"
 
 
 def _open_study(name: str, storage: Optional[str]):  # type: ignore[no-untyped-def]
@@ -76,28 +91,62 @@ def _open_study(name: str, storage: Optional[str]):  # type: ignore[no-untyped-d
             "Pass --storage URL."
         )
     opened = open_storage(url, create=False)
-    return opened, load_spec(opened, name)
+    spec = load_spec(opened, name)
+    _remember_study(name, url)
+    return opened, spec
 
 
-def _make_runner(spec, storage, launcher_kind: Optional[str], quiet: bool = False,  # type: ignore[no-untyped-def]
-                 leave_at_end: bool = False):
+def _make_launcher(spec, kind: Optional[str] = None, runs_dir: Optional[Path] = None):  # type: ignore[no-untyped-def]
+    """The study's launcher (or ``kind``); a launcher that cannot be built (unknown kind, bad
+    option, no GPU here) is bad input."""
     from launchers import LauncherError, make_launcher
+
+    kind = kind or spec.launcher.kind
+    runs_dir = runs_dir or (spec.source_dir or Path.cwd()) / "runs" / spec.name
+    try:
+        return make_launcher(kind, runs_dir, **_launcher_options(spec, kind))
+    except LauncherError as e:
+        raise BadInputError(str(e)) from None
+    except TypeError as e:
+        raise BadInputError(f"launcher.options: {e}. See the README's study-file reference.") from None
+
+
+def _launcher_options(spec, kind: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    options = dict(spec.launcher.options)
+    if kind in ("sim", "ray"):
+        options.setdefault("max_concurrent", spec.launcher.max_concurrent)
+    return options
+
+
+def _launcher_problems(spec) -> list[str]:  # type: ignore[no-untyped-def]
+    """What the study's launcher would refuse at ``run``. sim and replay are built (no
+    hardware needed); local and ray need the machine they run on, so only the names of
+    their options are checked here."""
+    import inspect
+    import tempfile
+
+    from launchers import LAUNCHERS
+
+    kind = spec.launcher.kind
+    if kind in ("sim", "replay"):
+        with tempfile.TemporaryDirectory(prefix="vs-validate-") as tmp:
+            try:
+                _make_launcher(spec, runs_dir=Path(tmp)).close()
+            except BadInputError as e:
+                return [str(e)]
+        return []
+    try:
+        inspect.signature(LAUNCHERS[kind]).bind(Path("runs"), **_launcher_options(spec, kind))
+    except (KeyError, TypeError) as e:
+        return [f"launcher.options: {e}. See the README's study-file reference."]
+    return []
+
+
+def _make_runner(spec, storage, launcher, quiet: bool = False, leave_at_end: bool = False):  # type: ignore[no-untyped-def]
     from search.console import Console
     from search.driver import StudyRunner
     from spaces import build_space
 
-    kind = launcher_kind or spec.launcher.kind
-    runs_dir = (spec.source_dir or Path.cwd()) / "runs" / spec.name
-    options = dict(spec.launcher.options)
-    if kind in ("sim", "ray"):
-        options.setdefault("max_concurrent", spec.launcher.max_concurrent)
-    try:
-        launcher = make_launcher(kind, runs_dir, **options)
-    except LauncherError as e:
-        # A launcher that cannot be built (unknown kind, bad option, no GPU here) is bad input.
-        raise BadInputError(str(e)) from None
-    except TypeError as e:
-        raise BadInputError(f"launcher.options: {e}. See the README's study-file reference.") from None
     return StudyRunner(spec, storage, launcher, console=Console(quiet=quiet), build_space=build_space,
                        leave_at_end=leave_at_end)
 
@@ -120,7 +169,7 @@ def _print_summary(spec, storage) -> None:  # type: ignore[no-untyped-def]
     results = finished_results(storage, spec)
     for r in results:
         print(f"  {r.stage}: {r.decision}")
-    print(f"Export the winner: verl-sweep export {spec.name} -o best.yaml")
+    print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
 
 
 @app.command()
@@ -147,11 +196,14 @@ def run(
 
         if launcher is not None and launcher not in ("sim", "local", "ray", "replay"):
             raise BadInputError(f"--launcher must be one of sim, local, ray, replay, but got {launcher!r}.")
-        runner_factory = _make_runner  # build the launcher before touching the database
+        # The launcher first: a study whose options cannot work must not be stored (its
+        # stored definition would then refuse the corrected file).
+        built = _make_launcher(spec, launcher)
         url = storage or spec.storage_url()
         opened = open_storage(url)
         save_spec(opened, spec)
-        runner = runner_factory(spec, opened, launcher)
+        _remember_study(spec.name, url)
+        runner = _make_runner(spec, opened, built)
         print(f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")
         _run_with_signals(runner)
         print(f"study {spec.name} finished.")
@@ -163,7 +215,7 @@ def run(
 @app.command()
 def resume(
     name: str = typer.Argument(..., help="Study name."),
-    storage: Optional[str] = StorageOption,
+    storage: Optional[str] = NamedStorageOption,
     launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
     debug: bool = DebugOption,
 ) -> None:
@@ -173,7 +225,7 @@ def resume(
 
     def action() -> None:
         opened, spec = _open_study(name, storage)
-        runner = _make_runner(spec, opened, launcher)
+        runner = _make_runner(spec, opened, _make_launcher(spec, launcher))
         print(f"resuming study {spec.name}")
         _run_with_signals(runner)
         print(f"study {spec.name} finished.")
@@ -185,7 +237,7 @@ def resume(
 @app.command()
 def worker(
     name: str = typer.Argument(..., help="Study name."),
-    storage: Optional[str] = StorageOption,
+    storage: Optional[str] = NamedStorageOption,
     launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
     debug: bool = DebugOption,
 ) -> None:
@@ -201,7 +253,7 @@ def worker(
                 "trial (two workers could take the same one). Put the study in PostgreSQL (README: cluster "
                 "guide), or run one driver with a larger launcher.max_concurrent on this machine."
             )
-        runner = _make_runner(spec, opened, launcher, leave_at_end=True)
+        runner = _make_runner(spec, opened, _make_launcher(spec, launcher), leave_at_end=True)
         print(f"worker joined study {spec.name}")
         _run_with_signals(runner)
         if runner.left:
@@ -215,7 +267,7 @@ def worker(
 @app.command()
 def status(
     name: str = typer.Argument(..., help="Study name."),
-    storage: Optional[str] = StorageOption,
+    storage: Optional[str] = NamedStorageOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     debug: bool = DebugOption,
 ) -> None:
@@ -295,7 +347,7 @@ def export(
     name: str = typer.Argument(..., help="Study name."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="File to write (default: stdout)."),
     fmt: str = typer.Option("yaml", "--format", help="yaml (a --config-name file), overrides, command or json."),
-    storage: Optional[str] = StorageOption,
+    storage: Optional[str] = NamedStorageOption,
     debug: bool = DebugOption,
 ) -> None:
     """Export the best config: YAML that verl composes, or an override list."""
@@ -312,8 +364,11 @@ def export(
         if not results:
             raise BadInputError(f"study {name!r} has no finished stage yet; nothing to export.")
         config = results[-1].config
+        if fmt == "yaml" and output is not None and output.suffix != ".yaml":
+            raise BadInputError(f"-o {output}: Hydra finds a --config-name only in a .yaml file; "
+                                f"use -o {output.with_suffix('.yaml')}.")
         if len(results) < len(spec.stages):
-            print(f"warning: only {len(results)} of {len(spec.stages)} stages are finished; "
+            print(f"warning: the study is not finished ({len(results)} of {len(spec.stages)} stages); "
                   "exporting the best config so far.", file=sys.stderr)
         config_name = output.stem if output else "best"
         text = exporter.render(spec, results, config, fmt, config_name=config_name)
@@ -331,7 +386,7 @@ def export(
 def report(
     name: str = typer.Argument(..., help="Study name."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write."),
-    storage: Optional[str] = StorageOption,
+    storage: Optional[str] = NamedStorageOption,
     debug: bool = DebugOption,
 ) -> None:
     """Write one self-contained HTML report (opens offline): η per trial, best-so-far against
@@ -362,6 +417,7 @@ def validate(
 
         spec = load_study(study_file)
         problems, lines = validate_study(spec)
+        problems += _launcher_problems(spec)
         for line in lines:
             print(line)
         if problems:

@@ -19,11 +19,14 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState, create_trial
 
 from launchers.base import Launcher, LauncherError, NoCapacityError, RunSpec
 from objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
-from objectives.score import Score, combine, eta as eta_of
+from objectives.score import Eta, Score, combine, eta as eta_of
 from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.console import Console
@@ -35,9 +38,6 @@ from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_
 from spaces import hardware_tag, template_for
 from spaces.base import Space, SpaceError
 from spaces.overrides import Config, merge, to_overrides
-
-if TYPE_CHECKING:
-    import optuna
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,9 @@ def stage_study_name(spec: StudySpec, stage: StageSettings) -> str:
     return f"{spec.name}.{stage.name}"
 
 
-def save_spec(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> None:
+def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> None:
     """Create the root study holding the study definition; refuse a different definition
     under the same name (that would mix two experiments in one database)."""
-    import optuna
 
     data = spec_to_dict(spec)
     try:
@@ -76,16 +75,27 @@ def save_spec(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> None:
             f"the database already has an Optuna study named {spec.name!r} that verl-sweep did not "
             "create. Pick another study name or another --storage."
         )
-    comparable = {k: v for k, v in stored.items() if k != "source_dir"}
-    if comparable != {k: v for k, v in data.items() if k != "source_dir"}:
+    changed = _differences({k: v for k, v in stored.items() if k != "source_dir"},
+                           {k: v for k, v in data.items() if k != "source_dir"})
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise BadInputError(
-            f"study {spec.name!r} already exists in this database with a different definition. "
-            f"Run `verl-sweep resume {spec.name}` to continue it, or rename the study."
+            f"study {spec.name!r} already exists in this database with a different definition ({shown} "
+            f"changed). Run `verl-sweep resume {spec.name}` to continue it as stored, or rename the study."
         )
 
 
-def load_spec(storage: "optuna.storages.BaseStorage", name: str) -> StudySpec:
-    import optuna
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    """Field paths where two study definitions differ, e.g. ``stages[1].budget.max_trials``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for key in sorted(old.keys() | new.keys(), key=str)
+                for d in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _differences(a, b, f"{path}[{i}]")]
+    return [] if old == new else [path or "(the whole definition)"]
+
+
+def load_spec(storage: optuna.storages.BaseStorage, name: str) -> StudySpec:
 
     try:
         root = optuna.load_study(study_name=name, storage=storage)
@@ -115,8 +125,7 @@ def pruning_steps(stage: StageSettings, settings: ProbeSettings) -> tuple[int, i
     return stage.pruner.interval_steps, stage.pruner.warmup_steps
 
 
-def build_pruner(stage: StageSettings, settings: ProbeSettings) -> "optuna.pruners.BasePruner":
-    import optuna
+def build_pruner(stage: StageSettings, settings: ProbeSettings) -> optuna.pruners.BasePruner:
 
     p = stage.pruner
     _, warmup = pruning_steps(stage, settings)
@@ -141,7 +150,7 @@ def build_pruner(stage: StageSettings, settings: ProbeSettings) -> "optuna.prune
 
 @dataclasses.dataclass
 class ActiveTrial:
-    trial: "optuna.trial.Trial"
+    trial: optuna.trial.Trial
     probe: Probe
     role: str
     seed: int
@@ -171,7 +180,7 @@ class StudyRunner:
     def __init__(
         self,
         spec: StudySpec,
-        storage: "optuna.storages.RDBStorage",
+        storage: optuna.storages.RDBStorage,
         launcher: Launcher,
         *,
         console: Console,
@@ -200,7 +209,6 @@ class StudyRunner:
 
     def run(self) -> Config:
         """Run every stage not yet finished; returns the final config."""
-        import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         base = self.spec.baseline_config()
@@ -219,7 +227,6 @@ class StudyRunner:
         return base
 
     def stage_result(self, stage: StageSettings) -> StageResult | None:
-        import optuna
 
         try:
             study = optuna.load_study(study_name=stage_study_name(self.spec, stage), storage=self.storage)
@@ -230,8 +237,7 @@ class StudyRunner:
 
     # -- one stage ------------------------------------------------------------------------------
     def _open_stage(self, stage: StageSettings, base: Config, settings: ProbeSettings, *,
-                    ahead_of: str | None = None) -> tuple["optuna.Study", bool] | None:
-        import optuna
+                    ahead_of: str | None = None) -> tuple[optuna.Study, bool] | None:
 
         name = stage_study_name(self.spec, stage)
         created = False
@@ -347,7 +353,7 @@ class StudyRunner:
         if opened is None:
             return None
         study, created = opened
-        carried: list["optuna.trial.FrozenTrial"] = []
+        carried: list[optuna.trial.FrozenTrial] = []
         if created:
             carried = self._enqueue_initial(study, stage, space, base,
                                             carried=self._earlier_runs(index, base, probe_steps))
@@ -368,7 +374,6 @@ class StudyRunner:
     def _iterate(self, run: "_StageRun", *, may_start_more: bool = True) -> bool:
         """One pass of the stage loop; True when the stage is over (for every worker).
         ``may_start_more`` False: follow the runs in flight, start nothing new."""
-        import optuna
 
         study, stage, active, loop = run.study, run.stage, run.active, run.loop
         wall_used = loop.used(self.launcher.clock())
@@ -429,14 +434,13 @@ class StudyRunner:
             loop.last_saved = now
         return False
 
-    def _nothing_left_for_me(self, run: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> bool:
+    def _nothing_left_for_me(self, run: "_StageRun", trials: list[optuna.trial.FrozenTrial]) -> bool:
         """A worker in the last stage, idle, whose stage only waits on other processes'
         confirmation runs: nothing it could start there or ahead. A run whose process on this
         host is gone (SIGKILL) is work left: the next heartbeat round queues it again, and
         this worker may be the last one to take it."""
-        from optuna.trial import TrialState
 
-        def work_left(t: "optuna.trial.FrozenTrial") -> bool:
+        def work_left(t: optuna.trial.FrozenTrial) -> bool:
             if t.state not in (TrialState.RUNNING, TrialState.WAITING):
                 return False
             return t.user_attrs.get("role") != "rerun" or liveness.owner_is_dead(t.user_attrs.get("owner"))
@@ -445,7 +449,7 @@ class StudyRunner:
                 and not any(work_left(t) for t in trials))
 
     # -- running ahead into the next stage (issue 7) ---------------------------------------------
-    def _run_ahead(self, current: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> None:
+    def _run_ahead(self, current: "_StageRun", trials: list[optuna.trial.FrozenTrial]) -> None:
         """Idle while other workers finish ``current``, with nothing of it to re-run: run the
         next stage from the current leader (the config ``_decide`` would pick if the leader
         holds up). Follows those runs until this worker has none left, ``current`` is
@@ -453,7 +457,6 @@ class StudyRunner:
         confirmation): then back to ``current``. The runs count only if the leader wins; if
         another config wins they are closed as wasted and the study is moved aside
         (``_vacate``), so the winner's stage starts from a clean study under its own name."""
-        from optuna.trial import TrialState
 
         if current.ahead_of is not None or current.index + 1 >= len(self.spec.stages):
             return  # one stage ahead at most
@@ -484,7 +487,7 @@ class StudyRunner:
                 return
             self.launcher.wait(self.poll_interval_s)
 
-    def _leading_config(self, stage: StageSettings, trials: list["optuna.trial.FrozenTrial"],
+    def _leading_config(self, stage: StageSettings, trials: list[optuna.trial.FrozenTrial],
                         base: Config) -> Config | None:
         """The config this stage would choose if its leader held up: the leading candidate
         (by η over the runs it has so far, confirmed or not: the top ones are all confirmed
@@ -498,14 +501,13 @@ class StudyRunner:
             return None
         return merge(base, dict(leader[1].user_attrs.get("overrides", {}))) if leader else base
 
-    def _enqueue_early_confirmation(self, run: "_StageRun", trials: list["optuna.trial.FrozenTrial"]) -> bool:
+    def _enqueue_early_confirmation(self, run: "_StageRun", trials: list[optuna.trial.FrozenTrial]) -> bool:
         """Idle, with nothing finished to re-run: queue the confirmation of the running
         candidate with the best running η above the tolerance, past the pruner's warm-up (no
         re-run yet, a fresh seed left). It is the one a finished leader would need anyway;
         started now, the stage does not wait a whole probe for it after the first run ends.
         If the first run is pruned after all, the re-run is stopped
         (``_stop_runs_that_no_longer_count``)."""
-        from optuna.trial import TrialState
 
         study, stage = run.study, run.stage
         if stage.confirm_top == 0:
@@ -552,7 +554,7 @@ class StudyRunner:
             # Moved aside meanwhile: what _abandon queued again there must not stay queued.
             self._vacate(ahead.study, why="its leader did not win")
 
-    def _vacate(self, study: "optuna.Study", *, why: str) -> None:
+    def _vacate(self, study: optuna.Study, *, why: str) -> None:
         """Move aside a stage study opened ahead from a leader that lost: close its queued and
         running trials (as wasted, never queued again; a dead owner's run is cleaned up) and
         rename it ``<name>~lost<id>``, so the stage opens afresh under its own name while the
@@ -561,7 +563,6 @@ class StudyRunner:
         import sqlalchemy as sa
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.storages._rdb.models import StudyModel
-        from optuna.trial import TrialState
 
         for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
             try:
@@ -579,10 +580,9 @@ class StudyRunner:
         if renamed:
             self.console.note(f"{name}: closed the runs started ahead ({why}); kept as {lost}")
 
-    def _record_result(self, study: "optuna.Study", stage: StageSettings, base: Config, loop: "_LoopClock") -> StageResult:
+    def _record_result(self, study: optuna.Study, stage: StageSettings, base: Config, loop: "_LoopClock") -> StageResult:
         """Decide once: the first worker to finish the stage stores the result; the others
         (and every later resume) read the stored one, so the chain is the same for all."""
-        import optuna
 
         stored = optuna.load_study(study_name=study.study_name, storage=self.storage).user_attrs.get("result")
         if stored is not None:
@@ -593,10 +593,9 @@ class StudyRunner:
         return result
 
     # -- starting ---------------------------------------------------------------------------------
-    def _wait_initialized(self, study: "optuna.Study", timeout_s: float = 60.0) -> None:
+    def _wait_initialized(self, study: optuna.Study, timeout_s: float = 60.0) -> None:
         """Another worker created the stage: wait until it has queued the stage's first trials,
         or a fresh trial could take a place in the budget before them."""
-        import optuna
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -604,12 +603,10 @@ class StudyRunner:
                 return
             time.sleep(0.5)
 
-    def _earlier_runs(self, index: int, base: Config, probe_steps: int) -> dict[int, "optuna.trial.FrozenTrial"]:
+    def _earlier_runs(self, index: int, base: Config, probe_steps: int) -> dict[int, optuna.trial.FrozenTrial]:
         """Finished runs of the previous stage that are this stage's incumbent runs already:
         the same config, seed and probe length (a stage that kept its incumbent, or the
         winner's own runs), by seed."""
-        import optuna
-        from optuna.trial import TrialState
 
         if index == 0:
             return {}
@@ -628,8 +625,8 @@ class StudyRunner:
                 runs.setdefault(int(t.user_attrs["seed"]), t)
         return runs
 
-    def _enqueue_initial(self, study: "optuna.Study", stage: StageSettings, space: Space, base: Config,
-                         carried: dict[int, "optuna.trial.FrozenTrial"] | None = None) -> list["optuna.trial.FrozenTrial"]:
+    def _enqueue_initial(self, study: optuna.Study, stage: StageSettings, space: Space, base: Config,
+                         carried: dict[int, optuna.trial.FrozenTrial] | None = None) -> list[optuna.trial.FrozenTrial]:
         """The stage's first trials: the incumbent (repeated), starting points, a template.
         An incumbent run the previous stage already made (``carried``) is copied, not re-run;
         returns the copies."""
@@ -663,19 +660,17 @@ class StudyRunner:
                 )
         return copies
 
-    def _add_carried(self, study: "optuna.Study", space: Space, base: Config, params: dict[str, Any],
-                     source: "optuna.trial.FrozenTrial", scores: list[Score]) -> None:
+    def _add_carried(self, study: optuna.Study, space: Space, base: Config, params: dict[str, Any],
+                     source: optuna.trial.FrozenTrial, scores: list[Score]) -> None:
         """Store a previous stage's run as a finished incumbent run of this stage: its score,
         curve and intermediate values (the pruner pairs seeds on them), no GPU time of its own."""
-        import optuna
-        from optuna.trial import TrialState, create_trial
 
         fixed = optuna.trial.FixedTrial(params)
         if params:
             space.suggest(fixed, base)  # the parameters' distributions, for the sampler
         e = eta_of(scores[-1], scores)
         attrs = {k: v for k, v in source.user_attrs.items()
-                 if k not in ("owner", "rerun_of", "extra", "idle_fill", "origin")}
+                 if k not in ("owner", "rerun_of", "extra", "idle_fill", "origin", "requeued_because")}
         attrs.update(role="incumbent", overrides={}, eta=e.value, eta_interval=[e.low, e.high],
                      carried_from=source.user_attrs.get("run_id", f"trial {source.number}"),
                      probe={**source.user_attrs.get("probe", {}), "gpu_time_s": 0.0})
@@ -685,7 +680,7 @@ class StudyRunner:
             intermediate_values=dict(source.intermediate_values),
         ))
 
-    def _counted(self, trials: list["optuna.trial.FrozenTrial"]) -> int:
+    def _counted(self, trials: list[optuna.trial.FrozenTrial]) -> int:
         """Trials that use the stage's search budget: all but failures that were queued again
         and the confirmation re-runs (which come on top, at most ``confirm_top``)."""
         requeued = liveness.requeued_numbers(trials)
@@ -693,7 +688,7 @@ class StudyRunner:
                    if t.number not in requeued and t.user_attrs.get("role") not in ("rerun", "skipped"))
 
     def _enqueue_confirmations(
-        self, study: "optuna.Study", stage: StageSettings, trials: list["optuna.trial.FrozenTrial"], *, extra: bool
+        self, study: optuna.Study, stage: StageSettings, trials: list[optuna.trial.FrozenTrial], *, extra: bool
     ) -> bool:
         """Queue re-runs of the top candidates on fresh seeds; False when there is nothing to
         queue. Required: one re-run of each of the top ``confirm_top`` that has none. Extra
@@ -701,7 +696,6 @@ class StudyRunner:
         more re-run of the least-confirmed top candidate that has a fresh seed left, only
         while the stage is expected to wait for its other probes anyway (``_worth_waiting``,
         checked again when it starts: ``idle_fill``)."""
-        from optuna.trial import TrialState
 
         idle_fill = extra
         if stage.confirm_top == 0:
@@ -712,7 +706,7 @@ class StudyRunner:
             if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate" and t.value is not None
             and not _infeasible(t) and float(t.value) > 1.0
         ]
-        top: list["optuna.trial.FrozenTrial"] = []
+        top: list[optuna.trial.FrozenTrial] = []
         for t in sorted(done, key=lambda t: float(t.value), reverse=True):  # type: ignore[arg-type]
             # A point the sampler proposed twice is one candidate: confirm it once.
             if len(top) < stage.confirm_top and all(t.params != other.params for other in top):
@@ -740,14 +734,13 @@ class StudyRunner:
         return bool(targets)
 
     def _undecided_leader(self, stage: StageSettings,
-                          trials: list["optuna.trial.FrozenTrial"]) -> list["optuna.trial.FrozenTrial"]:
+                          trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
         """The would-be winner, when its runs so far neither clear the tolerance nor fall
         within it (η above 1 + tolerance, interval reaching it) and it may run again: one more
         fresh seed decides more than the first runs could. Runs already queued or running count
         towards ``confirm_max_runs``: a worker that would sit idle while another runs the
         leader's re-run starts the next one beside it (one driver, which asks only when all its
         slots are free, runs them one after the other)."""
-        from optuna.trial import TrialState
 
         ranked, _ = _ranked_candidates(trials)
         if not ranked:
@@ -763,12 +756,11 @@ class StudyRunner:
 
     def _may_start(
         self,
-        study: "optuna.Study",
-        trials: list["optuna.trial.FrozenTrial"],
+        study: optuna.Study,
+        trials: list[optuna.trial.FrozenTrial],
         stage: StageSettings,
         active: dict[int, ActiveTrial],
     ) -> bool:
-        from optuna.trial import TrialState
 
         if any(t.state == TrialState.WAITING for t in trials):
             return True  # queued work (incumbents, re-queued trials) is already inside the budget
@@ -776,14 +768,12 @@ class StudyRunner:
             return False
         return not self._stable(trials, stage)
 
-    def _waiting_on_others(self, trials: list["optuna.trial.FrozenTrial"], active: dict[int, ActiveTrial]) -> bool:
+    def _waiting_on_others(self, trials: list[optuna.trial.FrozenTrial], active: dict[int, ActiveTrial]) -> bool:
         """Trials RUNNING in other processes (workers) that this stage's result needs."""
-        from optuna.trial import TrialState
 
         return any(t.state == TrialState.RUNNING and t.number not in active for t in trials)
 
     def _start_trial(self, run: "_StageRun") -> bool:
-        import optuna
 
         study = run.study
         trial = study.ask()
@@ -803,12 +793,12 @@ class StudyRunner:
                     logger.warning("could not release trial %d", trial.number, exc_info=True)
             raise
 
-    def _start_asked(self, run: "_StageRun", trial: "optuna.trial.Trial") -> bool:
+    def _start_asked(self, run: "_StageRun", trial: optuna.trial.Trial) -> bool:
         study, stage, space, base, settings, active = run.study, run.stage, run.space, run.base, run.settings, run.active
         if trial.user_attrs.get("role", "candidate") == "candidate" and self._over_budget(study, trial, stage):
             # Another worker took the last place in the budget between our count and ask.
             trial.set_user_attr("role", "skipped")
-            trial.set_user_attr("reason", "over budget: other workers filled the stage first")
+            trial.set_user_attr("reason", "over budget: the stage's budget was used up before this trial could start")
             study.tell(trial, state=_fail_state())
             return False
         role = trial.user_attrs.get("role", "candidate")
@@ -868,10 +858,9 @@ class StudyRunner:
         self.console.trial_started(stage.name, trial.number, role, overrides)
         return True
 
-    def _unused_seed(self, study: "optuna.Study", trial: "optuna.trial.Trial", seed: int) -> int:
+    def _unused_seed(self, study: optuna.Study, trial: optuna.trial.Trial, seed: int) -> int:
         """A sampler that proposes a point already measured gets a fresh seed for it, so the
         probe is an independent replicate instead of an exact (deterministic) repeat."""
-        from optuna.trial import TrialState
 
         params = study._storage.get_trial(trial._trial_id).params
         if not params:
@@ -881,7 +870,7 @@ class StudyRunner:
                 and t.state != TrialState.FAIL}
         return next((s for s in self.spec.seeds if s not in used), seed)
 
-    def _rerun_seed(self, study: "optuna.Study", trial: "optuna.trial.Trial") -> int | None:
+    def _rerun_seed(self, study: optuna.Study, trial: optuna.trial.Trial) -> int | None:
         """The seed a queued re-run starts on; None when it is redundant. Workers that queue
         confirmations at the same moment queue the same ones: a required re-run counts only as
         the first required re-run of its trial, and every re-run takes the first fresh seed
@@ -910,11 +899,10 @@ class StudyRunner:
         """Seeds for confirmations: those the incumbent runs did not use."""
         return list(self.spec.seeds[self.spec.probe.incumbent_repeats:] or self.spec.seeds)
 
-    def _unused_fresh_seeds(self, params: dict[str, Any], trials: list["optuna.trial.FrozenTrial"], *,
+    def _unused_fresh_seeds(self, params: dict[str, Any], trials: list[optuna.trial.FrozenTrial], *,
                             before: int | None = None) -> list[int]:
         """Fresh seeds no run of ``params`` has (queued, running or finished; only runs
         numbered below ``before`` when given). A queued trial's parameters are its fixed ones."""
-        from optuna.trial import TrialState
 
         used = {int(t.user_attrs["seed"]) for t in trials
                 if "seed" in t.user_attrs and t.state != TrialState.FAIL
@@ -922,14 +910,13 @@ class StudyRunner:
                 and _point(t) == params}
         return [s for s in self._fresh_seeds() if s not in used]
 
-    def _worth_waiting(self, trials: list["optuna.trial.FrozenTrial"]) -> bool:
+    def _worth_waiting(self, trials: list[optuna.trial.FrozenTrial]) -> bool:
         """True while the stage is expected to wait for other workers' probes for at least
         EXTRA_RERUN_MIN_WAIT of a probe's length (the median of its finished probes): an extra
         re-run started now uses a worker that would sit idle and delays the stage by at most
         the rest of a probe. Start times are the database's (Optuna's ask times)."""
         import datetime
 
-        from optuna.trial import TrialState
 
         lengths = [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials
                    if t.state == TrialState.COMPLETE and t.datetime_start and t.datetime_complete
@@ -942,14 +929,14 @@ class StudyRunner:
                       if t.state == TrialState.RUNNING and t.datetime_start), default=0.0)
         return wait_s >= EXTRA_RERUN_MIN_WAIT * probe_s
 
-    def _over_budget(self, study: "optuna.Study", trial: "optuna.trial.Trial", stage: StageSettings) -> bool:
+    def _over_budget(self, study: optuna.Study, trial: optuna.trial.Trial, stage: StageSettings) -> bool:
         """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
         counted trials have a smaller number (numbers are assigned by the database). The trial
         itself is in the count, so that a trial queued again replaces the failure it retries."""
         up_to_it = [t for t in study.get_trials(deepcopy=False) if t.number <= trial.number]
         return self._counted(up_to_it) > stage.budget.max_trials
 
-    def _release(self, study: "optuna.Study", trial: "optuna.trial.Trial", *, reason: str) -> None:
+    def _release(self, study: optuna.Study, trial: optuna.trial.Trial, *, reason: str) -> None:
         """Give back a trial we asked for but could not start (its assignment re-queued)."""
         frozen = study._storage.get_trial(trial._trial_id)
         if frozen.state.is_finished():
@@ -958,7 +945,7 @@ class StudyRunner:
         liveness.requeue(study, frozen, reason=reason)
 
     def _adopt_or_close_orphans(
-        self, study: "optuna.Study", stage: StageSettings, settings: ProbeSettings, active: dict[int, ActiveTrial]
+        self, study: optuna.Study, stage: StageSettings, settings: ProbeSettings, active: dict[int, ActiveTrial]
     ) -> None:
         """Trials a dead driver left RUNNING: follow their run again where the launcher can
         re-attach (a Ray job outlives its submitter), else close them, kill what their run
@@ -999,7 +986,7 @@ class StudyRunner:
 
     # -- following --------------------------------------------------------------------------------
     def _poll_active(
-        self, study: "optuna.Study", stage: StageSettings, settings: ProbeSettings, active: dict[int, ActiveTrial]
+        self, study: optuna.Study, stage: StageSettings, settings: ProbeSettings, active: dict[int, ActiveTrial]
     ) -> None:
         for item in list(active.values()):
             if item.outcome is not None:
@@ -1012,11 +999,10 @@ class StudyRunner:
             self.console.trial_progress(stage.name, item.trial.number, item.probe)
 
     def _stop_runs_that_no_longer_count(self, active: dict[int, ActiveTrial],
-                                        trials: list["optuna.trial.FrozenTrial"]) -> None:
+                                        trials: list[optuna.trial.FrozenTrial]) -> None:
         """Stop this worker's runs whose trial another process closed (a stage run ahead and
         moved aside, a heartbeat that looked stale), and early confirmations whose first run
         was then pruned: their results could no longer count."""
-        from optuna.trial import TrialState
 
         state = {t.number: t.state for t in trials}
         pruned = {t.number for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("role") == "candidate"}
@@ -1029,9 +1015,8 @@ class StudyRunner:
             elif item.role == "rerun" and target is not None and int(target) in pruned:
                 item.outcome = item.probe.stop(ProbeState.STOPPED, reason=f"its first run (trial {target}) was pruned")
 
-    def _report(self, study: "optuna.Study", stage: StageSettings, item: ActiveTrial) -> None:
+    def _report(self, study: optuna.Study, stage: StageSettings, item: ActiveTrial) -> None:
         """Report the running rate every K steps and let the pruner decide (candidates only)."""
-        import optuna
 
         follower = item.probe.follower
         if follower is None or follower.last_step < item.next_report_step:
@@ -1055,9 +1040,8 @@ class StudyRunner:
                 ProbeState.PRUNED, reason=f"pruned at step {step}: running rate {score.rate:.3g} {rule}"
             )
 
-    def _incumbent_scores(self, trials: list["optuna.trial.FrozenTrial"]) -> tuple[list[Score], bool]:
+    def _incumbent_scores(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[list[Score], bool]:
         """Scores of the incumbent runs told so far, and whether all of them are told."""
-        from optuna.trial import TrialState
 
         requeued = liveness.requeued_numbers(trials)
         # Runs closed as wasted (a stage run ahead and moved aside, _vacate) did not fail.
@@ -1067,20 +1051,21 @@ class StudyRunner:
                   if t.state == TrialState.COMPLETE and "score" in t.user_attrs]
         pending = any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine)
         if not scores and not pending and mine:
+            cause = next((t.user_attrs["reason"] for t in reversed(mine) if t.user_attrs.get("reason")), "no reason recorded")
             raise SweepError(
-                f"every run of the stage's incumbent failed, so no η can be computed. "
-                f"Check the baseline config (see the failed trials with `verl-sweep status {self.spec.name}`)."
+                f"every run of the stage's incumbent failed ({cause}), so no η can be computed. "
+                f"Fix the baseline in the study file and run it under a new name or database; the failed runs are "
+                f"in `verl-sweep status {self.spec.name}`."
             )
         return scores, not pending
 
-    def _tell_finished(self, study: "optuna.Study", active: dict[int, ActiveTrial],
-                       trials: list["optuna.trial.FrozenTrial"]) -> bool:
+    def _tell_finished(self, study: optuna.Study, active: dict[int, ActiveTrial],
+                       trials: list[optuna.trial.FrozenTrial]) -> bool:
         """Tell Optuna every finished probe it can; True when something was told.
 
         Incumbent runs are told at once, with η against the incumbent runs told so far (so
         workers never wait on each other's incumbents); candidates wait until every incumbent
         run is told, then get η against their mean."""
-        import optuna
 
         finished = [item for item in active.values() if item.outcome is not None]
         if not finished:
@@ -1107,8 +1092,7 @@ class StudyRunner:
                 return told  # re-read before telling candidates against the new incumbent set
         return told
 
-    def _tell(self, study: "optuna.Study", item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[Score]) -> None:
-        from optuna.trial import TrialState
+    def _tell(self, study: optuna.Study, item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[Score]) -> None:
 
         trial = item.trial
         trial.set_user_attr("probe", outcome.summary())
@@ -1155,9 +1139,8 @@ class StudyRunner:
                                     reason=outcome.reason + retried, state="failed",
                                     stderr_tail=outcome.stderr_tail)
 
-    def _abandon(self, study: "optuna.Study", active: dict[int, ActiveTrial], *, why: str) -> None:
+    def _abandon(self, study: optuna.Study, active: dict[int, ActiveTrial], *, why: str) -> None:
         """Stop this process's runs and queue their trials again (Ctrl-C, SIGTERM, an error)."""
-        from optuna.trial import TrialState
 
         for item in active.values():
             try:
@@ -1176,10 +1159,9 @@ class StudyRunner:
             self.launcher.cancel(item.probe.handle)
 
     # -- ending -----------------------------------------------------------------------------------
-    def _stable(self, trials: list["optuna.trial.FrozenTrial"], stage: StageSettings) -> bool:
+    def _stable(self, trials: list[optuna.trial.FrozenTrial], stage: StageSettings) -> bool:
         """The method's stop rule: none of the last N finished candidates beat the best before
         them (the incumbent at first, η = 1) by more than the tolerance."""
-        from optuna.trial import TrialState
 
         done = sorted(
             (t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate"),
@@ -1191,15 +1173,14 @@ class StudyRunner:
         best_before = max([1.0] + [float(t.value) for t in done[:-n] if t.value is not None])
         return all((t.value or 0.0) <= best_before * (1 + stage.stop.tolerance) for t in done[-n:])
 
-    def _decide(self, study: "optuna.Study", stage: StageSettings, base: Config) -> StageResult:
+    def _decide(self, study: optuna.Study, stage: StageSettings, base: Config) -> StageResult:
         """The winner: the best candidate by η over its runs (the first and its re-runs on
         fresh seeds), if it beats the incumbent by more than the tolerance and its interval
         stays clear of the incumbent; otherwise the incumbent is kept."""
-        from optuna.trial import TrialState
 
         trials = study.get_trials(deepcopy=False)
-        incumbent_etas = [float(t.value) for t in trials if t.state == TrialState.COMPLETE
-                          and t.user_attrs.get("role") == "incumbent" and t.value is not None]
+        self._incumbent_scores(trials)  # raises when every incumbent run failed: nothing to compare with
+        incumbent_etas = [e.value for e in incumbent_run_etas(trials).values()]
         keep = StageResult(
             stage=stage.name, winner_trial=None, eta=1.0,
             eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
@@ -1210,20 +1191,21 @@ class StudyRunner:
         if not ranked:
             return dataclasses.replace(keep, decision=f"kept the incumbent: {why_none}")
         (value, low, high, n_runs), best = ranked[0]
+        runs = "1 run" if n_runs == 1 else f"{n_runs} runs"
         threshold = 1 + stage.stop.tolerance
         if value <= threshold:
             return dataclasses.replace(keep, decision=f"kept the incumbent: best η {value:.3f} (trial {best.number}, "
-                                                      f"{n_runs} runs) is within {stage.stop.tolerance:.0%}")
+                                                      f"{runs}) is within {stage.stop.tolerance:.0%}")
         if low <= threshold:
             return dataclasses.replace(
                 keep,
-                decision=f"no significant gain: trial {best.number} has η {value:.3f} over {n_runs} runs, "
+                decision=f"no significant gain: trial {best.number} has η {value:.3f} over {runs}, "
                          f"but its interval [{low:.3f}, {high:.3f}] reaches {threshold:.2f}",
             )
         overrides = dict(best.user_attrs.get("overrides", {}))
         return StageResult(
             stage=stage.name, winner_trial=best.number, eta=value, eta_low=low, eta_high=high,
-            decision=f"trial {best.number} beat the incumbent: η {value:.3f} [{low:.3f}, {high:.3f}] over {n_runs} runs",
+            decision=f"trial {best.number} beat the incumbent: η {value:.3f} [{low:.3f}, {high:.3f}] over {runs}",
             config=merge(base, overrides), overrides=overrides,
         )
 
@@ -1237,7 +1219,7 @@ class _StageRun:
     index: int
     stage: StageSettings
     base: Config
-    study: "optuna.Study"
+    study: optuna.Study
     space: Space
     settings: ProbeSettings
     loop: "_LoopClock"
@@ -1274,7 +1256,7 @@ class _LoopClock:
     def used(self, now: float) -> float:
         return self.used_before + now - self.started
 
-    def trials(self, study: "optuna.Study", *, fresh: bool = False) -> list["optuna.trial.FrozenTrial"]:
+    def trials(self, study: optuna.Study, *, fresh: bool = False) -> list[optuna.trial.FrozenTrial]:
         now = time.monotonic()
         if fresh or self.stale or now - self._read_at >= TRIALS_REFRESH_S:
             self._trials = study.get_trials(deepcopy=False)
@@ -1283,12 +1265,12 @@ class _LoopClock:
         return self._trials
 
 
-def _point(trial: "optuna.trial.FrozenTrial") -> dict[str, Any] | None:
+def _point(trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
     """A trial's parameters; for a queued trial (no params yet), the ones it was queued with."""
     return trial.params or trial.system_attrs.get("fixed_params")
 
 
-def _queue_rerun(study: "optuna.Study", of: "optuna.trial.FrozenTrial", seed: int, *, extra: bool,
+def _queue_rerun(study: optuna.Study, of: optuna.trial.FrozenTrial, seed: int, *, extra: bool,
                  idle_fill: bool = False) -> None:
     """Queue a confirmation run of ``of``'s point on ``seed`` (the seed is checked again when
     it starts, ``_rerun_seed``; ``idle_fill`` re-runs also check that the wait is still there)."""
@@ -1296,15 +1278,22 @@ def _queue_rerun(study: "optuna.Study", of: "optuna.trial.FrozenTrial", seed: in
         "role": "rerun", "rerun_of": of.number, "seed": seed, "extra": extra, "idle_fill": idle_fill})
 
 
-def _running_etas(trials: list["optuna.trial.FrozenTrial"]) -> list[tuple[float | None, "optuna.trial.FrozenTrial"]]:
+def incumbent_run_etas(trials: list[optuna.trial.FrozenTrial]) -> dict[int, Eta]:
+    """η of each finished incumbent run against the mean of all of them. (An incumbent run's
+    Optuna value is its η against the runs told before it, which depends on their order.)"""
+    runs = {t.number: Score(**t.user_attrs["score"]) for t in trials if t.state == TrialState.COMPLETE
+            and t.user_attrs.get("role") == "incumbent" and "score" in t.user_attrs}
+    return {number: eta_of(score, list(runs.values())) for number, score in runs.items()}
+
+
+def _running_etas(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[float | None, optuna.trial.FrozenTrial]]:
     """Each queued or running candidate with its running η so far: its last reported running
     rate over the finished incumbent runs' mean at the same step; None before its first
     report."""
-    from optuna.trial import TrialState
 
     curves = [t.intermediate_values for t in trials
               if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "incumbent"]
-    out: list[tuple[float | None, "optuna.trial.FrozenTrial"]] = []
+    out: list[tuple[float | None, optuna.trial.FrozenTrial]] = []
     for t in trials:
         if t.user_attrs.get("role") != "candidate" or t.state not in (TrialState.RUNNING, TrialState.WAITING):
             continue
@@ -1316,13 +1305,12 @@ def _running_etas(trials: list["optuna.trial.FrozenTrial"]) -> list[tuple[float 
 
 
 def _ranked_candidates(
-    trials: list["optuna.trial.FrozenTrial"], *, confirmed_only: bool = True,
-) -> tuple[list[tuple[tuple[float, float, float, int], "optuna.trial.FrozenTrial"]], str]:
+    trials: list[optuna.trial.FrozenTrial], *, confirmed_only: bool = True,
+) -> tuple[list[tuple[tuple[float, float, float, int], optuna.trial.FrozenTrial]], str]:
     """The stage's finished candidates by η (value, low, high, runs), best first, and why
     the list is empty when it is. Confirmed candidates (with re-runs) are judged on the mean of
     all runs of their point; while none has a re-run (or ``confirmed_only`` is False), every
     candidate on the runs it has."""
-    from optuna.trial import TrialState
 
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     incumbents = [Score(**t.user_attrs["score"]) for t in done
@@ -1342,7 +1330,7 @@ def _ranked_candidates(
     if not candidates:
         return [], "no candidate held up on a fresh seed"
 
-    def pooled(t: "optuna.trial.FrozenTrial") -> tuple[float, float, float, int]:
+    def pooled(t: optuna.trial.FrozenTrial) -> tuple[float, float, float, int]:
         # Every run of the same point counts: the sampler may have proposed it twice.
         twins = [c for c in candidates if c.params == t.params]
         scores = [Score(**c.user_attrs["score"]) for c in twins] + [s for c in twins for s in reruns.get(c.number, [])]
@@ -1353,19 +1341,17 @@ def _ranked_candidates(
     return sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True), ""
 
 
-def optuna_trial(study: "optuna.Study", frozen: "optuna.trial.FrozenTrial") -> "optuna.trial.Trial":
+def optuna_trial(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> optuna.trial.Trial:
     """A live handle on a RUNNING trial another process started (to report and tell on it)."""
-    import optuna
 
     return optuna.trial.Trial(study, frozen._trial_id)
 
 
-def _infeasible(trial: "optuna.trial.FrozenTrial") -> bool:
+def _infeasible(trial: optuna.trial.FrozenTrial) -> bool:
     return any(v > 0 for v in (trial.constraints or {}).values()) if hasattr(trial, "constraints") else False
 
 
-def _fail_state() -> "optuna.trial.TrialState":
-    from optuna.trial import TrialState
+def _fail_state() -> TrialState:
 
     return TrialState.FAIL
 

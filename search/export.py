@@ -34,6 +34,10 @@ def header_lines(spec: StudySpec, results: list[StageResult]) -> list[str]:
         f"verl-sweep export of study '{spec.name}' ({spec.algorithm.value}), "
         f"{datetime.date.today().isoformat()}",
     ]
+    done = {r.stage for r in results}
+    if len(done) < len(spec.stages):
+        lines.append(f"PARTIAL: {len(done)} of {len(spec.stages)} stages finished; "
+                     f"not tuned yet: {', '.join(s.name for s in spec.stages if s.name not in done)}")
     for result in results:
         if result.winner_trial is None:
             lines.append(f"stage {result.stage}: {result.decision}")
@@ -74,6 +78,7 @@ def render(spec: StudySpec, results: list[StageResult], base: Config, fmt: str, 
         return shlex.join(["python", "-m", "verl.trainer.main_ppo", *overrides]) + "\n"
     if fmt == "json":
         return json.dumps(
-            {"study": spec.name, "stages": [r.to_attr() for r in results], "config": config}, indent=2
+            {"study": spec.name, "finished": len(results) == len(spec.stages), "stages": [r.to_attr() for r in results],
+             "config": config}, indent=2
         ) + "\n"
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, but got {fmt!r}.")

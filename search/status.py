@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from objectives.metrics import read_all
 from search import liveness
-from search.driver import StageResult, stage_study_name
+from search.driver import StageResult, incumbent_run_etas, stage_study_name
 from search.study_file import StudySpec
 from spaces.overrides import Config
 
@@ -98,7 +98,18 @@ def reason_category(row: dict[str, Any]) -> str:
     return re.sub(r"\s+at step \d+", "", str(text).split(":")[0]).strip() or "unknown"
 
 
-def _trial_row(t: "optuna.trial.FrozenTrial", requeued: set[int]) -> dict[str, Any]:
+def _requeue_reasons(trials: list["optuna.trial.FrozenTrial"]) -> dict[int, str]:
+    """Why each re-queued trial was queued again: the reason is stored on its copy (the copy's
+    ``retry_history`` ends with the number of the trial it replaces)."""
+    reasons = {}
+    for t in trials:
+        history = t.system_attrs.get("retry_history")
+        if history and "requeued_because" in t.user_attrs:
+            reasons[int(history[-1])] = f"requeued: {t.user_attrs['requeued_because']}"
+    return reasons
+
+
+def _trial_row(t: "optuna.trial.FrozenTrial", requeued: dict[int, str]) -> dict[str, Any]:
     interval = t.user_attrs.get("eta_interval")
     probe = t.user_attrs.get("probe", {})
     role = t.user_attrs.get("role", "candidate")
@@ -112,7 +123,8 @@ def _trial_row(t: "optuna.trial.FrozenTrial", requeued: set[int]) -> dict[str, A
         "params": t.user_attrs.get("overrides", {}),
         "eta": t.user_attrs.get("eta"),
         "eta_interval": interval,
-        "reason": t.user_attrs.get("reason") or t.user_attrs.get("requeued_because"),
+        # A copy queued again ran afresh: the reason it was queued belongs to the trial it replaces.
+        "reason": t.user_attrs.get("reason") or requeued.get(t.number),
         "failure_kind": t.user_attrs.get("failure_kind"),
         "requeued": t.number in requeued,
         "carried_from": t.user_attrs.get("carried_from"),
@@ -144,7 +156,13 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
             continue
         trials = study.get_trials(deepcopy=False)
         requeued = liveness.requeued_numbers(trials)
-        rows = [_trial_row(t, requeued) for t in trials]
+        incumbent_etas = incumbent_run_etas(trials)
+        why_requeued = {number: "requeued" for number in requeued} | _requeue_reasons(trials)
+        rows = [_trial_row(t, why_requeued) for t in trials]
+        for row in rows:  # every run of the incumbent against all of them, whichever finished first
+            incumbent_eta = incumbent_etas.get(row["number"])
+            if incumbent_eta is not None:
+                row.update(eta=incumbent_eta.value, eta_interval=[incumbent_eta.low, incumbent_eta.high])
         result = study.user_attrs.get("result")
         counts = collections.Counter(r["state"] for r in rows)
         reasons = collections.Counter(reason_category(r) for r in rows if r["state"] in ("pruned", "fail"))

@@ -93,8 +93,10 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
     if url.startswith("sqlite:///") and not create:
         path = Path(url[len("sqlite:///"):])
         if not path.exists():
+            hint = ("; sqlite:/// takes a relative path, an absolute one needs four slashes: "
+                    f"sqlite:////{path}" if not path.is_absolute() and Path("/", path).exists() else "")
             raise BadInputError(
-                f"no study database at {path}. Pass --storage with the URL the study was run with."
+                f"no study database at {path}{hint}. Pass --storage with the URL the study was run with."
             )
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -163,6 +164,13 @@ class StudySpec(_Strict):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"stage names must be distinct, but got {duplicates} twice")
+        repeats = self.probe.incumbent_repeats
+        for i, stage in enumerate(self.stages):
+            if stage.budget.max_trials <= repeats:
+                raise ValueError(
+                    f"stages[{i}].budget.max_trials: must be more than probe.incumbent_repeats ({repeats}), but got "
+                    f"{stage.budget.max_trials}: the incumbent's runs count in the budget, so no candidate would run"
+                )
         return self
 
     def stage_probe_steps(self, stage: StageSettings, *, speed_only: bool = False) -> int:
@@ -296,7 +304,8 @@ def describe_error(error: Any) -> str:
         return f"{path}: must not be empty, but got {_short(value)}"
     if kind == "value_error":
         message = str(ctx.get("error", error["msg"]))
-        return f"{path}: {message}"
+        # A check across fields (after the model) names its own field path.
+        return message if not error["loc"] and re.match(r"[\w\[\]]+(\.[\w\[\]]+)*: ", message) else f"{path}: {message}"
     return f"{path}: {error['msg']}, but got {_short(value)}"
 
 

@@ -110,13 +110,13 @@ def _fmt(value: float) -> str:
 
 # The method's fixed ranges (BRIEF §2 table; §3 for the memory fraction; §2 health screen for
 # the adaptive controller's target).
-KL_COEF = ParamBound("kl", 0.0005, 0.01, True, "BRIEF/method 'KL 0.0005-0.01'")
-LR = ParamBound("lr", 5e-7, 5e-6, True, "BRIEF/method 'lr 5e-7 - 5e-6'")
-LAM = ParamBound("lam", 0.95, 0.99, False, "BRIEF/method 'λ 0.95-0.99'")
+KL_COEF = ParamBound("kl", 0.0005, 0.01, True, "the method's KL range 0.0005-0.01")
+LR = ParamBound("lr", 5e-7, 5e-6, True, "the method's lr range 5e-7 - 5e-6")
+LAM = ParamBound("lam", 0.95, 0.99, False, "the method's λ range 0.95-0.99")
 GPU_MEMORY_UTILIZATION = ParamBound(
-    "gpu_memory_utilization", 0.3, 0.9, False, "BRIEF/method 'memory fraction 0.3-0.9'"
+    "gpu_memory_utilization", 0.3, 0.9, False, "the method's memory fraction range 0.3-0.9"
 )
-TARGET_KL = ParamBound("target_kl", 0.05, 0.15, False, "BRIEF/method 'healthy KL 0.05-0.15'")
+TARGET_KL = ParamBound("target_kl", 0.05, 0.15, False, "the method's healthy KL 0.05-0.15")
 KL_HORIZON = ParamBound("horizon", 1000, 20000, True, "verl kl_ctrl.horizon must be > 0 (default 10000)", True)
 MINI_BATCH_FRACTION = 0.25
 
@@ -137,7 +137,7 @@ def mini_batch_bound(baseline: int) -> ParamBound:
         math.ceil(baseline * (1 - MINI_BATCH_FRACTION)),
         math.floor(baseline * (1 + MINI_BATCH_FRACTION)),
         False,
-        f"BRIEF/method 'mini-batch baseline ±25%' (baseline {baseline})",
+        f"the method's mini-batch baseline ±25% (baseline {baseline})",
         is_int=True,
     )
 
@@ -151,5 +151,5 @@ def token_budget_bound(floor: int, ceiling: int, arithmetic: str) -> ParamBound:
             "rollout TP, or shorter sequences."
         )
     return ParamBound(
-        "token_budget", floor, ceiling, True, f"BRIEF/method 'token budget ≤ memory bound' ({arithmetic})", True
+        "token_budget", floor, ceiling, True, f"the method's token budget ≤ memory bound ({arithmetic})", True
     )

@@ -91,6 +91,15 @@ STUDY_CASES: list[tuple[str, Change, str]] = [
     ("unknown space option", _set("stages/0/params", {"hgih": 1e-6}), r"hgih"),
     ("multivariate random", _set("stages/0/sampler", {"name": "random", "multivariate": True}),
      r"stages\[0\]\.sampler: multivariate applies to the tpe sampler only"),
+    ("budget holds only the incumbent", _set("stages/0/budget/max_trials", 1),
+     r"^error: tiny\.yaml: stages\[0\]\.budget\.max_trials: must be more than probe\.incumbent_repeats \(1\), but got 1"),
+    # launcher options are checked before a database exists (a stored bad definition could not be fixed)
+    ("launcher option misspelled", _set("launcher", {"kind": "sim", "options": {"time_scal": 5}}),
+     r"launcher\.options: .*unexpected keyword argument 'time_scal'"),
+    ("launcher option wrong type", _set("launcher", {"kind": "sim", "options": {"time_scale": "fast"}}),
+     r"time_scale must be a number > 0, but got 'fast'"),
+    ("landscape misspelled", _set("launcher", {"kind": "sim", "options": {"landscape": "defualt"}}),
+     r"launcher\.options\.landscape: landscape must be a file or one of \[.*'default'.*\], but got 'defualt'"),
 ]
 
 RAW_FILES: list[tuple[str, bytes, str]] = [
@@ -161,8 +170,28 @@ def test_changed_definition_under_same_name_is_refused(study_db: Path) -> None:
     path = write_study(study_db.parent, data, "tiny-changed.yaml")
     result = cli("run", str(path), "--storage", f"sqlite:///{study_db}", cwd=study_db.parent)
     assert result.returncode == 2
-    assert re.search(r"study 'tiny' already exists in this database with a different definition", result.stderr)
+    assert re.search(r"study 'tiny' already exists in this database with a different definition "
+                     r"\(baseline\.actor_rollout_ref\.actor\.optim\.lr changed\)", result.stderr), result.stderr
     assert _fingerprint(study_db) == before
+
+
+def test_a_baseline_every_run_of_which_fails_stops_the_study_and_names_the_cause(tmp_path: Path) -> None:
+    """Not a finished study with the untested baseline as its winner: exit 1, the cause named."""
+    from launchers.simulator.config import verl_config_path
+
+    if verl_config_path() is None:
+        pytest.skip("key checks need verl's config files")
+    data = _tiny()
+    data["baseline"]["actor_rollout_ref.actor.no_such_knob"] = 1  # passes the study checks, fails in verl
+    path = write_study(tmp_path, data, "tiny.yaml")
+    result = cli("run", str(path), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout[-1000:] + result.stderr[-1000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and re.search(r"every run of the stage's incumbent failed \(config_error: Key "
+                                          r"'no_such_knob' is not in struct\)", errors[0]), errors
+    assert "finished" not in result.stdout
+    export = cli("export", "tiny", cwd=tmp_path)
+    assert export.returncode == 2 and "no finished stage" in export.stderr
 
 
 def test_override_values_cannot_smuggle_keys_or_shell(tmp_path: Path) -> None:

@@ -57,6 +57,18 @@ def test_diagnose_names_the_evidence_line() -> None:
     assert failure is not None and failure.evidence.startswith("torch.OutOfMemoryError")
 
 
+def test_a_hydra_failure_names_its_cause_not_the_override_list() -> None:
+    # Hydra's first line lists every override (hundreds of characters); the cause comes last.
+    failure = diagnose(CONFIG, 1, last_step=0, expected_steps=500)
+    assert failure is not None and failure.evidence == "Key 'ppo_mini_batch_sise' is not in struct"
+    sim = ("Error executing job with overrides: ['a=1', 'b=2']\n"
+           "LandscapeError: landscape must be a file or one of ['default'], but got 'defualt'.\n")
+    failure = diagnose(sim, 1, last_step=0, expected_steps=500)
+    assert failure is not None and failure.evidence.startswith("LandscapeError: landscape must be")
+    bare = diagnose("Error executing job with overrides: ['a=1']\n", 1, last_step=0, expected_steps=500)
+    assert bare is not None and bare.evidence.startswith("Error executing job")
+
+
 def test_tail_reads_only_the_end(tmp_path: Path) -> None:
     path = tmp_path / "stderr.log"
     assert tail(path) == ""

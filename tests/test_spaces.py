@@ -60,7 +60,7 @@ def test_unknown_option_is_rejected() -> None:
 def test_widening_needs_unsafe_and_warns(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(
         SpaceError,
-        match=r"^stages\[2\]\.params\.high: must be ≤ 0\.01 \(safe bound: BRIEF/method 'KL 0\.0005-0\.01'\), "
+        match=r"^stages\[2\]\.params\.high: must be ≤ 0\.01 \(safe bound: the method's KL range 0\.0005-0\.01\), "
         r"but got 0\.05\. Narrow it, or set unsafe: true on this parameter\.$",
     ):
         build_space("kl", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=GRPO_BASE,

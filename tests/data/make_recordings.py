@@ -9,7 +9,6 @@ Values follow a GRPO run on a small model: a saturating reward, noisy per-step t
 
 from __future__ import annotations
 
-import math
 import numbers
 import pprint
 from pathlib import Path
@@ -66,7 +65,7 @@ def main() -> None:
         lines.append(orjson.dumps({"step": step, "data": data}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         console.append(f"(TaskRunnerV1 pid=4321) {concat_dict_to_str(data, step)}")
         if step % 25 == 0:
-            console.append(f"(WorkerDict pid=5001) WARN: grad_norm is not finite: nan")
+            console.append("(WorkerDict pid=5001) WARN: grad_norm is not finite: nan")
             console.append("Training Progress:  12%|█▏        | 25/200 [05:50<40:50, 14.00s/it]")
     (HERE / "metrics_grpo.jsonl").write_bytes(b"".join(lines))
     (HERE / "console_grpo.log").write_text("\n".join(console) + "\n")
