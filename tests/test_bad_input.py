@@ -149,6 +149,8 @@ def _cli_cases(db: Path) -> list[tuple[str, list[str], str]]:
         ("no storage found", ["status", "nowhere"], r"no database found for study 'nowhere'"),
         ("stage study is not a sweep", ["resume", "tiny.lr", "--storage", url], r"was not created by verl-sweep"),
         ("worker on sqlite", ["worker", "tiny", "--storage", url], r"worker: needs a PostgreSQL storage, but the study is in SQLite"),
+        ("export to .yml", ["export", "tiny", "--storage", url, "-o", "best.yml"], r"Hydra finds a --config-name only in a \.yaml file; use -o best\.yaml"),
+        ("sqlite url with three slashes", ["status", "tiny", "--storage", f"sqlite://{db}"], r"an absolute one needs four slashes: sqlite:////"),
     ]
 
 
@@ -192,6 +194,19 @@ def test_a_baseline_every_run_of_which_fails_stops_the_study_and_names_the_cause
     assert "finished" not in result.stdout
     export = cli("export", "tiny", cwd=tmp_path)
     assert export.returncode == 2 and "no finished stage" in export.stderr
+
+
+def test_the_printed_next_step_works_from_another_directory(tmp_path: Path) -> None:
+    path = write_study(tmp_path, _tiny(), "tiny.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = cli("run", str(path), cwd=elsewhere)
+    assert result.returncode == 0, result.stderr[-2000:]
+    hint = next(line for line in result.stdout.splitlines() if line.startswith("Export the winner: "))
+    assert f"--storage sqlite:///{tmp_path / 'tiny.db'}" in hint, hint
+    command = hint.removeprefix("Export the winner: verl-sweep ").split()
+    exported = cli(*command, cwd=elsewhere)
+    assert exported.returncode == 0 and (elsewhere / "best.yaml").exists(), exported.stderr
 
 
 def test_override_values_cannot_smuggle_keys_or_shell(tmp_path: Path) -> None:

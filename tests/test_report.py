@@ -287,3 +287,49 @@ def test_status_counts_trials_given_back_unstarted_as_skipped_not_failed(tmp_pat
     stage = study_status(storage, spec)["stages"][0]
     assert stage["counts"] == {"complete": 8, "skipped": 1}
     assert not stage["reasons"]
+
+
+def _score(rate: float) -> dict[str, Any]:
+    return {"rate": rate, "gain": rate * 100, "train_time_s": 100.0, "n_steps": 100,
+            "ci_low": rate * 0.95, "ci_high": rate * 1.05, "rate_se": rate * 0.02}
+
+
+def test_status_puts_a_requeue_reason_on_the_trial_requeued_and_rates_incumbents_against_all_runs(
+    tmp_path: Path,
+) -> None:
+    """Found by a walkthrough: after Ctrl-C the reason showed on the copy that later ran fine,
+    and an incumbent run's η depended on which run finished first."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from search.status import study_status
+
+    storage, spec = _synthetic_study(tmp_path)
+    stage = spec.stages[1]
+    study = optuna.create_study(study_name=f"{spec.name}.{stage.name}", storage=storage, direction="maximize")
+    study.set_user_attr("base_config", spec.baseline_config())
+    # incumbent runs told in this order: the first one's stored η is against itself only (1.0)
+    for number, (rate, stored_eta) in enumerate([(1.1, 1.0), (1.0, 1.0 / 1.05)]):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=stored_eta, user_attrs={
+            "role": "incumbent", "seed": 11 + number, "eta": stored_eta, "score": _score(rate)}))
+    study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={"role": "candidate", "seed": 11}))
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0, system_attrs={"retry_history": [2]},
+                                 user_attrs={"role": "candidate", "seed": 11, "eta": 1.0,
+                                             "requeued_because": "its driver stopped (KeyboardInterrupt)"}))
+    rows = {r["number"]: r for r in study_status(storage, spec)["stages"][1]["trials"]}
+    assert rows[0]["eta"] == pytest.approx(1.1 / 1.05) and rows[1]["eta"] == pytest.approx(1.0 / 1.05)
+    assert rows[2]["reason"] == "requeued: its driver stopped (KeyboardInterrupt)" and rows[2]["requeued"]
+    assert rows[3]["reason"] is None and rows[3]["eta"] == 1.0
+    assert study_status(storage, spec)["stages"][1]["reasons"] == {"requeued": 1}
+
+
+def test_an_export_of_an_unfinished_study_says_so_in_the_file(tmp_path: Path) -> None:
+    from search import export
+    from search.status import finished_results
+
+    storage, spec = _synthetic_study(tmp_path)  # only the first stage has a result
+    results = finished_results(storage, spec)
+    text = export.render(spec, results, results[-1].config, "yaml")
+    later = ", ".join(s.name for s in spec.stages[1:])
+    assert f"# PARTIAL: 1 of {len(spec.stages)} stages finished; not tuned yet: {later}\n" in text
+    assert json.loads(export.render(spec, results, results[-1].config, "json"))["finished"] is False
