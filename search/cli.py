@@ -113,7 +113,7 @@ def _make_launcher(spec, kind: Optional[str] = None, runs_dir: Optional[Path] = 
 
 def _launcher_options(spec, kind: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     options = dict(spec.launcher.options)
-    if kind in ("sim", "ray"):
+    if kind in ("sim", "ray", "replay"):  # local's slots come from its GPUs
         options.setdefault("max_concurrent", spec.launcher.max_concurrent)
     return options
 

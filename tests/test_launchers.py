@@ -350,3 +350,15 @@ def test_sampler_records_the_probes_gpus_while_it_runs(fake_nvml: FakeNvml, tmp_
     n = len(lines)
     time.sleep(1.2)
     assert len((handle.run_dir / "gpu_samples.jsonl").read_text().splitlines()) == n  # stopped with the probe
+
+
+@pytest.mark.parametrize("kind", ["sim", "replay"])
+def test_a_study_launcher_gets_the_study_files_max_concurrent(tmp_path: Path, kind: str) -> None:
+    from conftest import demo_data
+    from search.cli import _make_launcher
+    from search.study_file import parse_study
+
+    data = demo_data()
+    data["launcher"] = {"kind": kind, "max_concurrent": 3, "options": {}}
+    launcher = _make_launcher(parse_study(data), runs_dir=tmp_path)
+    assert launcher.max_concurrent == 3
