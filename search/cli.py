@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -239,6 +240,8 @@ def worker(
     name: str = typer.Argument(..., help="Study name."),
     storage: Optional[str] = NamedStorageOption,
     launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
+    wait: float = typer.Option(0.0, "--wait", min=0.0, help="Seconds to wait for `verl-sweep run` to create the study "
+                               "(a job array may start its workers first)."),
     debug: bool = DebugOption,
 ) -> None:
     """Join a running study as one more worker (any number, on any machines, sharing only the
@@ -246,7 +249,17 @@ def worker(
     _setup(debug)
 
     def action() -> None:
-        opened, spec = _open_study(name, storage)
+        from search.errors import StudyNotFoundError
+
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                opened, spec = _open_study(name, storage)
+                break
+            except StudyNotFoundError as e:
+                if time.monotonic() >= deadline:
+                    raise StudyNotFoundError(f"{e} Start `verl-sweep run` first, or give workers --wait SECONDS.") from None
+                time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
         if str(opened.url).startswith("sqlite"):
             raise BadInputError(
                 "worker: needs a PostgreSQL storage, but the study is in SQLite, which cannot lock a queued "
@@ -315,10 +328,10 @@ def _print_status_table(data: dict[str, Any]) -> None:
         if stage.get("winner"):
             console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False)
         if stage.get("reasons"):
-            console.print("  stopped early: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
+            console.print("  trials not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
                           markup=False)
         for row in stage.get("trials", []):
-            if row["state"] in ("running", "waiting", "skipped"):
+            if row["state"] in ("waiting", "skipped"):
                 continue
             console.print("  " + _trial_line(row), markup=False)
 
@@ -335,6 +348,8 @@ def _trial_line(row: dict[str, Any]) -> str:
         text += f", the run of {row['carried_from']} carried over"
     if row["state"] in ("pruned", "fail") and row.get("reason"):
         text += f": {row['reason']}"
+    if row.get("owner"):
+        text += f", on {row['owner']}"
     gpu = row.get("gpu")
     if gpu:
         text += (f" | GPU util {gpu.get('mean_util_pct')}%, idle {100 * (gpu.get('idle_fraction') or 0):.0f}%, "

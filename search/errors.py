@@ -15,6 +15,10 @@ class BadInputError(SweepError):
     exit_code = 2
 
 
+class StudyNotFoundError(BadInputError):
+    """No study of that name in the database (a worker may wait for it: ``--wait``)."""
+
+
 class StorageError(SweepError):
     """The study database cannot be reached or used; the message carries the real cause."""
 

@@ -109,6 +109,16 @@ def _requeue_reasons(trials: list["optuna.trial.FrozenTrial"]) -> dict[int, str]
     return reasons
 
 
+def _owner(t: "optuna.trial.FrozenTrial") -> str | None:
+    """Which process runs a trial ("host pid"), and whether that process is known to be gone
+    (same host only; elsewhere the heartbeat's grace period decides)."""
+    owner = t.user_attrs.get("owner")
+    if not isinstance(owner, dict):
+        return None
+    text = f"{owner.get('host')} pid {owner.get('pid')}"
+    return f"{text} (gone: `resume` or a worker queues it again)" if liveness.owner_is_dead(owner) else text
+
+
 def _trial_row(t: "optuna.trial.FrozenTrial", requeued: dict[int, str]) -> dict[str, Any]:
     interval = t.user_attrs.get("eta_interval")
     probe = t.user_attrs.get("probe", {})
@@ -128,6 +138,7 @@ def _trial_row(t: "optuna.trial.FrozenTrial", requeued: dict[int, str]) -> dict[
         "failure_kind": t.user_attrs.get("failure_kind"),
         "requeued": t.number in requeued,
         "carried_from": t.user_attrs.get("carried_from"),
+        "owner": _owner(t) if t.state.name == "RUNNING" else None,
         "last_step": probe.get("last_step"),
         "gpu_time_s": probe.get("gpu_time_s"),
         "startup_s": probe.get("startup_s"),

@@ -119,8 +119,9 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
         ) from None
     except StorageError as e:
         # Never reached it at all: a wrong URL, a server that is down, bad credentials.
+        cause = describe_db_error(e)
         raise BadInputError(
-            f"cannot reach the study database {mask_url(url)}: {describe_db_error(e)}. "
+            f"cannot reach the study database {mask_url(url)}: {cause}{'' if cause.endswith(('.', '?')) else '.'} "
             "Check the URL and that the server is running."
         ) from None
     except optuna.exceptions.OptunaError as e:  # e.g. schema version mismatch

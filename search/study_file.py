@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -189,8 +190,12 @@ class StudySpec(_Strict):
         return merge(implied, self.baseline)
 
     def storage_url(self) -> str:
+        """The file's ``storage``, else $VERL_SWEEP_STORAGE (where ``worker`` and ``status``
+        look too), else ``NAME.db`` beside the file."""
         if self.storage:
             return self.storage
+        if os.environ.get("VERL_SWEEP_STORAGE"):
+            return os.environ["VERL_SWEEP_STORAGE"]
         base = self.source_dir or Path.cwd()
         return f"sqlite:///{(base / f'{self.name}.db').resolve()}"
 

@@ -147,8 +147,9 @@ def _cli_cases(db: Path) -> list[tuple[str, list[str], str]]:
         ("storage missing sqlite file", ["status", "tiny", "--storage", "sqlite:////nonexistent/x.db"], r"no study database at /nonexistent/x\.db"),
         ("storage unreachable server", ["status", "tiny", "--storage", "postgresql://u:secret@127.0.0.1:1/db"], r"cannot reach the study database postgresql://u:\*\*\*@127\.0\.0\.1:1/db"),
         ("no storage found", ["status", "nowhere"], r"no database found for study 'nowhere'"),
-        ("stage study is not a sweep", ["resume", "tiny.lr", "--storage", url], r"was not created by verl-sweep"),
+        ("a stage's study for the study", ["status", "tiny.lr", "--storage", url], r"'tiny\.lr' is the study of stage 'lr'; pass the study's name, 'tiny'"),
         ("worker on sqlite", ["worker", "tiny", "--storage", url], r"worker: needs a PostgreSQL storage, but the study is in SQLite"),
+        ("worker before its study", ["worker", "later", "--storage", url], r"no study named 'later' .* Start `verl-sweep run` first, or give workers --wait SECONDS"),
         ("export to .yml", ["export", "tiny", "--storage", url, "-o", "best.yml"], r"Hydra finds a --config-name only in a \.yaml file; use -o best\.yaml"),
         ("sqlite url with three slashes", ["status", "tiny", "--storage", f"sqlite://{db}"], r"an absolute one needs four slashes: sqlite:////"),
     ]
@@ -207,6 +208,27 @@ def test_the_printed_next_step_works_from_another_directory(tmp_path: Path) -> N
     command = hint.removeprefix("Export the winner: verl-sweep ").split()
     exported = cli(*command, cwd=elsewhere)
     assert exported.returncode == 0 and (elsewhere / "best.yaml").exists(), exported.stderr
+
+
+def test_a_worker_with_wait_joins_a_study_created_after_it_started(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from search.driver import save_spec
+    from search.storage import open_storage
+    from search.study_file import parse_study
+
+    url = f"sqlite:///{tmp_path}/later.db"
+    storage = open_storage(url)
+    worker = subprocess.Popen([sys.executable, "-m", "search.cli", "worker", "tiny", "--storage", url, "--wait", "60"],
+                              stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    assert worker.poll() is None, worker.communicate()[1]  # still waiting for the study
+    save_spec(storage, parse_study(_tiny()))
+    _, err = worker.communicate(timeout=60)
+    # It found the study: what stops it now is the next check (workers need PostgreSQL).
+    assert worker.returncode == 2 and "needs a PostgreSQL storage" in err, err
 
 
 def test_override_values_cannot_smuggle_keys_or_shell(tmp_path: Path) -> None:

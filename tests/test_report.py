@@ -333,3 +333,27 @@ def test_an_export_of_an_unfinished_study_says_so_in_the_file(tmp_path: Path) ->
     later = ", ".join(s.name for s in spec.stages[1:])
     assert f"# PARTIAL: 1 of {len(spec.stages)} stages finished; not tuned yet: {later}\n" in text
     assert json.loads(export.render(spec, results, results[-1].config, "json"))["finished"] is False
+
+
+def test_status_names_the_process_of_a_running_trial_and_whether_it_is_gone(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from search.status import study_status
+
+    storage, spec = _synthetic_study(tmp_path)
+    study = optuna.load_study(study_name=f"{spec.name}.{spec.stages[0].name}", storage=storage)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    for pid in (os.getpid(), gone.pid):
+        study.add_trial(create_trial(state=TrialState.RUNNING, user_attrs={
+            "role": "candidate", "owner": {"host": host, "pid": pid, "started": 0.0}}))
+    rows = study_status(storage, spec)["stages"][0]["trials"]
+    alive, dead = rows[-2:]
+    assert alive["owner"] == f"{host} pid {os.getpid()}"
+    assert dead["owner"] == f"{host} pid {gone.pid} (gone: `resume` or a worker queues it again)"

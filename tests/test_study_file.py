@@ -72,11 +72,16 @@ def test_default_stages_follow_the_algorithm() -> None:
     assert [s.name for s in default_stages(Algorithm.PPO)] == ["systems", "minibatch", "kl", "tokens", "lr", "lam", "polish"]
 
 
-def test_storage_defaults_to_sqlite_beside_the_file(tmp_path: Path) -> None:
+def test_storage_defaults_to_sqlite_beside_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VERL_SWEEP_STORAGE", raising=False)
     data = demo_data()
     data.pop("storage", None)
     spec = load_study(write_study(tmp_path, data))
     assert spec.storage_url() == f"sqlite:///{tmp_path.resolve()}/demo.db"
+    # the cluster guide's variable, which worker and status read too (run ignored it)
+    monkeypatch.setenv("VERL_SWEEP_STORAGE", "postgresql://u@db/sweep")
+    assert spec.storage_url() == "postgresql://u@db/sweep"
+    assert load_study(write_study(tmp_path, {**data, "storage": "sqlite:///x.db"})).storage_url() == "sqlite:///x.db"
 
 
 def test_model_facts_from_config_json(tmp_path: Path) -> None:
@@ -85,3 +90,28 @@ def test_model_facts_from_config_json(tmp_path: Path) -> None:
     data["model"] = {"config_json": "config.json", "n_params_b": 7}
     spec = load_study(write_study(tmp_path, data))
     assert (spec.model.hidden_size, spec.model.num_attention_heads) == (3584, 28)
+
+
+def test_two_runs_creating_one_study_at_once_both_proceed(tmp_path: Path) -> None:
+    """The second `run` saw the new root study before the first stored its definition, and
+    said the study was not verl-sweep's."""
+    import threading
+
+    import optuna
+
+    from search.driver import SPEC_ATTR, load_spec, save_spec, spec_to_dict
+    from search.errors import BadInputError as Bad
+    from search.storage import open_storage
+
+    spec = load_study(write_study(tmp_path, demo_data()))
+    storage = open_storage(f"sqlite:///{tmp_path}/race.db")
+    root = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize")  # the first run, mid-way
+    late = threading.Timer(0.5, lambda: root.set_user_attr(SPEC_ATTR, spec_to_dict(spec)))
+    late.start()
+    save_spec(storage, spec)  # the second run: waits for the definition instead of refusing
+    late.join()
+    other = optuna.create_study(study_name="foreign", storage=storage, direction="maximize")
+    with pytest.raises(Bad, match="that verl-sweep did not create"):
+        save_spec(storage, spec.model_copy(update={"name": other.study_name}))
+    with pytest.raises(Bad, match="study 'foreign' was not created by verl-sweep; verl-sweep cannot use it"):
+        load_spec(storage, "foreign")
