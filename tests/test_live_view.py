@@ -167,4 +167,9 @@ def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
     assert "[lr] trial 0 started (candidate): lr=2e-06" in text
     assert "[demo.lr] Trial 0 (candidate) finished with η 1.200 [1.100, 1.300] and parameters: lr=2e-06. " \
            "Best is trial 0 with η 1.200." in text
+    incumbent = study.ask()
+    incumbent.set_user_attr("role", "incumbent")
+    study.tell(incumbent, 1.5)  # an incumbent run is never "the best"
+    console.trial_finished(study, 1, "incumbent", {}, eta=1.5, interval=(1.4, 1.6))
+    assert out.getvalue().endswith("Best is trial 0 with η 1.200.\n"), out.getvalue()[-300:]
 
