@@ -25,7 +25,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",  # joins a docstring's wrapped lines in the command list
 )
 
-StorageOption = typer.Option(None, "--storage", help="Study database URL (default: the study file's storage, else NAME.db beside the study file).")
+StorageOption = typer.Option(None, "--storage", help="Study database URL (default: the study file's storage, else $VERL_SWEEP_STORAGE, else NAME.db beside the study file).")
 #: for the commands that take a study name: default_storage_for's order
 NamedStorageOption = typer.Option(None, "--storage", help="Study database URL (default: $VERL_SWEEP_STORAGE, else NAME.db here or in studies/).")
 DebugOption = typer.Option(False, "--debug", help="Show tracebacks for errors.")
