@@ -9,6 +9,7 @@ clock. ``max_concurrent`` slots of ``gpus_per_probe`` fake GPUs each.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -83,4 +84,5 @@ class SimLauncher(LocalLauncher):
             "VERL_SIM_TIME_SCALE": repr(self.time_scale),
             "VERL_SIM_LANDSCAPE": self.landscape,
             "VERL_SIM_GPU_SAMPLES_PATH": str(run_dir / "gpu_samples.jsonl"),
+            "VERL_SIM_PARENT_PID": str(os.getpid()),  # the probe's parent: see the simulator's _watch_parent
         }

@@ -269,6 +269,16 @@ def test_exits_when_parent_is_killed(tmp_path: Path, pdeathsig: str) -> None:
     raise AssertionError("simulator outlived its killed parent")
 
 
+def test_exits_when_its_parent_died_before_it_could_watch(tmp_path: Path) -> None:
+    """Seen in CI: a worker SIGKILLed while its probe's process was starting left that probe
+    running for good (init was its parent before it could ask for PDEATHSIG)."""
+    proc, metrics = _run(tmp_path, ["trainer.total_training_steps=5"], env={"VERL_SIM_PARENT_PID": "1"})
+    assert proc.returncode == 1 and "is gone; exiting" in proc.stderr
+    assert not metrics.exists()
+    alive, metrics = _run(tmp_path, ["trainer.total_training_steps=5"], env={"VERL_SIM_PARENT_PID": str(os.getpid())})
+    assert alive.returncode == 0, alive.stderr
+
+
 def test_worker_died_after_a_good_run(tmp_path: Path) -> None:
     landscape = tmp_path / "dies.yaml"
     landscape.write_text("extends: default\nname: dies\nfailures: {worker_died_probability: 1.0}\n")

@@ -47,6 +47,13 @@ def _watch_parent() -> int:
             libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
         except (OSError, AttributeError):
             pass  # polling still covers it
+    # A driver killed while this process started (before the line above) sends no signal, and
+    # getppid() already names init: nobody would ever stop this run. The launcher says who
+    # started it.
+    expected = os.environ.get("VERL_SIM_PARENT_PID")
+    if expected and expected.isdigit() and int(expected) != os.getppid():
+        sys.stderr.write(f"the process that started this run ({expected}) is gone; exiting\n")
+        os._exit(1)
     return parent
 
 
