@@ -144,6 +144,20 @@ def test_real_time_follows_the_scale(tmp_path: Path) -> None:
     assert elapsed >= simulated / 10000
 
 
+def test_clock_work_between_steps_does_not_stretch_simulated_time() -> None:
+    # A fake real clock: each step's writing costs 0.5 ms of real time. With sleeps measured
+    # from "now" that would add 50% to every 1 ms step; with deadlines the work is absorbed.
+    from launchers.simulator.__main__ import _Clock
+
+    real = [0.0]
+    clock = _Clock(1000.0, os.getppid(), monotonic=lambda: real[0], sleep=lambda s: real.__setitem__(0, real[0] + s))
+    for _ in range(100):
+        clock.sleep(1.0)  # one simulated second = 1 ms real
+        real[0] += 0.0005  # writing the step's metrics
+    assert clock.now == 100.0
+    assert real[0] == pytest.approx(0.1 + 0.0005)
+
+
 @pytest.mark.parametrize(
     ("extra", "reason"),
     [
