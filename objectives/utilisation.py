@@ -11,7 +11,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from objectives.metrics import StepMetrics
 
@@ -104,24 +104,40 @@ def _time_shares(steps: Sequence[StepMetrics]) -> dict[str, Any]:
     return {"generation_share": round(gen / total, 3), "training_share": round(train / total, 3)}
 
 
-def diagnose(summary: dict[str, Any]) -> str:
-    """The source's three hardware signals, in its words; "balanced" when none fires."""
-    findings = []
+class Finding(NamedTuple):
+    """One hardware signal: what it is, what was measured, and what to do (may be empty)."""
+
+    name: str
+    measured: str
+    advice: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.measured})" + (f": {self.advice}" if self.advice else "")
+
+
+def findings(summary: dict[str, Any]) -> list[Finding]:
+    """The source's three hardware signals, and two guards of the method, from a summary."""
+    found = []
     util = summary.get("mean_util_pct")
     peak, total = summary.get("peak_mem_gb"), summary.get("mem_total_gb")
     memory_full = peak is not None and total and peak / total > 0.85
     if util is not None and util < 30 and memory_full:
-        findings.append("data-loading bottleneck (utilisation < 30% with memory full)")
+        found.append(Finding("data-loading bottleneck", "utilisation < 30% with memory full"))
     pcie = summary.get("mean_pcie_mbps")
     if util is not None and util > 85 and pcie is not None and pcie > 0.7 * PCIE_LINK_MBPS:
-        findings.append("communication-bound (utilisation > 85% with PCIe > 70%): lower the ulysses size")
+        found.append(Finding("communication-bound", "utilisation > 85% with PCIe > 70%", "lower the ulysses size"))
     swing = summary.get("mem_swing_gb_per_s")
     if swing is not None and swing > 2.0:
-        findings.append("dynamic batching not effective (memory swinging > 2 GB/s)")
+        found.append(Finding("dynamic batching not effective", "memory swinging > 2 GB/s"))
     free = summary.get("min_free_gb")
     if free is not None and free < MIN_FREE_GB:
-        findings.append(f"free GPU memory fell to {free:.1f} GB (< {MIN_FREE_GB:.0f} GB guard)")
-    if not findings and util is not None and util < 50:
-        findings.append(f"GPUs busy under half the time (mean utilisation {util:.0f}%): tune the layout "
-                        "(the systems stage: rollout TP, micro-batches, memory share)")
-    return "; ".join(findings) or "balanced"
+        found.append(Finding("free GPU memory under the guard", f"fell to {free:.1f} GB, < {MIN_FREE_GB:.0f} GB"))
+    if not found and util is not None and util < 50:
+        found.append(Finding("GPUs busy under half the time", f"mean utilisation {util:.0f}%",
+                             "tune the layout (the systems stage: rollout TP, micro-batches, memory share)"))
+    return found
+
+
+def diagnose(summary: dict[str, Any]) -> str:
+    """The findings in one line; "balanced" when none fires."""
+    return "; ".join(map(str, findings(summary))) or "balanced"

@@ -304,6 +304,7 @@ def _print_status_table(data: dict[str, Any]) -> None:
     from rich.console import Console as RichConsole
     from rich.table import Table
 
+    from objectives.utilisation import findings
     from search.console import format_params
 
     console = RichConsole(highlight=False)
@@ -324,19 +325,28 @@ def _print_status_table(data: dict[str, Any]) -> None:
             eta,
         )
     console.print(table)
+    # One line per trial, whatever the width: lines a user can grep.
     for stage in data["stages"]:
         if stage.get("winner"):
-            console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False)
+            console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False, soft_wrap=True)
         if stage.get("reasons"):
             console.print("  trials not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
-                          markup=False)
+                          markup=False, soft_wrap=True)
+        by_finding: dict[tuple[str, str], list[int]] = {}
         for row in stage.get("trials", []):
             if row["state"] in ("waiting", "skipped"):
                 continue
-            console.print("  " + _trial_line(row), markup=False)
+            console.print("  " + _trial_line(row), markup=False, soft_wrap=True)
+            for finding in findings(row.get("gpu") or {}):
+                by_finding.setdefault((finding.name, finding.advice), []).append(row["number"])
+        # Once per stage, not on every trial line: on a big stage the same advice repeated.
+        for (what, advice), numbers in by_finding.items():
+            console.print(f"  GPU: {what} in trial{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
+                          + (f": {advice}" if advice else ""), markup=False, soft_wrap=True)
 
 
 def _trial_line(row: dict[str, Any]) -> str:
+    from objectives.utilisation import findings
     from search.console import format_params
 
     text = f"trial {row['number']} {row['role']} {row['state']}"
@@ -352,8 +362,10 @@ def _trial_line(row: dict[str, Any]) -> str:
         text += f", on {row['owner']}"
     gpu = row.get("gpu")
     if gpu:
+        found = findings(gpu)
         text += (f" | GPU util {gpu.get('mean_util_pct')}%, idle {100 * (gpu.get('idle_fraction') or 0):.0f}%, "
-                 f"peak {gpu.get('peak_mem_gb')} GB: {gpu.get('diagnosis')}")
+                 f"peak {gpu.get('peak_mem_gb')} GB"
+                 + (": " + "; ".join(f"{f.name} ({f.measured})" for f in found) if found else ""))
     return text
 
 

@@ -357,3 +357,27 @@ def test_status_names_the_process_of_a_running_trial_and_whether_it_is_gone(tmp_
     alive, dead = rows[-2:]
     assert alive["owner"] == f"{host} pid {os.getpid()}"
     assert dead["owner"] == f"{host} pid {gone.pid} (gone: `resume` or a worker queues it again)"
+
+
+@pytest.mark.slow  # the shared demo study
+def test_status_text_gives_each_gpu_finding_once_per_stage(demo_dir: Path) -> None:
+    from objectives.utilisation import findings
+
+    text = cli("status", "demo", cwd=demo_dir).stdout
+    stages = json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]
+    seen = 0
+    for stage in stages:
+        expected: dict[str, list[int]] = {}
+        for row in stage["trials"]:
+            if row["state"] in ("waiting", "skipped") or not row.get("gpu"):
+                continue
+            assert f"trial {row['number']} " in text
+            for finding in findings(row["gpu"]):
+                expected.setdefault(finding.name, []).append(row["number"])
+                assert f"{finding.name} ({finding.measured})" in text  # on the trial's own line
+                if finding.advice:
+                    assert text.count(finding.advice) <= len({s["name"] for s in stages}), text
+        for name, numbers in expected.items():
+            seen += 1
+            assert f"GPU: {name} in trial{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}" in text, text
+    assert seen, "the demo's probes should show at least one GPU finding"
