@@ -11,7 +11,7 @@ import math
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Iterable, TextIO
 
 from rich.console import Console as RichConsole
 from rich.table import Column
@@ -30,9 +30,20 @@ def format_params(overrides: dict[str, Any]) -> str:
         return "baseline"
     parts = []
     for key, value in sorted(overrides.items()):
-        short = key.split(".")[-1]
+        short = _shortest_unique_suffix(key, overrides)
         parts.append(f"{short}={value:.4g}" if isinstance(value, float) else f"{short}={value}")
     return ", ".join(parts)
+
+
+def _shortest_unique_suffix(key: str, keys: Iterable[str]) -> str:
+    """The key's last name, or as many more as tell it apart from the others (the actor's and
+    the reference model's ``ulysses_sequence_parallel_size`` are both in the systems stage)."""
+    parts = key.split(".")
+    for n in range(1, len(parts)):
+        suffix = ".".join(parts[-n:])
+        if not any(other != key and (other == suffix or other.endswith("." + suffix)) for other in keys):
+            return suffix
+    return key
 
 
 class Console:

@@ -173,3 +173,16 @@ def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
     console.trial_finished(study, 1, "incumbent", {}, eta=1.5, interval=(1.4, 1.6))
     assert out.getvalue().endswith("Best is trial 0 with η 1.200.\n"), out.getvalue()[-300:]
 
+
+
+def test_parameter_names_are_as_short_as_tells_them_apart() -> None:
+    from search.console import format_params
+
+    assert format_params({}) == "baseline"
+    assert format_params({"actor_rollout_ref.actor.optim.lr": 1e-6, "data.seed": 3}) == "lr=1e-06, seed=3"
+    # the actor's and the reference model's sequence parallel sizes are both in the systems stage
+    assert format_params({
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 4,
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+    }) == "actor.ulysses_sequence_parallel_size=4, ref.ulysses_sequence_parallel_size=2, tensor_model_parallel_size=4"
