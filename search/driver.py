@@ -13,6 +13,7 @@ aside (``_vacate``) and the next stage opens afresh under its own name.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import math
@@ -100,6 +101,17 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [path or "(the whole definition)"]
 
 
+def _known_studies_hint(name: str, known: list[str], shown: int = 10) -> str:
+    """The studies a mistyped name may have meant: all of them when few, else the closest."""
+    if not known:
+        return " This database has no studies."
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    guess = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    if len(known) <= shown:
+        return f"{guess} Studies here: {', '.join(known)}."
+    return f"{guess} {len(known)} studies here, e.g. {', '.join(known[:shown])}, …"
+
+
 def load_spec(storage: optuna.storages.BaseStorage, name: str) -> StudySpec:
 
     try:
@@ -107,7 +119,7 @@ def load_spec(storage: optuna.storages.BaseStorage, name: str) -> StudySpec:
     except KeyError:
         # Names only: summaries would read every trial of every study (26 s on a server with 480).
         known = sorted(n for n in optuna.get_all_study_names(storage) if "." not in n)
-        hint = f" Studies here: {', '.join(known)}." if known else " This database has no studies."
+        hint = _known_studies_hint(name, known)
         raise StudyNotFoundError(f"no study named {name!r} in this database.{hint}") from None
     stored = root.user_attrs.get(SPEC_ATTR)
     if stored is None:

@@ -265,3 +265,14 @@ def test_validate_unsafe_study_one_line_per_problem(tmp_path: Path) -> None:
                     r"stages\[0\]\.high: must be ≤ 0\.01 .*unsafe: true", r"stages\[1\]: λ only matters with GAE"):
         assert any(re.search(pattern, line) for line in errors), pattern
     assert not list(tmp_path.glob("*.db"))
+
+
+def test_a_mistyped_study_name_gets_the_closest_names_not_a_wall_of_them() -> None:
+    from search.driver import _known_studies_hint
+
+    assert _known_studies_hint("x", []) == " This database has no studies."
+    assert _known_studies_hint("tinny", ["demo", "tiny"]) == " Did you mean 'tiny'? Studies here: demo, tiny."
+    many = [f"sweep{i:03d}" for i in range(480)]
+    hint = _known_studies_hint("sweep1000", many)
+    assert hint.startswith(" Did you mean 'sweep100'") and "480 studies here, e.g. sweep000," in hint
+    assert len(hint) < 300
