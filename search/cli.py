@@ -305,7 +305,6 @@ def _print_status_table(data: dict[str, Any]) -> None:
     from rich.table import Table
 
     from objectives.utilisation import findings
-    from search.console import format_params
 
     console = RichConsole(highlight=False)
     table = Table(title=f"study {data['study']} ({data['algorithm']})")
@@ -320,8 +319,7 @@ def _print_status_table(data: dict[str, Any]) -> None:
             " ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
             f"{stage.get('gpu_hours', 0.0):.1f}",
             f"{stage.get('gpu_hours_saved', 0.0):.1f}",
-            (format_params(winner.get("overrides", {})) if winner.get("winner_trial") is not None
-             else "incumbent") if winner else "—",
+            _winner_cell(winner),
             eta,
         )
     console.print(table)
@@ -343,6 +341,19 @@ def _print_status_table(data: dict[str, Any]) -> None:
         for (what, advice), numbers in by_finding.items():
             console.print(f"  GPU: {what} in trial{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
                           + (f": {advice}" if advice else ""), markup=False, soft_wrap=True)
+
+
+def _winner_cell(winner: dict[str, Any]) -> str:
+    """The winner's changes, or only its trial number when they would not fit in a column (a
+    systems winner changes ~10 keys; its trial's line below the table lists them)."""
+    from search.console import format_params
+
+    if not winner:
+        return "—"
+    if winner.get("winner_trial") is None:
+        return "incumbent"
+    changes = format_params(winner.get("overrides", {}))
+    return changes if len(changes) <= 40 else f"trial {winner['winner_trial']} ({len(winner['overrides'])} changes)"
 
 
 def _trial_line(row: dict[str, Any]) -> str:

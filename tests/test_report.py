@@ -381,3 +381,18 @@ def test_status_text_gives_each_gpu_finding_once_per_stage(demo_dir: Path) -> No
             seen += 1
             assert f"GPU: {name} in trial{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}" in text, text
     assert seen, "the demo's probes should show at least one GPU finding"
+
+
+@pytest.mark.slow  # the shared demo study
+def test_status_table_names_a_long_winner_by_its_trial(demo_dir: Path) -> None:
+    from search.console import format_params
+
+    text = cli("status", "demo", cwd=demo_dir, env={"COLUMNS": "200"}).stdout
+    table = text[: text.index("└")]
+    for stage in json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]:
+        winner = stage["winner"]
+        if winner["winner_trial"] is None:
+            continue
+        changes = format_params(winner["overrides"])
+        cell = changes if len(changes) <= 40 else f"trial {winner['winner_trial']} ({len(winner['overrides'])} changes)"
+        assert cell in table, table
