@@ -202,7 +202,10 @@ def run(
         built = _make_launcher(spec, launcher)
         url = storage or spec.storage_url()
         opened = open_storage(url)
-        save_spec(opened, spec)
+        updated = save_spec(opened, spec)
+        if updated:
+            print(f"study {spec.name}: took {', '.join(updated)} from the file (where and how probes run; "
+                  "everything else as stored)")
         _remember_study(spec.name, url)
         runner = _make_runner(spec, opened, built)
         print(f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")

@@ -58,15 +58,16 @@ def stage_study_name(spec: StudySpec, stage: StageSettings) -> str:
     return f"{spec.name}.{stage.name}"
 
 
-def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> None:
+def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str]:
     """Create the root study holding the study definition; refuse a different definition
-    under the same name (that would mix two experiments in one database)."""
+    under the same name (that would mix two experiments in one database). Changes to where
+    and how probes run (``_is_operational``) are stored instead; returns their field paths."""
 
     data = spec_to_dict(spec)
     try:
         root = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize")
         root.set_user_attr(SPEC_ATTR, data)
-        return
+        return []
     except optuna.exceptions.DuplicatedStudyError:
         pass
     root = optuna.load_study(study_name=spec.name, storage=storage)
@@ -83,12 +84,25 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> None:
         )
     changed = _differences({k: v for k, v in stored.items() if k != "source_dir"},
                            {k: v for k, v in data.items() if k != "source_dir"})
-    if changed:
-        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    refused = [path for path in changed if not _is_operational(path)]
+    if refused:
+        shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
         raise BadInputError(
             f"study {spec.name!r} already exists in this database with a different definition ({shown} "
             f"changed). Run `verl-sweep resume {spec.name}` to continue it as stored, or rename the study."
         )
+    if changed:  # resume and workers read the stored definition: give them the new settings too
+        root.set_user_attr(SPEC_ATTR, data)
+    return changed
+
+
+def _is_operational(path: str) -> bool:
+    """A definition field that says where and how probes run, not what they measure: more
+    slots, other GPUs, another Ray address, a moved database. The simulator's landscape is
+    what its probes measure, and the launcher kind stays (``--launcher`` overrides it per
+    command)."""
+    return path in ("storage", "launcher.max_concurrent") or (
+        path.startswith("launcher.options.") and path != "launcher.options.landscape")
 
 
 def _differences(old: Any, new: Any, path: str = "") -> list[str]:

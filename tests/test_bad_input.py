@@ -178,6 +178,31 @@ def test_changed_definition_under_same_name_is_refused(study_db: Path) -> None:
     assert _fingerprint(study_db) == before
 
 
+def test_run_takes_new_launcher_settings_but_not_a_new_landscape(tmp_path: Path) -> None:
+    """More slots or another time scale after a stop: the same study goes on, and resume and
+    workers get the new settings; another landscape would mix two experiments: refused."""
+    from search.driver import load_spec
+    from search.storage import open_storage
+
+    path = write_study(tmp_path, _tiny(), "tiny.yaml")
+    assert cli("run", str(path), cwd=tmp_path).returncode == 0
+    data = _tiny()
+    data["launcher"] = {**data.get("launcher", {}), "max_concurrent": 3,
+                        "options": {**data.get("launcher", {}).get("options", {}), "time_scale": 50000}}
+    result = cli("run", str(write_study(tmp_path, data, "tiny.yaml")), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-1000:]
+    assert "study tiny: took launcher.max_concurrent, launcher.options.time_scale from the file" in result.stdout
+    stored = load_spec(open_storage(f"sqlite:///{tmp_path}/tiny.db", create=False), "tiny")
+    assert stored.launcher.max_concurrent == 3 and stored.launcher.options["time_scale"] == 50000
+
+    before = _fingerprint(tmp_path / "tiny.db")
+    data["launcher"]["options"]["landscape"] = "kl_edge"
+    result = cli("run", str(write_study(tmp_path, data, "tiny.yaml")), cwd=tmp_path)
+    assert result.returncode == 2
+    assert re.search(r"different definition \(launcher\.options\.landscape changed\)", result.stderr), result.stderr
+    assert _fingerprint(tmp_path / "tiny.db") == before
+
+
 def test_a_baseline_every_run_of_which_fails_stops_the_study_and_names_the_cause(tmp_path: Path) -> None:
     """Not a finished study with the untested baseline as its winner: exit 1, the cause named."""
     from launchers.simulator.config import verl_config_path
