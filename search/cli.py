@@ -180,7 +180,8 @@ def run(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
     debug: bool = DebugOption,
 ) -> None:
-    """Run a study from its YAML file (continues it if it already exists with the same definition)."""
+    """Run a study from its YAML file (continues it if it already exists with the same definition;
+    new launcher slots or options, other than the landscape, are taken from the file)."""
     _setup(debug)
 
     def action() -> None:
