@@ -11,11 +11,14 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
 from search.errors import BadInputError, SweepError
+
+if TYPE_CHECKING:  # the CLI imports its heavy parts only where a command needs them
+    from objectives.utilisation import Finding
 
 app = typer.Typer(
     add_completion=False,
@@ -338,8 +341,9 @@ def _print_status_table(data: dict[str, Any]) -> None:
         for row in stage.get("trials", []):
             if row["state"] in ("waiting", "skipped"):
                 continue
-            console.print("  " + _trial_line(row), markup=False, soft_wrap=True)
-            for finding in findings(row.get("gpu") or {}):
+            found = findings(row.get("gpu") or {})
+            console.print("  " + _trial_line(row, found), markup=False, soft_wrap=True)
+            for finding in found:
                 by_finding.setdefault((finding.name, finding.advice), []).append(row["number"])
         # Once per stage, not on every trial line: on a big stage the same advice repeated.
         for (what, advice), numbers in by_finding.items():
@@ -360,8 +364,8 @@ def _winner_cell(winner: dict[str, Any]) -> str:
     return changes if len(changes) <= 40 else f"trial {winner['winner_trial']} ({len(winner['overrides'])} changes)"
 
 
-def _trial_line(row: dict[str, Any]) -> str:
-    from objectives.utilisation import findings
+def _trial_line(row: dict[str, Any], found: list[Finding]) -> str:
+    """One trial; ``found``: its GPU findings (their advice is printed once per stage)."""
     from search.console import format_params
 
     text = f"trial {row['number']} {row['role']} {row['state']}"
@@ -377,7 +381,6 @@ def _trial_line(row: dict[str, Any]) -> str:
         text += f", on {row['owner']}"
     gpu = row.get("gpu")
     if gpu:
-        found = findings(gpu)
         text += (f" | GPU util {gpu.get('mean_util_pct')}%, idle {100 * (gpu.get('idle_fraction') or 0):.0f}%, "
                  f"peak {gpu.get('peak_mem_gb')} GB"
                  + (": " + "; ".join(f"{f.name} ({f.measured})" for f in found) if found else ""))

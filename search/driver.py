@@ -82,8 +82,7 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str
             f"the database already has an Optuna study named {spec.name!r} that verl-sweep did not "
             "create. Pick another study name or another --storage."
         )
-    changed = _differences({k: v for k, v in stored.items() if k != "source_dir"},
-                           {k: v for k, v in data.items() if k != "source_dir"})
+    changed = [path for path in _differences(stored, data) if path != "source_dir"]  # where the file lies
     refused = [path for path in changed if not _is_operational(path)]
     if refused:
         shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
@@ -127,7 +126,6 @@ def _known_studies_hint(name: str, known: list[str], shown: int = 10) -> str:
 
 
 def load_spec(storage: optuna.storages.BaseStorage, name: str) -> StudySpec:
-
     try:
         root = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
@@ -157,7 +155,6 @@ def pruning_steps(stage: StageSettings, settings: ProbeSettings) -> tuple[int, i
 
 
 def build_pruner(stage: StageSettings, settings: ProbeSettings) -> optuna.pruners.BasePruner:
-
     p = stage.pruner
     _, warmup = pruning_steps(stage, settings)
     if p.name == "none":
@@ -258,7 +255,6 @@ class StudyRunner:
         return base
 
     def stage_result(self, stage: StageSettings) -> StageResult | None:
-
         try:
             study = optuna.load_study(study_name=stage_study_name(self.spec, stage), storage=self.storage)
         except KeyError:
@@ -269,7 +265,6 @@ class StudyRunner:
     # -- one stage ------------------------------------------------------------------------------
     def _open_stage(self, stage: StageSettings, base: Config, settings: ProbeSettings, *,
                     ahead_of: str | None = None) -> tuple[optuna.Study, bool] | None:
-
         name = stage_study_name(self.spec, stage)
         created = False
         try:
@@ -792,7 +787,6 @@ class StudyRunner:
         stage: StageSettings,
         active: dict[int, ActiveTrial],
     ) -> bool:
-
         if any(t.state == TrialState.WAITING for t in trials):
             return True  # queued work (incumbents, re-queued trials) is already inside the budget
         if self._counted(trials) >= stage.budget.max_trials:
@@ -805,7 +799,6 @@ class StudyRunner:
         return any(t.state == TrialState.RUNNING and t.number not in active for t in trials)
 
     def _start_trial(self, run: "_StageRun") -> bool:
-
         study = run.study
         trial = study.ask()
         try:
@@ -830,7 +823,7 @@ class StudyRunner:
             # Another worker took the last place in the budget between our count and ask.
             trial.set_user_attr("role", "skipped")
             trial.set_user_attr("reason", "over budget: the stage's budget was used up before this trial could start")
-            study.tell(trial, state=_fail_state())
+            study.tell(trial, state=TrialState.FAIL)
             return False
         role = trial.user_attrs.get("role", "candidate")
         seed = int(trial.user_attrs.get("seed", self.spec.seeds[0]))
@@ -839,19 +832,19 @@ class StudyRunner:
                 # Queued to fill a wait that is over by now: started, it would lengthen the stage.
                 trial.set_user_attr("role", "skipped")
                 trial.set_user_attr("reason", "extra re-run no longer fits in the stage's wait")
-                study.tell(trial, state=_fail_state())
+                study.tell(trial, state=TrialState.FAIL)
                 return False
             rerun_seed = self._rerun_seed(study, trial)
             if rerun_seed is None:
                 trial.set_user_attr("role", "skipped")
                 trial.set_user_attr("reason", "redundant re-run: other workers queued the same confirmation")
-                study.tell(trial, state=_fail_state())
+                study.tell(trial, state=TrialState.FAIL)
                 return False
             seed = rerun_seed
         try:
             overrides = space.suggest(trial, base) if (role != "incumbent" or trial.params) else {}
         except SpaceError as e:
-            study.tell(trial, state=_fail_state())
+            study.tell(trial, state=TrialState.FAIL)
             raise BadInputError(f"stage {stage.name}: {e}") from None
         if role == "incumbent":
             overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
@@ -948,7 +941,6 @@ class StudyRunner:
         the rest of a probe. Start times are the database's (Optuna's ask times)."""
         import datetime
 
-
         lengths = [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials
                    if t.state == TrialState.COMPLETE and t.datetime_start and t.datetime_complete
                    and "run_id" in t.user_attrs]
@@ -972,7 +964,7 @@ class StudyRunner:
         frozen = study._storage.get_trial(trial._trial_id)
         if frozen.state.is_finished():
             return  # closed meanwhile by another process, which queued it again where needed
-        study.tell(trial, state=_fail_state())
+        study.tell(trial, state=TrialState.FAIL)
         liveness.requeue(study, frozen, reason=reason)
 
     def _adopt_or_close_orphans(
@@ -1124,7 +1116,6 @@ class StudyRunner:
         return told
 
     def _tell(self, study: optuna.Study, item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[Score]) -> None:
-
         trial = item.trial
         trial.set_user_attr("probe", outcome.summary())
         if outcome.score is not None:
@@ -1382,9 +1373,6 @@ def _infeasible(trial: optuna.trial.FrozenTrial) -> bool:
     return any(v > 0 for v in (trial.constraints or {}).values()) if hasattr(trial, "constraints") else False
 
 
-def _fail_state() -> TrialState:
-
-    return TrialState.FAIL
 
 
 def median_or_none(values: list[float]) -> float | None:

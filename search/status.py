@@ -99,9 +99,9 @@ def reason_category(row: dict[str, Any]) -> str:
 
 
 def _requeue_reasons(trials: list["optuna.trial.FrozenTrial"]) -> dict[int, str]:
-    """Why each re-queued trial was queued again: the reason is stored on its copy (the copy's
-    ``retry_history`` ends with the number of the trial it replaces)."""
-    reasons = {}
+    """Each re-queued trial and why it was queued again: the reason is stored on its copy (the
+    copy's ``retry_history`` ends with the number of the trial it replaces)."""
+    reasons = {number: "requeued" for number in liveness.requeued_numbers(trials)}
     for t in trials:
         history = t.system_attrs.get("retry_history")
         if history and "requeued_because" in t.user_attrs:
@@ -166,10 +166,9 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
             stages.append(entry)
             continue
         trials = study.get_trials(deepcopy=False)
-        requeued = liveness.requeued_numbers(trials)
         incumbent_etas = incumbent_run_etas(trials)
-        why_requeued = {number: "requeued" for number in requeued} | _requeue_reasons(trials)
-        rows = [_trial_row(t, why_requeued) for t in trials]
+        requeued = _requeue_reasons(trials)
+        rows = [_trial_row(t, requeued) for t in trials]
         for row in rows:  # every run of the incumbent against all of them, whichever finished first
             incumbent_eta = incumbent_etas.get(row["number"])
             if incumbent_eta is not None:
