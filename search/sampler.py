@@ -1,8 +1,8 @@
 """The samplers a stage uses, rebuilt from its saved settings on every resume.
 
-TPE is Optuna's, with two changes that make an ask several times faster at 1,000 trials and
-leave its suggestions as they were: SciPy's vectorized log Φ, and one read of the study's
-trials per ask (``ReadOnceTPESampler``).
+TPE is Optuna's, with three changes that make an ask several times faster at 1,000 trials and
+leave its suggestions as they were: SciPy's vectorized log Φ, one read of the study's trials
+per ask, and one split of them into good and bad per ask (``ReadOnceTPESampler``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def build_sampler(stage: "StageSettings", n_existing_trials: int) -> optuna.samp
     if settings.name == "grid":
         raise BadInputError(f"stages {stage.name}: sampler 'grid' is not supported yet; use tpe or random.")
     use_vectorized_normal_tails()
+    split_once_per_ask()
     return ReadOnceTPESampler(
         seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True,
         multivariate=settings.multivariate, group=settings.multivariate,
@@ -42,17 +43,28 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
     that the other workers' running trials count (``use_cache=False`` in ``_sample``). On
     PostgreSQL each read is seven statements; a four-parameter ask made five. The trials read
     at the ask's first parameter already hold every running trial of every worker, and a
-    trial that starts elsewhere between two parameters of one ask adds nothing to either."""
+    trial that starts elsewhere between two parameters of one ask adds nothing to either.
+    The same trials split the same way for every parameter: the split is made once an ask
+    (``split_once_per_ask``)."""
+
+    _view: "_TrialsReadOnce | None" = None  # the current ask's
 
     def _sample(self, study: optuna.Study, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
-        return super()._sample(_TrialsReadOnce(study), trial, search_space)
+        key = (id(study._storage), study._study_id, trial._trial_id)  # the ask's own trial
+        view = self._view
+        if view is None or view.key != key:
+            view = self._view = _TrialsReadOnce(study, key)
+        return super()._sample(view, trial, search_space)
 
 
 class _TrialsReadOnce:
-    """The study as TPE sees it, except that its trials come from the ask's one read."""
+    """The study as TPE sees it during one ask: its trials come from the ask's one read, and
+    ``splits`` keeps their split into good and bad (by the number of good ones)."""
 
-    def __init__(self, study: optuna.Study) -> None:
+    def __init__(self, study: optuna.Study, key: tuple[int, int, int]) -> None:
         self._study = study
+        self.key = key
+        self.splits: dict[int, tuple[list[Any], list[Any]]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -71,3 +83,26 @@ def use_vectorized_normal_tails() -> None:
 
     if hasattr(_truncnorm, "_log_ndtr"):  # a later Optuna may have renamed or vectorized it
         _truncnorm._log_ndtr = log_ndtr
+
+
+def split_once_per_ask() -> None:
+    """Optuna 5.0's TPE splits the trials into good and bad for every parameter it samples:
+    at 1,000 trials a third of a four-parameter ask. Within one ask of ``ReadOnceTPESampler``
+    the trials are the same for every parameter, so the first split serves the others. Any
+    other study is split as before. Optuna looks the name up at call time."""
+    from optuna.samplers._tpe import sampler as tpe
+
+    split = tpe._split_trials
+    if getattr(split, "once_per_ask", False):
+        return
+
+    def split_trials(study: Any, trials: list[Any], n_below: int) -> tuple[list[Any], list[Any]]:
+        if not isinstance(study, _TrialsReadOnce):
+            return split(study, trials, n_below)
+        if n_below not in study.splits:
+            study.splits[n_below] = split(study, trials, n_below)
+        below, above = study.splits[n_below]
+        return list(below), list(above)
+
+    split_trials.once_per_ask = True  # type: ignore[attr-defined]
+    tpe._split_trials = split_trials

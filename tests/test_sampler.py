@@ -1,6 +1,6 @@
 """The TPE sampler as the driver builds it: SciPy's vectorized log Φ in place of Optuna 5.0's
-per-element loop, and one read of the trials per ask instead of one per parameter (an ask at
-1,000 trials is several times faster), with the same suggestions."""
+per-element loop, and one read and one split of the trials per ask instead of one per
+parameter (an ask at 1,000 trials is several times faster), with the same suggestions."""
 
 from __future__ import annotations
 
@@ -62,7 +62,11 @@ def _batched_suggestions(study: optuna.Study) -> list[dict[str, Any]]:
     return [t.params for t in study.trials]
 
 
-def test_tpe_reads_the_trials_once_per_ask_and_suggests_as_optuna_does(tmp_path: Path) -> None:
+def test_tpe_reads_and_splits_the_trials_once_per_ask_and_suggests_as_optuna_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optuna.samplers._tpe import sampler as tpe
+
     sampler = build_sampler(_tpe_stage(), 0)
     assert isinstance(sampler, ReadOnceTPESampler)
     samplers = {
@@ -70,7 +74,8 @@ def test_tpe_reads_the_trials_once_per_ask_and_suggests_as_optuna_does(tmp_path:
         "optuna": optuna.samplers.TPESampler(seed=3, n_startup_trials=sampler._n_startup_trials, constant_liar=True,
                                              multivariate=False, group=False),
     }  # fmt: skip
-    suggested, reads = {}, {}
+    suggested, reads, splits = {}, {}, {}
+    split_complete = tpe._split_complete_trials  # what every split of the trials goes through
     for label, candidate in samplers.items():
         study = optuna.create_study(sampler=candidate, storage=f"sqlite:///{tmp_path}/{label.replace(' ', '_')}.db")
         read = study._storage.get_all_trials  # what Study and TPE read the trials through
@@ -80,7 +85,12 @@ def test_tpe_reads_the_trials_once_per_ask_and_suggests_as_optuna_does(tmp_path:
             reads[_label] += 1
             return _read(*args, **kwargs)
 
+        def counting_splits(*args: Any, _label: str = label, **kwargs: Any) -> Any:
+            splits[_label] = splits.get(_label, 0) + 1
+            return split_complete(*args, **kwargs)
+
         study._storage.get_all_trials = counting
+        monkeypatch.setattr(tpe, "_split_complete_trials", counting_splits)
         suggested[label] = _batched_suggestions(study)
 
     assert suggested["read once"] == suggested["optuna"]
@@ -88,3 +98,6 @@ def test_tpe_reads_the_trials_once_per_ask_and_suggests_as_optuna_does(tmp_path:
     # (4 an ask); read once, for the waiting queue and the first parameter (2 an ask)
     assert reads["optuna"] >= 40 * 4
     assert reads["read once"] <= 40 * 2 + 2
+    # each of the 30 asks after the startup trials splits the trials: Optuna once for each
+    # parameter (3), read once for the first parameter only
+    assert splits["optuna"] == 3 * splits["read once"] >= 3 * 30
