@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the repository, not an installed package
 
 from benchmarks.run import eta_at, hours_to_reach, median_interval  # noqa: E402
+from cluster import require_pg  # noqa: E402
 
 
 def test_hours_to_reach_and_eta_at_budget_read_the_trace() -> None:
@@ -62,3 +63,29 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
         assert 0.0 <= row["false_win_rate"] <= 1.0
     assert (tmp_path / "curves.html").stat().st_size > 1000
     assert any(line.startswith("default: verl-sweep/random") for line in data["acceptance"])
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_overhead_fill_writes_trials_that_optuna_reads_and_samples_from(tmp_path: Path, backend: str) -> None:
+    """The ask + tell benchmark fills its study in bulk, past Optuna's API: the trials must be
+    the ones Optuna would have written (numbers in order, values, parameters), and the
+    driver's TPE must ask and tell on them."""
+    import optuna
+
+    from benchmarks.overhead import _distributions, _fill, _sampler, _verl_sweep_study
+    from search.storage import open_storage
+
+    url = f"sqlite:///{tmp_path}/fill.db" if backend == "sqlite" else require_pg()
+    storage = open_storage(url)
+    _, stage = _verl_sweep_study(storage, 0)
+    _fill(storage, stage, 150, seed=1)
+    _fill(storage, stage, 150, seed=2)  # numbering goes on from the trials already there
+
+    study = optuna.load_study(study_name=stage.study_name, storage=storage, sampler=_sampler("tpe"))
+    trials = study.get_trials()
+    assert [t.number for t in trials] == list(range(300))
+    assert all(t.state == optuna.trial.TrialState.COMPLETE and t.value is not None for t in trials)
+    assert len({t.params["lr"] for t in trials}) == 300  # two seeds, not one repeated
+    trial = study.ask(_distributions())
+    study.tell(trial, 1.0)
+    assert trial.number == 300 and study.trials[-1].state == optuna.trial.TrialState.COMPLETE
