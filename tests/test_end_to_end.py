@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -115,6 +117,19 @@ def test_export_overrides_format(finished_demo: Path) -> None:
     assert all("=" in line for line in lines)
 
 
+def _has_study(db: Path, name: str) -> bool:
+    """Whether the driver has created study ``name`` yet. Read-only: an RDBStorage opened here
+    while the driver is still creating the schema would create the same tables
+    ("table study_user_attributes already exists")."""
+    if not db.exists():
+        return False
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        try:
+            return conn.execute("SELECT 1 FROM studies WHERE study_name = ?", (name,)).fetchone() is not None
+        except sqlite3.OperationalError:  # no studies table yet, or the driver holds a lock
+            return False
+
+
 def _trials_db(db: Path) -> dict[str, list[dict[str, Any]]]:
     import optuna
 
@@ -139,8 +154,8 @@ def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             assert driver.poll() is None, f"driver ended early: {driver.stderr.read() if driver.stderr else ''}"
-            if db.exists():
-                trials = _trials_db(db).get("demo.kl", [])
+            if _has_study(db, "demo.kl"):
+                trials = _trials_db(db)["demo.kl"]
                 if sum(t["state"] == "COMPLETE" for t in trials) >= 2 and any(t["state"] == "RUNNING" for t in trials):
                     break
             time.sleep(0.3)
