@@ -1,14 +1,16 @@
 """The samplers a stage uses, rebuilt from its saved settings on every resume.
 
-TPE is Optuna's, with three changes that make an ask several times faster at 1,000 trials and
+TPE is Optuna's, with four changes that make an ask several times faster at 1,000 trials and
 leave its suggestions as they were: SciPy's vectorized log Φ, one read of the study's trials
-per ask, and one split of them into good and bad per ask (``ReadOnceTPESampler``).
+per ask, one split of them into good and bad per ask, and each finished trial's parameters
+converted once, not on every ask (``ReadOnceTPESampler``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import optuna
 
 from search.errors import BadInputError
@@ -48,6 +50,13 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
     (``split_once_per_ask``)."""
 
     _view: "_TrialsReadOnce | None" = None  # the current ask's
+    #: by (storage, study, search space): each finished trial's parameters in TPE's internal
+    #: representation, or None where it lacks one of them
+    _internal_reprs: dict[tuple[Any, ...], dict[int, tuple[Any, ...] | None]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._internal_reprs = {}
 
     def _sample(self, study: optuna.Study, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
         key = (id(study._storage), study._study_id, trial._trial_id)  # the ask's own trial
@@ -55,6 +64,30 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
         if view is None or view.key != key:
             view = self._view = _TrialsReadOnce(study, key)
         return super()._sample(view, trial, search_space)
+
+    def _get_internal_repr(self, trials: list[Any], search_space: dict[str, Any], study: Any) -> dict[str, np.ndarray]:
+        """Optuna's conversion of the trials' parameters, each finished trial converted once per
+        study and search space instead of on every ask: at 1,000 trials Optuna's loop over
+        them, twice for every parameter, took a third of a TPE ask. A finished trial's
+        parameters do not change; a running trial's (multivariate TPE reads its planned
+        ones) are converted on every ask, as before."""
+        known = self._internal_reprs.setdefault((id(study._storage), study._study_id, tuple(search_space.items())), {})
+        rows = []
+        for trial in trials:
+            row = known.get(trial._trial_id, _UNSEEN)
+            if row is _UNSEEN:
+                params = self._get_params(trial, study)
+                row = (tuple(dist.to_internal_repr(params[name]) for name, dist in search_space.items())
+                       if search_space.keys() <= params.keys() else None)  # fmt: skip
+                if trial.state.is_finished():
+                    known[trial._trial_id] = row
+            if row is not None:
+                rows.append(row)
+        columns = list(zip(*rows)) if rows else [() for _ in search_space]
+        return {name: np.asarray(column) for name, column in zip(search_space, columns)}
+
+
+_UNSEEN = object()
 
 
 class _TrialsReadOnce:

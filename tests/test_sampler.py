@@ -20,9 +20,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 OPTUNA_LOG_NDTR = np.frompyfunc(_truncnorm._log_ndtr_single, 1, 1)
 
 
-def _tpe_stage() -> StageSettings:
+def _tpe_stage(*, multivariate: bool = False) -> StageSettings:
     return StageSettings.model_validate({"name": "lr", "space": "lr", "budget": {"max_trials": 40},
-                                         "sampler": {"name": "tpe", "seed": 3}})  # fmt: skip
+                                         "sampler": {"name": "tpe", "seed": 3, "multivariate": multivariate}})  # fmt: skip
 
 
 def _suggestions(sampler: optuna.samplers.BaseSampler) -> list[tuple[float, int]]:
@@ -62,19 +62,28 @@ def _batched_suggestions(study: optuna.Study) -> list[dict[str, Any]]:
     return [t.params for t in study.trials]
 
 
+@pytest.mark.parametrize("multivariate", [False, True])
 def test_tpe_reads_and_splits_the_trials_once_per_ask_and_suggests_as_optuna_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, multivariate: bool
 ) -> None:
     from optuna.samplers._tpe import sampler as tpe
 
-    sampler = build_sampler(_tpe_stage(), 0)
+    sampler = build_sampler(_tpe_stage(multivariate=multivariate), 0)
     assert isinstance(sampler, ReadOnceTPESampler)
     samplers = {
         "read once": sampler,
         "optuna": optuna.samplers.TPESampler(seed=3, n_startup_trials=sampler._n_startup_trials, constant_liar=True,
-                                             multivariate=False, group=False),
+                                             multivariate=multivariate, group=multivariate),
     }  # fmt: skip
-    suggested, reads, splits = {}, {}, {}
+    converted = []  # the trials whose parameters TPE converted to its internal representation
+    get_params = tpe.TPESampler._get_params
+
+    def counting_conversions(self: Any, trial: Any, study: Any) -> Any:
+        converted.append(trial.state)
+        return get_params(self, trial, study)
+
+    monkeypatch.setattr(tpe.TPESampler, "_get_params", counting_conversions)
+    suggested, reads, splits, conversions = {}, {}, {}, {}
     split_complete = tpe._split_complete_trials  # what every split of the trials goes through
     for label, candidate in samplers.items():
         study = optuna.create_study(sampler=candidate, storage=f"sqlite:///{tmp_path}/{label.replace(' ', '_')}.db")
@@ -91,9 +100,20 @@ def test_tpe_reads_and_splits_the_trials_once_per_ask_and_suggests_as_optuna_doe
 
         study._storage.get_all_trials = counting
         monkeypatch.setattr(tpe, "_split_complete_trials", counting_splits)
+        converted.clear()
         suggested[label] = _batched_suggestions(study)
+        conversions[label] = list(converted)
 
     assert suggested["read once"] == suggested["optuna"]
+    # Optuna converts every trial on every ask; read once, each finished trial once per search
+    # space (each parameter's; multivariate, the three together), and the running ones (whose
+    # planned parameters multivariate TPE reads) on every ask. All but the last batch of 4
+    # trials finish before an ask sees them.
+    finished = [state for state in conversions["read once"] if state.is_finished()]
+    assert len(finished) == (40 - 4) * (1 if multivariate else 3)
+    assert len(conversions["optuna"]) > 5 * len(conversions["read once"])
+    if multivariate:
+        return  # Optuna's multivariate TPE reads the trials for its search space, too
     # 40 asks of 3 parameters: Optuna reads for the waiting queue and for each parameter
     # (4 an ask); read once, for the waiting queue and the first parameter (2 an ask)
     assert reads["optuna"] >= 40 * 4
