@@ -4,7 +4,8 @@
   probe starting on the freed slot (its spec.json written), with the staged driver and real
   simulator processes (SimLauncher);
 - ask + tell latency of the driver's samplers on a study already holding 1,000 and 10,000
-  trials, on SQLite and on PostgreSQL (``$VERL_SWEEP_TEST_PG_URL`` or the local server);
+  trials, on SQLite and on PostgreSQL (``$VERL_SWEEP_TEST_PG_URL`` or the local server), with
+  verl-sweep's storage and, side by side, Optuna's own RDBStorage;
 - ``verl-sweep status`` wall time (a subprocess, as a user runs it) on a 10,000-trial study.
 """
 
@@ -146,17 +147,14 @@ def _verl_sweep_study(storage: Any, n: int) -> tuple[str, Any]:
     return name, stage
 
 
-def _unpooled(storage: Any) -> Any:
-    """A second handle on the same database with the engine open_storage used before issue 8
-    (NullPool: a new connection for every storage call), for a before/after comparison."""
+def _optuna_storage(storage: Any) -> Any:
+    """A second handle on the same database, with the same pooled engine, but Optuna's own
+    RDBStorage instead of verl-sweep's ``SweepStorage``: the before/after of its fast paths."""
     from optuna.storages import RDBStorage
-    from sqlalchemy.pool import NullPool
 
-    state = storage.__getstate__()
-    state["engine_kwargs"] = {"poolclass": NullPool, "connect_args": {"connect_timeout": 10}}
-    before = RDBStorage.__new__(RDBStorage)
-    before.__setstate__(state)  # what unpickling does: a new engine from engine_kwargs
-    return before
+    plain = RDBStorage.__new__(RDBStorage)
+    plain.__setstate__(storage.__getstate__())  # what unpickling does: a new engine from engine_kwargs
+    return plain
 
 
 def _sampler(name: str) -> Any:
@@ -186,12 +184,12 @@ def _time_ask_tell(studies: dict[str, Any], n_cycles: int) -> dict[str, list[flo
 
 
 def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, status_at: int | None = None,
-                    compare_unpooled: bool = False, in_memory: bool = False) -> dict[str, Any]:  # fmt: skip
+                    compare_optuna: bool = False, in_memory: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per size: fill a verl-sweep stage study with that many trials (``_fill``), time
     ``n_cycles`` ask + tell with TPE as the driver builds it and with random; at
     ``status_at`` trials also time ``verl-sweep status`` on it (a subprocess, as users run it).
-    ``compare_unpooled`` (PostgreSQL): also time the NullPool engine, interleaved with the
-    pooled one. ``in_memory``: also time the same trials in Optuna's in-memory storage, which
+    ``compare_optuna``: also time Optuna's own RDBStorage on the same pool, interleaved with
+    verl-sweep's (``sweep``). ``in_memory``: also time the same trials in Optuna's in-memory storage, which
     is the sampler's own cost with no database."""
     import optuna
 
@@ -199,9 +197,9 @@ def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, sta
 
     storage = open_storage(url)
     backend = url.split(":")[0].split("+")[0]
-    handles = {"pooled": storage}
-    if compare_unpooled and backend == "postgresql":
-        handles["nullpool"] = _unpooled(storage)
+    handles = {"sweep": storage}
+    if compare_optuna:
+        handles["optuna"] = _optuna_storage(storage)
     rows: list[dict[str, Any]] = []
     status: list[dict[str, Any]] = []
     name, stage = _verl_sweep_study(storage, 0)
@@ -257,12 +255,13 @@ def measure_all(*, quick: bool = False) -> dict[str, Any]:
     # tmpfs when there is one: SQLite's fsync per trial would otherwise dominate the filling.
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vs-asktell-", dir=shm) as tmp:
-        part = measure_backend(f"sqlite:///{tmp}/overhead.db", sizes, n_cycles=cycles, status_at=sizes[-1])
+        part = measure_backend(f"sqlite:///{tmp}/overhead.db", sizes, n_cycles=cycles, status_at=sizes[-1],
+                               compare_optuna=not quick)  # fmt: skip
         result["ask_tell"] += part["ask_tell"]
         result["status"] += part["status"]
     url = None if quick else pg_url()
     if url is not None:
-        part = measure_backend(url, sizes, n_cycles=cycles, status_at=sizes[-1], compare_unpooled=True)
+        part = measure_backend(url, sizes, n_cycles=cycles, status_at=sizes[-1], compare_optuna=True)
         result["ask_tell"] += part["ask_tell"]
         result["status"] += part["status"]
     else:
@@ -290,18 +289,18 @@ def format_overhead(data: dict[str, Any]) -> str:
 
 
 def measure_ask_tell(*, n_trials: int = 1000, n_cycles: int = 10, postgres: bool = True) -> dict[str, Any]:
-    """Only the ask + tell latency at ``n_trials``: SQLite, PostgreSQL pooled and NullPool
-    interleaved, and the in-memory storage (the sampler alone); no hand-off, no status."""
+    """Only the ask + tell latency at ``n_trials``: SQLite and PostgreSQL, each with verl-sweep's
+    and Optuna's storage interleaved, and the in-memory storage (the sampler alone); no hand-off, no status."""
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     result: dict[str, Any] = {"ask_tell": [], "status": []}
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vs-asktell-", dir=shm) as tmp:
         result["ask_tell"] += measure_backend(f"sqlite:///{tmp}/overhead.db", (n_trials,), n_cycles=n_cycles,
-                                              in_memory=True)["ask_tell"]  # fmt: skip
+                                              compare_optuna=True, in_memory=True)["ask_tell"]  # fmt: skip
     url = pg_url() if postgres else None
     if url is not None:
-        result["ask_tell"] += measure_backend(url, (n_trials,), n_cycles=n_cycles, compare_unpooled=True)["ask_tell"]
+        result["ask_tell"] += measure_backend(url, (n_trials,), n_cycles=n_cycles, compare_optuna=True)["ask_tell"]
     else:
         result["postgres"] = "skipped (--no-postgres)" if not postgres else "no PostgreSQL server answered"
     return result

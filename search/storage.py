@@ -2,7 +2,8 @@
 
 Optuna reports every database problem as ``StorageInternalError``; the real cause is in
 ``__cause__``, so it is unwrapped here and shown with the password masked. On PostgreSQL each
-process keeps one pooled, pre-pinged connection (see ``PG_POOL`` for why).
+process keeps one pooled, pre-pinged connection (see ``PG_POOL`` for why). The storage is
+Optuna's RDBStorage with faster reads and writes of trials (``search/sweep_storage.py``).
 """
 
 from __future__ import annotations
@@ -76,9 +77,8 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
     import warnings
 
     import optuna
-    from optuna.storages import RDBStorage
-
     from search.liveness import requeue_stale_trial
+    from search.sweep_storage import SweepStorage
 
     # heartbeat_interval is "experimental" in Optuna 5.0, but it is what we rely on; and we
     # record heartbeats ourselves (ask/tell), which Optuna warns about on every ask.
@@ -102,7 +102,7 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     try:
         return with_retries(
-            lambda: RDBStorage(
+            lambda: SweepStorage(
                 url,
                 engine_kwargs=_engine_kwargs(url),
                 heartbeat_interval=HEARTBEAT_INTERVAL_S,
