@@ -8,6 +8,7 @@ converted once, not on every ask (``ReadOnceTPESampler``).
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,8 +52,8 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
 
     _view: "_TrialsReadOnce | None" = None  # the current ask's
     #: by (storage, study, search space): each finished trial's parameters in TPE's internal
-    #: representation, or None where it lacks one of them
-    _internal_reprs: dict[tuple[Any, ...], dict[int, tuple[Any, ...] | None]]
+    #: representation, or _LACKS_ONE
+    _internal_reprs: dict[tuple[Any, ...], dict[int, tuple[Any, ...]]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,22 +73,22 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
         parameters do not change; a running trial's (multivariate TPE reads its planned
         ones) are converted on every ask, as before."""
         known = self._internal_reprs.setdefault((id(study._storage), study._study_id, tuple(search_space.items())), {})
-        rows = []
-        for trial in trials:
-            row = known.get(trial._trial_id, _UNSEEN)
-            if row is _UNSEEN:
+        rows = list(map(known.get, map(_TRIAL_ID, trials)))  # the loop in C: it runs 8 times an ask
+        for i, trial in enumerate(trials) if None in rows else ():
+            if rows[i] is None:  # running, or not seen yet
                 params = self._get_params(trial, study)
-                row = (tuple(dist.to_internal_repr(params[name]) for name, dist in search_space.items())
-                       if search_space.keys() <= params.keys() else None)  # fmt: skip
+                rows[i] = (tuple(dist.to_internal_repr(params[name]) for name, dist in search_space.items())
+                           if search_space.keys() <= params.keys() else _LACKS_ONE)  # fmt: skip
                 if trial.state.is_finished():
-                    known[trial._trial_id] = row
-            if row is not None:
-                rows.append(row)
+                    known[trial._trial_id] = rows[i]
+        if _LACKS_ONE in rows:
+            rows = [row for row in rows if row is not _LACKS_ONE]
         columns = list(zip(*rows)) if rows else [() for _ in search_space]
         return {name: np.asarray(column) for name, column in zip(search_space, columns)}
 
 
-_UNSEEN = object()
+_TRIAL_ID = operator.attrgetter("_trial_id")
+_LACKS_ONE = ()  # a trial without one of the search space's parameters: Optuna leaves it out
 
 
 class _TrialsReadOnce:

@@ -7,7 +7,7 @@ child rows in turn (six statements; ``_get_trials`` seven), and every transactio
 and a COMMIT to the pool's ping: about 85 round trips an ask + tell on PostgreSQL, most of its
 time at 1,000 trials. Here:
 
-- a read is two statements outside a transaction: the trials, then all their child rows in one
+- a read is one statement outside a transaction: the trials and all their child rows in one
   UNION ALL; Optuna's own ``_build_frozen_trial_from_trial_model`` makes the FrozenTrials, so
   what is read is what Optuna would read;
 - a parameter of a distribution the study already holds is one INSERT that happens only while
@@ -40,27 +40,33 @@ _VALUES = models.TrialValueModel.__table__
 _UNFINISHED = [TrialState.RUNNING, TrialState.WAITING]
 
 
-def _child_rows(trial_ids: Any) -> Any:
-    """All child rows of the trials ``trial_ids`` selects, in one statement, as (trial_id, kind,
-    ord, key, num, body); enums come as their names."""
-    text, num = sa.Text, sa.Float(precision=models.FLOAT_PRECISION)
+def _rows_of(trials: Any) -> Any:
+    """The trials that ``trials`` (a WHERE clause on the trials table) selects and all their
+    child rows, in one statement, as (trial_id, kind, ord, key, num, body, started, completed);
+    enums come as their names."""
+    text, num, when = sa.Text, sa.Float(precision=models.FLOAT_PRECISION), _TRIALS.c.datetime_start.type
+    t = _TRIALS.c
+    ids = sa.select(t.trial_id).where(trials)
 
-    def branch(model: Any, kind: str, order: Any, key: Any, number: Any, body: Any) -> Any:
-        table = model.__table__
+    def branch(table: Any, kind: str, order: Any, key: Any, number: Any, body: Any) -> Any:
         return sa.select(table.c.trial_id, sa.literal(kind, text).label("kind"), order.label("ord"),
                          sa.cast(key, text).label("key"), sa.cast(number, num).label("num"),
-                         sa.cast(body, text).label("body")).where(table.c.trial_id.in_(trial_ids))  # fmt: skip
+                         sa.cast(body, text).label("body"), sa.cast(sa.null(), when).label("started"),
+                         sa.cast(sa.null(), when).label("completed")).where(table.c.trial_id.in_(ids))  # fmt: skip
 
-    p, v = _PARAMS.c, _VALUES.c
-    u, s = models.TrialUserAttributeModel.__table__.c, models.TrialSystemAttributeModel.__table__.c
-    i = models.TrialIntermediateValueModel.__table__.c
+    user, system = models.TrialUserAttributeModel.__table__, models.TrialSystemAttributeModel.__table__
+    steps = models.TrialIntermediateValueModel.__table__
+    p, v, u, s, i = _PARAMS.c, _VALUES.c, user.c, system.c, steps.c
     rows = sa.union_all(
-        branch(models.TrialParamModel, "param", p.param_id, p.param_name, p.param_value, p.distribution_json),
-        branch(models.TrialValueModel, "value", v.objective, sa.null(), v.value, v.value_type),
-        branch(models.TrialUserAttributeModel, "user", u.trial_user_attribute_id, u.key, sa.null(), u.value_json),
-        branch(models.TrialSystemAttributeModel, "system", s.trial_system_attribute_id, s.key, sa.null(), s.value_json),
-        branch(models.TrialIntermediateValueModel, "step", i.step, sa.null(), i.intermediate_value,
-               i.intermediate_value_type),
+        sa.select(t.trial_id, sa.literal("trial", text).label("kind"), t.number.label("ord"),
+                  sa.cast(sa.null(), text).label("key"), sa.cast(sa.null(), num).label("num"),
+                  sa.cast(t.state, text).label("body"), t.datetime_start.label("started"),
+                  t.datetime_complete.label("completed")).where(trials),  # first: its column types are the union's
+        branch(_PARAMS, "param", p.param_id, p.param_name, p.param_value, p.distribution_json),
+        branch(_VALUES, "value", v.objective, sa.null(), v.value, v.value_type),
+        branch(user, "user", u.trial_user_attribute_id, u.key, sa.null(), u.value_json),
+        branch(system, "system", s.trial_system_attribute_id, s.key, sa.null(), s.value_json),
+        branch(steps, "step", i.step, sa.null(), i.intermediate_value, i.intermediate_value_type),
     ).subquery()  # fmt: skip
     return sa.select(rows).order_by(rows.c.kind, rows.c.ord)
 
@@ -78,15 +84,13 @@ def _trial_filter(*, by_id: bool = False, states: bool = False, included: bool =
     return sa.and_(where, newer) if after else where
 
 
-_READS: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # each built once: SQLAlchemy caches its compilation
+_READS: dict[tuple[Any, ...], Any] = {}  # each built once: SQLAlchemy caches its compilation
 
 
-def _read_statements(**shape: bool) -> tuple[Any, Any]:
+def _read_statement(**shape: bool) -> Any:
     key = tuple(sorted(shape.items()))
     if key not in _READS:
-        where = _trial_filter(**shape)
-        _READS[key] = (sa.select(_TRIALS).where(where).order_by(_TRIALS.c.trial_id),
-                       _child_rows(sa.select(_TRIALS.c.trial_id).where(where)))  # fmt: skip
+        _READS[key] = _rows_of(_trial_filter(**shape))
     return _READS[key]
 
 
@@ -123,8 +127,8 @@ class _LoadedTrial:
     datetime_complete = models.TrialModel.datetime_complete
 
     def __init__(self, row: Any) -> None:
-        self.trial_id, self.number, self.state = row.trial_id, row.number, row.state
-        self._datetime_start_utc, self._datetime_complete_utc = row.datetime_start, row.datetime_complete
+        self.trial_id, self.number, self.state = row.trial_id, row.ord, TrialState[row.body]
+        self._datetime_start_utc, self._datetime_complete_utc = row.started, row.completed
         self.params: list[Any] = []
         self.values: list[Any] = []
         self.user_attributes: list[Any] = []
@@ -174,13 +178,13 @@ class SweepStorage(RDBStorage):
             raise StorageInternalError(f"a database call failed: {type(e).__name__}") from e
 
     def _read_trials(self, shape: dict[str, bool], values: dict[str, Any]) -> list[FrozenTrial]:
-        select_trials, select_children = _read_statements(**shape)
         with self._connection(transaction=False) as conn:
-            loaded = {row.trial_id: _LoadedTrial(row) for row in conn.execute(select_trials, values)}
-            if loaded:
-                for child in conn.execute(select_children, values):
-                    if child.trial_id in loaded:  # not one that started after the first statement
-                        loaded[child.trial_id].add(child)
+            rows = conn.execute(_read_statement(**shape), values).all()
+        trials = sorted((row for row in rows if row.kind == "trial"), key=lambda row: row.trial_id)
+        loaded = {row.trial_id: _LoadedTrial(row) for row in trials}
+        for row in rows:
+            if row.kind != "trial":
+                loaded[row.trial_id].add(row)
         return [self._build_frozen_trial_from_trial_model(trial) for trial in loaded.values()]  # type: ignore[arg-type]
 
     def get_trial(self, trial_id: int) -> FrozenTrial:
