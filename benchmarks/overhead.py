@@ -183,10 +183,11 @@ def _time_ask_tell(studies: dict[str, Any], n_cycles: int) -> dict[str, list[flo
     return times
 
 
-def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, status_at: int | None = None,
+def measure_backend(url: str, cycles: dict[int, int], *, status_at: int | None = None,
                     compare_optuna: bool = False, in_memory: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Per size: fill a verl-sweep stage study with that many trials (``_fill``), time
-    ``n_cycles`` ask + tell with TPE as the driver builds it and with random; at
+    """Per size in ``cycles`` (trials: ask + tell cycles): fill a verl-sweep stage study with
+    that many trials (``_fill``), time that many ask + tell with TPE as the driver builds it
+    and with random; at
     ``status_at`` trials also time ``verl-sweep status`` on it (a subprocess, as users run it).
     ``compare_optuna``: also time Optuna's own RDBStorage on the same pool, interleaved with
     verl-sweep's (``sweep``). ``in_memory``: also time the same trials in Optuna's in-memory storage, which
@@ -204,7 +205,7 @@ def measure_backend(url: str, sizes: tuple[int, ...], *, n_cycles: int = 10, sta
     status: list[dict[str, Any]] = []
     name, stage = _verl_sweep_study(storage, 0)
     filled = 0
-    for size in sizes:
+    for size, n_cycles in cycles.items():
         fill_s = _fill(storage, stage, size - filled, seed=size)
         filled = size
         memory = None
@@ -250,18 +251,18 @@ def measure_all(*, quick: bool = False) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     result: dict[str, Any] = {"handoff": measure_handoff(n_trials=4 if quick else 8), "ask_tell": [], "status": []}
-    sizes = (200,) if quick else (1000, 10000)
-    cycles = 3 if quick else 10
+    # 30 cycles at 1,000 trials: the median of 10 moved by a quarter between runs minutes apart
+    cycles = {200: 3} if quick else {1000: 30, 10000: 10}
+    status_at = max(cycles)
     # tmpfs when there is one: SQLite's fsync per trial would otherwise dominate the filling.
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vs-asktell-", dir=shm) as tmp:
-        part = measure_backend(f"sqlite:///{tmp}/overhead.db", sizes, n_cycles=cycles, status_at=sizes[-1],
-                               compare_optuna=not quick)  # fmt: skip
+        part = measure_backend(f"sqlite:///{tmp}/overhead.db", cycles, status_at=status_at, compare_optuna=not quick)
         result["ask_tell"] += part["ask_tell"]
         result["status"] += part["status"]
     url = None if quick else pg_url()
     if url is not None:
-        part = measure_backend(url, sizes, n_cycles=cycles, status_at=sizes[-1], compare_optuna=True)
+        part = measure_backend(url, cycles, status_at=status_at, compare_optuna=True)
         result["ask_tell"] += part["ask_tell"]
         result["status"] += part["status"]
     else:
@@ -288,7 +289,7 @@ def format_overhead(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure_ask_tell(*, n_trials: int = 1000, n_cycles: int = 10, postgres: bool = True) -> dict[str, Any]:
+def measure_ask_tell(*, n_trials: int = 1000, n_cycles: int = 30, postgres: bool = True) -> dict[str, Any]:
     """Only the ask + tell latency at ``n_trials``: SQLite and PostgreSQL, each with verl-sweep's
     and Optuna's storage interleaved, and the in-memory storage (the sampler alone); no hand-off, no status."""
     warnings.filterwarnings("ignore")
@@ -296,11 +297,11 @@ def measure_ask_tell(*, n_trials: int = 1000, n_cycles: int = 10, postgres: bool
     result: dict[str, Any] = {"ask_tell": [], "status": []}
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vs-asktell-", dir=shm) as tmp:
-        result["ask_tell"] += measure_backend(f"sqlite:///{tmp}/overhead.db", (n_trials,), n_cycles=n_cycles,
+        result["ask_tell"] += measure_backend(f"sqlite:///{tmp}/overhead.db", {n_trials: n_cycles},
                                               compare_optuna=True, in_memory=True)["ask_tell"]  # fmt: skip
     url = pg_url() if postgres else None
     if url is not None:
-        result["ask_tell"] += measure_backend(url, (n_trials,), n_cycles=n_cycles, compare_optuna=True)["ask_tell"]
+        result["ask_tell"] += measure_backend(url, {n_trials: n_cycles}, compare_optuna=True)["ask_tell"]
     else:
         result["postgres"] = "skipped (--no-postgres)" if not postgres else "no PostgreSQL server answered"
     return result
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ask-tell-only", action="store_true", help="only ask + tell latency at --trials")
     parser.add_argument("--trials", type=int, default=1000, help="trials in the study (--ask-tell-only)")
-    parser.add_argument("--cycles", type=int, default=10, help="ask + tell cycles per sampler and engine")
+    parser.add_argument("--cycles", type=int, default=30, help="ask + tell cycles per sampler and engine")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
     parser.add_argument("--quick", action="store_true", help="small sizes, no PostgreSQL (full measure)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
