@@ -187,11 +187,10 @@ def measure_backend(url: str, cycles: dict[int, int], *, status_at: int | None =
                     compare_optuna: bool = False, in_memory: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per size in ``cycles`` (trials: ask + tell cycles): fill a verl-sweep stage study with
     that many trials (``_fill``), time that many ask + tell with TPE as the driver builds it
-    and with random; at
-    ``status_at`` trials also time ``verl-sweep status`` on it (a subprocess, as users run it).
-    ``compare_optuna``: also time Optuna's own RDBStorage on the same pool, interleaved with
-    verl-sweep's (``sweep``). ``in_memory``: also time the same trials in Optuna's in-memory storage, which
-    is the sampler's own cost with no database."""
+    and with random; at ``status_at`` trials also time ``verl-sweep status`` on it (a
+    subprocess, as users run it). ``compare_optuna``: also time Optuna's own RDBStorage on the
+    same pool, interleaved with verl-sweep's (``sweep``). ``in_memory``: also time the same
+    trials in Optuna's in-memory storage, which is the sampler's own cost with no database."""
     import optuna
 
     from search.storage import open_storage

@@ -53,7 +53,7 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
     _view: "_TrialsReadOnce | None" = None  # the current ask's
     #: by (storage, study, search space): each finished trial's parameters in TPE's internal
     #: representation, or _LACKS_ONE
-    _internal_reprs: dict[tuple[Any, ...], dict[int, tuple[Any, ...]]]
+    _internal_reprs: dict[tuple[Any, ...], dict[int, Any]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -88,7 +88,7 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
 
 
 _TRIAL_ID = operator.attrgetter("_trial_id")
-_LACKS_ONE = ()  # a trial without one of the search space's parameters: Optuna leaves it out
+_LACKS_ONE = object()  # a trial without one of the search space's parameters: Optuna leaves it out
 
 
 class _TrialsReadOnce:
