@@ -2,7 +2,7 @@
 
 Optuna reports every database problem as ``StorageInternalError``; the real cause is in
 ``__cause__``, so it is unwrapped here and shown with the password masked. On PostgreSQL each
-process keeps one pooled, pre-pinged connection (see ``PG_POOL`` for why). The storage is
+process keeps one pooled connection, pinged after it lay idle (see ``PG_POOL`` for why). The storage is
 Optuna's RDBStorage with faster reads and writes of trials (``search/sweep_storage.py``).
 """
 
@@ -55,21 +55,22 @@ def default_storage_for(name: str) -> str | None:
 #: makes 10-13 storage calls, so a new connection per call (NullPool) was most of ask+tell's
 #: time. max_overflow admits a second thread briefly (e.g. Optuna's heartbeat thread) without
 #: piling up: 16 workers hold at most 16 idle connections, far below max_connections (100).
-#: pool_pre_ping tests a connection on checkout (one round trip, ~0.2 ms) and replaces it when
-#: the server restarted meanwhile; pool_recycle replaces one older than that, before a server
-#: or firewall idle timeout can drop it. A failure inside a call still goes through
-#: with_retries/reset_connections, which dispose of the pool.
-PG_POOL: dict[str, Any] = {
-    "pool_size": 1, "max_overflow": 2, "pool_pre_ping": True, "pool_recycle": 600, "pool_timeout": 30,
-}
+#: The pool (``IdlePingPool``) pings a connection that lay idle before handing it out (one round
+#: trip, ~0.25 ms) and replaces it when the server restarted meanwhile; pool_recycle replaces
+#: one older than that, before a server or firewall idle timeout can drop it. A failure inside
+#: a call still goes through with_retries/reset_connections, which dispose of the pool.
+PG_POOL: dict[str, Any] = {"pool_size": 1, "max_overflow": 2, "pool_recycle": 600, "pool_timeout": 30}
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
         # Wait for a lock instead of failing at once when several processes write.
         return {"connect_args": {"timeout": 60}}
+    from search.sweep_storage import IdlePingPool
+
     # application_name: a DBA sees in pg_stat_activity whose connections these are.
-    return {**PG_POOL, "connect_args": {"connect_timeout": 10, "application_name": "verl-sweep"}}
+    return {**PG_POOL, "poolclass": IdlePingPool,
+            "connect_args": {"connect_timeout": 10, "application_name": "verl-sweep"}}
 
 
 def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorage":

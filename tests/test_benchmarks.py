@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the repository, not an installed package
+from benchmarks.run import eta_at, hours_to_reach, median_interval
+from cluster import require_pg
 
-from benchmarks.run import eta_at, hours_to_reach, median_interval  # noqa: E402
-from cluster import require_pg  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_hours_to_reach_and_eta_at_budget_read_the_trace() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.overhead import _optuna_storage
 from cluster import require_pg, require_pg_restart
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
@@ -48,6 +49,28 @@ def test_postgres_calls_reuse_one_connection() -> None:
     _ask_tell(storage, name, 5)
     # One ask + tell is 10+ storage calls: without a pool each would open its own connection.
     assert len(connects) <= 1
+
+
+@pytest.mark.postgres
+def test_postgres_pool_pings_only_a_connection_that_lay_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from search import sweep_storage
+    from search.storage import open_storage
+
+    pings: list[object] = []
+    real_ping = sweep_storage._ping
+    monkeypatch.setattr(sweep_storage, "_ping", lambda connection: (pings.append(1), real_ping(connection)))
+    monkeypatch.setattr(sweep_storage, "PING_AFTER_IDLE_S", 0.5)
+    storage = open_storage(require_pg())
+    name = _new_study(storage)
+    assert pings == [], "a new connection needs no ping"
+    time.sleep(0.6)
+    _ask_tell(storage, name, 3)  # 30+ checkouts, each right after the last
+    assert len(pings) == 1, "only the first checkout, after 0.6 s idle, should ping"
+    time.sleep(0.6)
+    _ask_tell(storage, name, 1)
+    assert len(pings) == 2
     assert storage.engine.pool.checkedout() == 0, "a storage call kept its connection"
 
 
@@ -62,7 +85,7 @@ def test_postgres_restart_between_calls_is_invisible() -> None:
     name = _new_study(storage)
     _ask_tell(storage, name, 2)
     subprocess.run(restart, shell=True, check=True, timeout=120)
-    # The pooled connection died with the server; pool_pre_ping replaces it on checkout, so
+    # The pooled connection died with the server; idle for seconds, it is pinged and replaced on checkout, so
     # the next calls succeed without going through with_retries.
     _ask_tell(storage, name, 2)
     import optuna
@@ -72,15 +95,6 @@ def test_postgres_restart_between_calls_is_invisible() -> None:
 
 def _url(backend: str, tmp_path: Path) -> str:
     return require_pg() if backend == "postgresql" else f"sqlite:///{tmp_path}/study.db"
-
-
-def _optuna_s(storage: Any) -> Any:
-    """Optuna's own RDBStorage on the same database and engine settings."""
-    from optuna.storages import RDBStorage
-
-    plain = RDBStorage.__new__(RDBStorage)
-    plain.__setstate__(storage.__getstate__())  # what unpickling does: a new engine
-    return plain
 
 
 def _trials_of_every_kind(storage: Any) -> list[int]:
@@ -120,7 +134,7 @@ def test_sweep_storage_reads_every_trial_as_optuna_s_storage_does(backend: str, 
 
     storage = open_storage(_url(backend, tmp_path))
     assert type(storage).__name__ == "SweepStorage"
-    optuna_s = _optuna_s(storage)
+    optuna_s = _optuna_storage(storage)
     study_ids = _trials_of_every_kind(storage)
     seen = set()
     for study_id in study_ids:
@@ -161,7 +175,7 @@ def test_sweep_storage_writes_parameters_as_optuna_s_storage_does(backend: str, 
     statements.clear()
     value = trial.suggest_float("lr", 5e-7, 5e-6, log=True)
     assert len(statements) == 1  # Optuna: the trial, then the insert, in a transaction
-    assert storage.get_trial(trial._trial_id).params == {"lr": value} == _optuna_s(storage).get_trial(trial._trial_id).params
+    assert storage.get_trial(trial._trial_id).params == {"lr": value} == _optuna_storage(storage).get_trial(trial._trial_id).params
     assert trial.suggest_float("lr", 5e-7, 5e-6, log=True) == value  # set already: no new row, no error
     with pytest.raises(ValueError, match="Cannot set different distribution kind"):
         storage.set_trial_param(trial._trial_id, "lr", 3.0, IntDistribution(1, 5))
@@ -170,7 +184,7 @@ def test_sweep_storage_writes_parameters_as_optuna_s_storage_does(backend: str, 
         study._storage.set_trial_param(trial._trial_id, "lr", lr.to_internal_repr(1e-6), lr)
     with pytest.raises(KeyError):
         study._storage.set_trial_param(10**9, "lr", lr.to_internal_repr(1e-6), lr)
-    assert [t.params for t in study.trials] == [t.params for t in _optuna_s(storage).get_all_trials(study._study_id)]
+    assert [t.params for t in study.trials] == [t.params for t in _optuna_storage(storage).get_all_trials(study._study_id)]
 
 
 def _as_written(storage: Any, study_ids: list[int]) -> list[Any]:
@@ -187,7 +201,7 @@ def test_sweep_storage_writes_trials_as_optuna_s_storage_does(backend: str, tmp_
     from search.storage import open_storage
 
     storage = open_storage(_url(backend, tmp_path))
-    optuna_s = _optuna_s(storage)
+    optuna_s = _optuna_storage(storage)
     ours, theirs = _trials_of_every_kind(storage), _trials_of_every_kind(optuna_s)
     assert _as_written(optuna_s, ours) == _as_written(optuna_s, theirs)
     trial_id = storage.get_all_trials(ours[0])[0]._trial_id  # told already
@@ -233,7 +247,7 @@ def test_sweep_storage_halves_the_statements_of_an_ask_and_tell(backend: str, tm
     name = _new_study(storage)
     dists = {name: FloatDistribution(0.0, 1.0) for name in ("a", "b", "c", "d")}
     counts = {}
-    for label, handle in (("sweep", storage), ("optuna", _optuna_s(storage))):
+    for label, handle in (("sweep", storage), ("optuna", _optuna_storage(storage))):
         study = optuna.load_study(study_name=name, storage=handle, sampler=optuna.samplers.RandomSampler(seed=0))
         study.tell(study.ask(dists), 0.0)  # warm: the distributions are known after this
         statements: list[str] = []
