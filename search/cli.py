@@ -184,7 +184,8 @@ def run(
     debug: bool = DebugOption,
 ) -> None:
     """Run a study from its YAML file (continues it if it already exists with the same definition;
-    new launcher slots or options, other than the landscape, are taken from the file)."""
+    new launcher slots or options, other than the landscape, and new budgets of stages not
+    finished are taken from the file)."""
     _setup(debug)
 
     def action() -> None:
@@ -208,8 +209,8 @@ def run(
         opened = open_storage(url)
         updated = save_spec(opened, spec)
         if updated:
-            print(f"study {spec.name}: took {', '.join(updated)} from the file (where and how probes run; "
-                  "everything else as stored)")
+            print(f"study {spec.name}: took {', '.join(updated)} from the file (budgets of stages not finished, "
+                  "where and how probes run; everything else as stored)")
         _remember_study(spec.name, url)
         runner = _make_runner(spec, opened, built)
         print(f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")

@@ -17,6 +17,7 @@ import difflib
 import json
 import logging
 import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -61,7 +62,8 @@ def stage_study_name(spec: StudySpec, stage: StageSettings) -> str:
 def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str]:
     """Create the root study holding the study definition; refuse a different definition
     under the same name (that would mix two experiments in one database). Changes to where
-    and how probes run (``_is_operational``) are stored instead; returns their field paths."""
+    and how probes run (``_is_operational``) and to the budgets of stages not finished are
+    stored instead; returns their field paths."""
 
     data = spec_to_dict(spec)
     try:
@@ -83,16 +85,41 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str
             "create. Pick another study name or another --storage."
         )
     changed = [path for path in _differences(stored, data) if path != "source_dir"]  # where the file lies
-    refused = [path for path in changed if not _is_operational(path)]
+    refused = [path for path in changed if not _is_operational(path) and not _BUDGET.match(path)]
     if refused:
         shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
         raise BadInputError(
             f"study {spec.name!r} already exists in this database with a different definition ({shown} "
             f"changed). Run `verl-sweep resume {spec.name}` to continue it as stored, or rename the study."
         )
+    # A stage's budget may change until the stage has chosen its winner: the stages after it
+    # start from that winner, so a finished stage stays as it ran.
+    budgets = {int(m["index"]) for path in changed if (m := _BUDGET.match(path))}
+    finished = [spec.stages[i].name for i in sorted(budgets) if stored_stage_result(storage, spec, spec.stages[i]) is not None]
+    if finished:
+        raise BadInputError(
+            f"study {spec.name!r}: the budget of a finished stage cannot change (changed: {', '.join(finished)}; "
+            "the stages after it started from its winner). Change only the budgets of stages not "
+            "finished, or rename the study to run it again."
+        )
     if changed:  # resume and workers read the stored definition: give them the new settings too
         root.set_user_attr(SPEC_ATTR, data)
     return changed
+
+
+#: a definition field that may change while its stage has not finished (``save_spec``)
+_BUDGET = re.compile(r"stages\[(?P<index>\d+)\]\.budget\.")
+
+
+def stored_stage_result(storage: optuna.storages.BaseStorage, spec: StudySpec,
+                        stage: StageSettings) -> StageResult | None:
+    """The stage's recorded result; None while it has not chosen its winner (or not started)."""
+    try:
+        study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
+    except KeyError:
+        return None
+    data = study.user_attrs.get("result")
+    return None if data is None else StageResult(**data)
 
 
 def _is_operational(path: str) -> bool:
@@ -255,12 +282,7 @@ class StudyRunner:
         return base
 
     def stage_result(self, stage: StageSettings) -> StageResult | None:
-        try:
-            study = optuna.load_study(study_name=stage_study_name(self.spec, stage), storage=self.storage)
-        except KeyError:
-            return None
-        data = study.user_attrs.get("result")
-        return None if data is None else StageResult(**data)
+        return stored_stage_result(self.storage, self.spec, stage)
 
     # -- one stage ------------------------------------------------------------------------------
     def _open_stage(self, stage: StageSettings, base: Config, settings: ProbeSettings, *,

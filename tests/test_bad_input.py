@@ -301,3 +301,35 @@ def test_a_mistyped_study_name_gets_the_closest_names_not_a_wall_of_them() -> No
     hint = _known_studies_hint("sweep1000", many)
     assert hint.startswith(" Did you mean 'sweep100'") and "480 studies here, e.g. sweep000," in hint
     assert len(hint) < 300
+
+
+def test_the_budget_of_a_finished_stage_cannot_change(study_db: Path) -> None:
+    before = _fingerprint(study_db)
+    data = _tiny()
+    data["stages"][0]["budget"]["max_trials"] = 4
+    path = write_study(study_db.parent, data, "tiny-more.yaml")
+    result = cli("run", str(path), "--storage", f"sqlite:///{study_db}", cwd=study_db.parent)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and re.search(r"study 'tiny': the budget of a finished stage cannot change \(changed: lr;",
+                                         lines[0]), lines
+    assert _fingerprint(study_db) == before
+
+
+def test_the_budget_of_a_stage_not_finished_is_taken_from_the_file(tmp_path: Path) -> None:
+    """Stopped before a stage finished (here: before any ran), the study goes on with the new
+    budget: the stage runs as many trials as the file now says."""
+    import optuna
+
+    from search.driver import save_spec
+    from search.storage import open_storage
+    from search.study_file import parse_study
+
+    save_spec(open_storage(f"sqlite:///{tmp_path}/tiny.db"), parse_study(_tiny()))
+    data = _tiny()
+    data["stages"][0]["budget"]["max_trials"] = 3
+    result = cli("run", str(write_study(tmp_path, data, "tiny.yaml")), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-1000:]
+    assert "study tiny: took stages[0].budget.max_trials from the file" in result.stdout
+    trials = optuna.load_study(study_name="tiny.lr", storage=f"sqlite:///{tmp_path}/tiny.db").trials
+    assert len(trials) == 3, [(t.number, t.state.name) for t in trials]
