@@ -309,22 +309,30 @@ def status(
 
 
 def _print_status_table(data: dict[str, Any]) -> None:
+    from rich import box
     from rich.console import Console as RichConsole
     from rich.table import Table
 
     from objectives.utilisation import findings
 
     console = RichConsole(highlight=False)
-    table = Table(title=f"study {data['study']} ({data['algorithm']})")
-    for column in ("stage", "state", "trials", "GPU-h", "GPU-h saved", "winner", "η [90% interval]"):
-        table.add_column(column, overflow="fold")
+    # No vertical rules, and no number broken in two: in 80 columns a winner such as
+    # "lr=4.997e-06" stays whole, the counts and the winner wrap between words, and η's
+    # interval goes under η.
+    table = Table(title=f"study {data['study']} ({data['algorithm']})", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for column in ("stage", "state", "trials", "GPU-h", "GPU-h\nsaved", "winner", "η [90% interval]"):
+        words = column in ("trials", "winner")
+        table.add_column(column, no_wrap=not words, min_width=12 if column == "winner" else None)
+    interval_apart = "\n" if console.width < 100 else " "
     for stage in data["stages"]:
         counts = stage.get("counts", {})
         winner = stage.get("winner") or {}
-        eta = f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" if winner else "—"
+        eta = (f"{winner['eta']:.3f}{interval_apart}[{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]"
+               if winner else "—")
         table.add_row(
             stage["name"], stage["state"],
-            " ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
+            "\n".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
             f"{stage.get('gpu_hours', 0.0):.1f}",
             f"{stage.get('gpu_hours_saved', 0.0):.1f}",
             _winner_cell(winner),

@@ -77,6 +77,24 @@ def test_status_json_reports_every_stage(finished_demo: Path) -> None:
 
 
 @pytest.mark.verl
+def test_status_table_fits_80_columns_and_breaks_no_number(finished_demo: Path) -> None:
+    """In a narrow terminal every η, interval and one-word winner in the table stays whole."""
+    from search.console import format_params
+
+    stages = _status(finished_demo)["stages"]
+    result = cli("status", "demo", "--storage", f"sqlite:///{finished_demo}/demo.db", cwd=finished_demo,
+                 env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.split(f"\n{stages[0]['name']}: ")[0]  # below it: one line per item
+    assert max(map(len, table.splitlines())) <= 80, table
+    for stage in stages:
+        winner = stage["winner"]
+        assert f"{winner['eta']:.3f}" in table and f"[{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" in table, table
+        changes = format_params(winner["overrides"])
+        if winner["winner_trial"] is not None and " " not in changes:  # e.g. lr=4.726e-06
+            assert changes in table, table
+
+
 def test_export_composes_with_real_verl(finished_demo: Path, tmp_path: Path) -> None:
     out = tmp_path / "export"
     result = cli("export", "demo", "--storage", f"sqlite:///{finished_demo}/demo.db", "-o", str(out / "best.yaml"),
