@@ -388,8 +388,9 @@ def test_status_table_names_a_long_winner_by_its_trial(demo_dir: Path) -> None:
     from search.console import format_params
 
     text = cli("status", "demo", cwd=demo_dir, env={"COLUMNS": "200"}).stdout
-    table = text[: text.index("└")]
-    for stage in json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]:
+    stages = json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]
+    table = text[: text.index(f"\n{stages[0]['name']}: ")]  # below it: one line per item
+    for stage in stages:
         winner = stage["winner"]
         if winner["winner_trial"] is None:
             continue
