@@ -1,8 +1,10 @@
 """LocalLauncher: verl probes as local processes, each on its own slot of GPUs.
 
 Contract:
-- G GPUs and g GPUs per probe give G // g slots; ``start`` raises ``NoCapacityError`` when
-  every slot is busy. A slot frees as soon as ``poll`` sees the exit or ``cancel`` kills it.
+- G GPUs and g GPUs per probe give G // g GPU groups, each shared by ``probes_per_gpu``
+  probes (a small model leaves most of a GPU idle: the tiny H200 study runs 4 at once), so
+  (G // g) × probes_per_gpu slots; ``start`` raises ``NoCapacityError`` when every slot is
+  busy. A slot frees as soon as ``poll`` sees the exit or ``cancel`` kills it.
 - Each run gets ``<root>/<run_id>/`` with ``spec.json``, ``process.json``, ``stdout.log``,
   ``stderr.log``, ``metrics.jsonl`` (verl's file logger), ``hydra/`` and, on real GPUs,
   ``gpu_samples.jsonl``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins of BRIEF §4
@@ -10,7 +12,8 @@ Contract:
 - With NVML GPUs present, ``start`` refuses a slot whose GPUs have less than
   ``min_free_gpu_memory_gb`` free. With no GPU and no explicit ``gpu_ids``, construction
   raises ``LauncherError`` (one line; the CLI maps it to exit 2).
-- ``cancel`` kills the whole tree, including Ray processes that left the group.
+- ``cancel`` kills the whole tree, including Ray processes that left the group; a probe that
+  exits by itself has its leftovers (Ray workers in process groups of their own) killed too.
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ class LocalLauncher(Launcher):
         *,
         gpu_ids: list[int] | None = None,
         gpus_per_probe: int = 1,
+        probes_per_gpu: int = 1,
         command: Sequence[str] | None = None,
         min_free_gpu_memory_gb: float = 5.0,
         clock: Clock = time.time,
@@ -119,6 +123,9 @@ class LocalLauncher(Launcher):
     ) -> None:
         if gpus_per_probe < 1:
             raise LauncherError(f"gpus_per_probe must be >= 1, but got {gpus_per_probe}.")
+        if isinstance(probes_per_gpu, bool) or not isinstance(probes_per_gpu, int) or not 1 <= probes_per_gpu <= 64:
+            raise LauncherError(f"probes_per_gpu must be an integer in [1, 64], but got {probes_per_gpu!r}. "
+                                "Use more than 1 only for models small enough to share a GPU.")
         n_real = self._count_real_gpus()
         if gpu_ids is None:
             gpu_ids = gpu_mod.visible_gpu_ids() if n_real else []
@@ -150,10 +157,13 @@ class LocalLauncher(Launcher):
         # NVML checks (preflight, sampling) only where the ids are real devices.
         self._nvml = bool(n_real)
         self._sample_gpus = sample_gpus and self._nvml
-        n_slots = len(self.gpu_ids) // gpus_per_probe
-        self._slots: list[tuple[int, ...]] = [
-            tuple(self.gpu_ids[i * gpus_per_probe : (i + 1) * gpus_per_probe]) for i in range(n_slots)
-        ]
+        self.probes_per_gpu = probes_per_gpu
+        groups = [tuple(self.gpu_ids[i * gpus_per_probe : (i + 1) * gpus_per_probe])
+                  for i in range(len(self.gpu_ids) // gpus_per_probe)]
+        # Sharing probes round-robin over the groups: with fewer probes than slots, each GPU
+        # gets as few as it can.
+        self._slots: list[tuple[int, ...]] = [g for _ in range(probes_per_gpu) for g in groups]
+        n_slots = len(self._slots)
         self._slot_owner: list[str | None] = [None] * n_slots
         self._records: dict[str, proc_mod.ProcessRecord] = {}
         self._samplers: dict[str, gpu_mod.GpuSampler] = {}
@@ -248,6 +258,10 @@ class LocalLauncher(Launcher):
         env.update(self._probe_env(spec, run_dir))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so CUDA's numbering is NVML's
+        # Ray's workers retitle themselves (``ray::IDLE``) with setproctitle, which by default
+        # overwrites /proc/PID/environ too, and with it the run marker that finds them once
+        # they have left the probe's process group; SPT_NOENV keeps the environment readable.
+        env["SPT_NOENV"] = "1"
         started_at = self.clock()
         # Remove last attempt's outputs so a reader never mixes two runs.
         for path in (metrics_path, stdout_path, stderr_path, run_dir / "gpu_samples.jsonl"):
@@ -306,6 +320,9 @@ class LocalLauncher(Launcher):
         if not finished:
             return RunState(RunStatus.RUNNING)
         self._release(handle.run_id)
+        # The leader is gone, but Ray's workers and raylet may not be (on the H200 they
+        # outlived main_ppo): kill whatever still carries the run's marker.
+        proc_mod.kill_tree(record, grace_s=self.kill_grace_s)
         proc_mod.forget_child(record.pid)
         self._remove_empty_ray_dir(handle.run_dir)
         if code == 0:

@@ -131,6 +131,9 @@ class StudySpec(_Strict):
     hardware: HardwareFacts
     algorithm: Algorithm
     baseline: dict[str, Any] = Field(default_factory=dict)
+    #: baseline keys allowed outside the method's safe bounds (a toy model that learns only
+    #: at a far larger lr, say); ``validate`` lists each one it lets through
+    unsafe_baseline: list[str] = Field(default_factory=list)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     seeds: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6], min_length=1)
     stages: list[StageSettings] = Field(default_factory=list)

@@ -38,6 +38,12 @@ _BASELINE_BOUNDS = {
 }
 
 
+def probes_per_gpu(spec: StudySpec) -> int:
+    """How many probes share one GPU (the local launcher's ``probes_per_gpu``; 1 elsewhere)."""
+    value = spec.launcher.options.get("probes_per_gpu", 1) if spec.launcher.kind == "local" else 1
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
 def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
     """Baseline values outside the safe bounds, and a token budget above the memory bound."""
     from spaces import SAFE_BOUNDS, token_budget
@@ -54,7 +60,13 @@ def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
         bound = SAFE_BOUNDS[name]
         if key == "algorithm.lam" and spec.algorithm.adv_estimator != "gae":
             continue
+        if name == "gpu_memory_utilization":
+            bound = bound.shared(probes_per_gpu(spec))
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not bound.contains(value):
+            if key in spec.unsafe_baseline:
+                logger.warning("baseline.%s=%s lies outside the safe bound (%s); allowed by unsafe_baseline",
+                               key, value, bound.describe())
+                continue
             problems.append(f"baseline.{key}: must be within the safe bound ({bound.describe()}), but got {value}. "
                             "Start from a safe baseline.")
     tokens = get(base, "actor_rollout_ref.rollout.max_num_batched_tokens")

@@ -102,6 +102,15 @@ class ParamBound:
         return dataclasses.replace(self, low=low, high=high, source=source)
 
 
+    def shared(self, n_sharing: int) -> "ParamBound":
+        """This bound for one of ``n_sharing`` probes on one GPU: a fraction of the card
+        (the memory fraction) is divided among them."""
+        if n_sharing <= 1:
+            return self
+        return dataclasses.replace(self, low=self.low / n_sharing, high=self.high / n_sharing,
+                                   source=f"{self.source}, ÷ {n_sharing} probes per GPU")
+
+
 def _fmt(value: float) -> str:
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1):
         return f"{int(value):,}"

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# On the lent H200, from the repository root: the real-verl study, one phase after another.
+# Idempotent; each device call runs some phases:  bash scripts/real_verl/device.sh PHASE...
+#   parts         copy the carried parts (.realverl/cN/pNN) to $R/parts
+#   setup         join + check + unpack the site tree, build the tiny model/data, print versions
+#   start         GPU monitor, nvidia-smi snapshot, the study driver and the failure provocations
+#   killresume:S  S s after start: SIGKILL the driver, record what it left, then `resume`
+#   follow:S      follow the study for up to S s (returns early when the driver exits)
+#   finish        status, report, export, real training from the export, evidence to $OUT
+set -uo pipefail
+REPO=$PWD; R=${VS_ROOT:-/tmp/vs}; EV=$R/evidence; STUDY=$R/study/tiny-h200.yaml
+DB=sqlite:///$R/study/tiny-h200.db
+mkdir -p "$R/parts" "$EV" "$R/study"
+export PYTHONPATH=$R/site:$REPO PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
+export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 RAY_DISABLE_DOCKER_CPU_WARNING=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+vs() { python3 -c 'import sys; sys.argv[0] = "verl-sweep"; from search.cli import main; main()' "$@"; }
+stamp() { date -u +%FT%T.%3NZ; }
+marked() {  # every live process that carries a run marker or is a Ray process
+  python3 - <<'PY'
+import psutil
+for p in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+    try:
+        env = p.environ().get("VERL_SWEEP_RUN_DIR", "")
+    except psutil.Error:
+        env = ""
+    name = p.info["name"] or ""
+    cmd = " ".join(p.info["cmdline"] or [])[:120]
+    if env or name.startswith("ray::") or "raylet" in cmd or "gcs_server" in cmd:
+        print(p.info["pid"], p.info["status"], name, env.rsplit("/", 1)[-1] or "-", cmd)
+PY
+}
+smi() { nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv,noheader; \
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; }
+running() { [ -f "$R/driver.pid" ] && kill -0 "$(cat "$R/driver.pid")" 2>/dev/null; }
+progress() {
+  local n; n=$(ls "$R"/study/runs/tiny-h200 2>/dev/null | wc -l)
+  echo "$(stamp) driver $(running && echo alive || echo gone); runs $n; steps: $(for f in "$R"/study/runs/tiny-h200/*/metrics.jsonl; do [ -f "$f" ] && printf '%s ' "$(wc -l < "$f")"; done)"
+}
+
+for phase in "$@"; do
+  echo "== $(stamp) phase $phase"
+  case $phase in
+  parts)
+    for d in .realverl/c*; do [ -d "$d" ] && cp -n "$d"/* "$R/parts/"; done
+    ls -la "$R/parts"; nvidia-smi -L; df -h /tmp | tail -1 ;;
+  setup)
+    if [ ! -f "$R/site/.ok" ]; then
+      [ "$(ls "$R"/parts/p* | wc -l)" -ge 3 ] || { echo "missing parts"; exit 1; }
+      cat "$R"/parts/p* > "$R/site.tar.xz"
+      (cd "$R" && sha256sum -c parts/site.tar.xz.sha256) || { echo "SHA MISMATCH"; exit 1; }
+      mkdir -p "$R/site" && tar -C "$R/site" -xJf "$R/site.tar.xz" && touch "$R/site/.ok"
+      rm -f "$R/site.tar.xz"
+    fi
+    python3 -c "import torch, vllm, verl, ray, optuna, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'ray', ray.__version__, 'optuna', optuna.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1 | tee "$EV/versions.txt"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$EV/versions.txt"
+    [ -f /tmp/vs-tiny/model/config.json ] || python3 scripts/real_verl/make_tiny.py /tmp/vs-tiny | tail -3 ;;
+  start)
+    cp "${VS_STUDY_SRC:-studies/tiny-h200.yaml}" "$STUDY"
+    [ -f "$R/monitor.pid" ] || { setsid nohup python3 scripts/real_verl/gpu_monitor.py "$EV/gpu_monitor.jsonl" >"$R/monitor.log" 2>&1 < /dev/null & echo $! > "$R/monitor.pid"; }
+    { stamp; smi; } > "$EV/nvidia-smi-before-study.txt"
+    if [ ! -f "$R/driver.pid" ]; then
+      date +%s > "$R/driver.started"
+      setsid nohup bash -c "$(declare -f vs); vs run '$STUDY'" > "$R/driver1.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
+      cp "$R/driver.pid" "$R/driver1.pid"
+      setsid nohup python3 scripts/real_verl/provoke.py "$STUDY" "$R/provoke-runs" "$EV/provoke.json" > "$EV/provoke.log" 2>&1 < /dev/null &
+    fi
+    sleep 5; progress ;;
+  killresume:*)
+    [ -f "$R/driver2.pid" ] && { echo "resumed already"; continue; }
+    wait_s=${phase#killresume:}; start=$(cat "$R/driver.started")
+    while [ $(( $(date +%s) - start )) -lt "$wait_s" ]; do sleep 2; done
+    { echo "# $(stamp) before SIGKILL of the driver (pid $(cat "$R/driver.pid"))"; marked; } > "$EV/killresume.txt"
+    vs status tiny-h200 --storage "$DB" >> "$EV/killresume.txt" 2>&1
+    pkill -9 -P "$(cat "$R/driver.pid")" 2>/dev/null; kill -9 "$(cat "$R/driver.pid")"; sleep 3
+    { echo "# $(stamp) after SIGKILL: the dead driver's probes run on"; marked; } >> "$EV/killresume.txt"
+    date +%s > "$R/resume.started"
+    setsid nohup bash -c "$(declare -f vs); vs resume tiny-h200 --storage '$DB'" > "$R/driver2.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
+    cp "$R/driver.pid" "$R/driver2.pid"
+    sleep 25
+    { echo "# $(stamp) 25 s into resume"; marked; head -30 "$R/driver2.log"; } >> "$EV/killresume.txt"
+    tail -25 "$EV/killresume.txt" ;;
+  follow:*)
+    end=$(( SECONDS + ${phase#follow:} ))
+    while [ $SECONDS -lt $end ] && running; do sleep 20; progress; done
+    progress; tail -5 "$R/driver1.log"; echo ...; tail -15 "$R/driver2.log" 2>/dev/null; cat "$EV/provoke.log" 2>/dev/null ;;
+  finish)
+    running && echo "STUDY NOT FINISHED: exporting its best so far"
+    { stamp; smi; echo; marked; } > "$EV/after-study.txt"
+    vs status tiny-h200 --storage "$DB" > "$EV/status.txt" 2>&1; cat "$EV/status.txt"
+    vs status tiny-h200 --storage "$DB" --json > "$EV/status.json" 2>&1
+    vs report tiny-h200 --storage "$DB" -o "$EV/report.html" > "$EV/report.log" 2>&1
+    vs export tiny-h200 --storage "$DB" -o "$EV/best.yaml" 2>&1 | tail -2
+    running && { kill "$(cat "$R/driver.pid")"; sleep 15; }
+    { stamp; smi; } > "$EV/nvidia-smi-before-train.txt"
+    VERL_FILE_LOGGER_PATH=$EV/train_from_export.metrics.jsonl timeout 420 python3 -m verl.trainer.main_ppo \
+      --config-path "$EV" --config-name best trainer.total_training_steps=${TRAIN_STEPS:-3} \
+      'trainer.logger=[console,file]' trainer.val_before_train=false trainer.save_freq=-1 trainer.resume_mode=disable \
+      trainer.default_local_dir=$R/ckpt hydra.run.dir=$R/train_hydra > "$EV/train_from_export.log" 2>&1
+    echo "train exit $?; steps $(wc -l < "$EV/train_from_export.metrics.jsonl" 2>/dev/null)"
+    { stamp; smi; echo; marked; } > "$EV/after-train.txt"
+    cp "$R/driver1.log" "$R/driver2.log" "$EV/" 2>/dev/null
+    cp "$R/study/tiny-h200.db" "$EV/"
+    gzip -f "$EV/train_from_export.log"
+    # runs: everything but the big logs, whose ends are kept
+    (cd "$R" && tar -czf "$OUT/runs.tar.gz" --exclude='*.log' study/runs provoke-runs)
+    for f in "$R"/study/runs/*/*/std*.log "$R"/provoke-runs/*/std*.log; do
+      [ -f "$f" ] && { d=$(dirname "$f"); mkdir -p "$R/logs/${d#$R/}"; tail -c 400000 "$f" > "$R/logs/${d#$R/}/$(basename "$f")"; }
+    done
+    (cd "$R" && tar -czf "$OUT/logs.tar.gz" logs)
+    tar -C "$R" -czf "$OUT/evidence.tar.gz" evidence
+    ls -la "$OUT" ;;
+  *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+done
