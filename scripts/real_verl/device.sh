@@ -52,6 +52,8 @@ for phase in "$@"; do
       mkdir -p "$R/site" && tar -C "$R/site" -xJf "$R/site.tar.xz" && touch "$R/site/.ok"
       rm -f "$R/site.tar.xz"
     fi
+    # verl-sweep's own CLI packages at the versions of constraints.txt (the image's may be older)
+    for w in .realverl/c*/extra/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" "$R/site"; done
     python3 -c "import torch, vllm, verl, ray, optuna, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'ray', ray.__version__, 'optuna', optuna.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1 | tee "$EV/versions.txt"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$EV/versions.txt"
     [ -f /tmp/vs-tiny/model/config.json ] || python3 scripts/real_verl/make_tiny.py /tmp/vs-tiny | tail -3 ;;
