@@ -27,6 +27,9 @@ class FailureKind(enum.Enum):
     NCCL_TIMEOUT = "nccl_timeout"
     ACTOR_DIED = "actor_died"
     CONFIG_ERROR = "config_error"
+    #: vLLM's engine did not start; its root cause stays in the Ray worker's own log, and on
+    #: a shared GPU it can be a neighbour freeing memory during vLLM's start-up profiling
+    ENGINE_START = "engine_start"
     KILLED = "killed"
     HANG = "hang"
     CRASH = "crash"
@@ -38,27 +41,21 @@ class FailureKind(enum.Enum):
 
 
 _RETRYABLE = frozenset(
-    {FailureKind.NCCL_TIMEOUT, FailureKind.ACTOR_DIED, FailureKind.KILLED, FailureKind.HANG}
+    {FailureKind.NCCL_TIMEOUT, FailureKind.ACTOR_DIED, FailureKind.ENGINE_START, FailureKind.KILLED, FailureKind.HANG}
 )
 
 # Checked in this order: an OOM usually also kills an actor, and a config error can mention
-# anything, so the most specific cause wins.
+# anything, so the most specific cause wins. Texts marked "H200" were recorded from real verl
+# 0.9.1 + vLLM 0.24.0 runs (tests/data/real-verl-0.9.1/).
 _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     (
         FailureKind.OOM,
         re.compile(
             r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA Error: out of memory"
             r"|HIP out of memory|No available memory for the cache blocks"
+            r"|less than desired GPU memory utilization"  # vLLM's start-up check of the memory fraction
             r"|Insufficient memory|RESOURCE_EXHAUSTED.*memory",
             re.IGNORECASE,
-        ),
-    ),
-    (
-        FailureKind.CONFIG_ERROR,
-        re.compile(
-            r"Error executing job with overrides|Could not override|ConfigCompositionException"
-            r"|ConfigAttributeError|ConfigKeyError|omegaconf\.errors|Key '[^']+' is not in struct"
-            r"|MissingMandatoryValue|InterpolationResolutionError|hydra\.errors",
         ),
     ),
     (
@@ -66,6 +63,28 @@ _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
         re.compile(
             r"Watchdog caught collective operation timeout|NCCL (?:communicator|operation).*tim(?:ed)? ?out"
             r"|ProcessGroupNCCL.*[Tt]imeout|DistBackendError.*[Tt]imeout|NCCL timeout",
+        ),
+    ),
+    (
+        FailureKind.ENGINE_START,
+        re.compile(
+            r"Error in memory profiling"  # vllm/v1/worker/gpu_worker.py: another process freed memory
+            r"|^RuntimeError: Engine core initialization failed.*"  # H200: all the probe's stderr says
+            r"|WorkerProc initialization failed",
+            re.MULTILINE,
+        ),
+    ),
+    (
+        FailureKind.CONFIG_ERROR,
+        re.compile(
+            r"Could not override|ConfigCompositionException"
+            r"|ConfigAttributeError|ConfigKeyError|omegaconf\.errors|Key '[^']+' is not in struct"
+            r"|MissingMandatoryValue|InterpolationResolutionError|hydra\.errors"
+            # H200: verl's start-up and first-step checks are assertions on the config, e.g.
+            # "rollout world_size: 1 is not divisible by infer_world_size: 2" (TP 2 on 1 GPU)
+            r"|^AssertionError: .*"
+            r"|Error executing job with overrides",  # Hydra's wrapper of any failure: the weakest sign
+            re.MULTILINE,
         ),
     ),
     (
@@ -80,6 +99,17 @@ _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
         re.compile(r"^Killed$|received SIGTERM|received signal SIGKILL|Terminated$", re.MULTILINE),
     ),
 )
+
+#: what Ray and vLLM put before a forwarded line: colour codes, ``(TaskRunnerV1 pid=17756)``,
+#: ``(EngineCore pid=20304)``
+_LINE_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m|\((?:[\w.]+ )?pid=\d+[^)]*\)\s*)+", re.MULTILINE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _plain(text: str) -> str:
+    """The text with Ray's and vLLM's per-line prefixes and colour codes removed."""
+    return _ANSI.sub("", _LINE_PREFIX.sub("", text))
+
 
 # Exit codes of a process ended by a signal: negative (Python's subprocess) or 128 + signo.
 _KILL_SIGNALS = {int(signal.SIGKILL), int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP)}
@@ -99,6 +129,7 @@ def diagnose(
     """Like ``classify`` but also returns the evidence (the matching line or the exit code)."""
     if expected_steps > 0 and last_step >= expected_steps:
         return None
+    stderr_tail = _plain(stderr_tail)
     for kind, pattern in _SIGNATURES:
         match = pattern.search(stderr_tail)
         if match:
@@ -116,8 +147,10 @@ def diagnose(
         return Failure(
             FailureKind.CRASH, f"exit code 0 at step {last_step} of {expected_steps} (ended early: data or epochs?)"
         )
-    lines = [line for line in stderr_tail.splitlines() if line.strip()]
-    return Failure(FailureKind.CRASH, lines[-1].strip() if lines else f"exit code {exit_code}")
+    found = _EXCEPTION_LINE.findall(stderr_tail)
+    lines = [line for line in stderr_tail.splitlines() if line.strip() and not line.startswith(_HYDRA_FOOTER)]
+    evidence = found[-1] if found else (lines[-1] if lines else f"exit code {exit_code}")
+    return Failure(FailureKind.CRASH, evidence.strip()[:300])
 
 
 def classify(
@@ -134,6 +167,8 @@ def classify(
 
 #: Hydra's first line of any failed job: it lists the overrides; the cause comes after it
 _HYDRA_WRAPPER = "Error executing job with overrides"
+#: Hydra's last line of any failed job: never the evidence
+_HYDRA_FOOTER = "Set the environment variable HYDRA_FULL_ERROR"
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|Could not override|Key '[^']+' is not in struct)\b.*", re.MULTILINE)
 
 

@@ -48,7 +48,8 @@ def test_worker_died_after_a_good_run_is_success() -> None:
 
 def test_retryable() -> None:
     retry = {k for k in FailureKind if k.retryable}
-    assert retry == {FailureKind.NCCL_TIMEOUT, FailureKind.ACTOR_DIED, FailureKind.KILLED, FailureKind.HANG}
+    assert retry == {FailureKind.NCCL_TIMEOUT, FailureKind.ACTOR_DIED, FailureKind.ENGINE_START, FailureKind.KILLED,
+                     FailureKind.HANG}
     assert not FailureKind.OOM.retryable and not FailureKind.CONFIG_ERROR.retryable
 
 

@@ -14,7 +14,8 @@ mkdir -p "$R/parts" "$EV" "$R/study"
 export PYTHONPATH=$R/site:$REPO PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 RAY_DISABLE_DOCKER_CPU_WARNING=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-vs() { python3 -c 'import sys; sys.argv[0] = "verl-sweep"; from search.cli import main; main()' "$@"; }
+VS_PY='import sys; sys.argv[0] = "verl-sweep"; from search.cli import main; main()'
+vs() { python3 -c "$VS_PY" "$@"; }
 stamp() { date -u +%FT%T.%3NZ; }
 marked() {  # every live process that carries a run marker or is a Ray process
   python3 - <<'PY'
@@ -63,7 +64,7 @@ for phase in "$@"; do
     { stamp; smi; } > "$EV/nvidia-smi-before-study.txt"
     if [ ! -f "$R/driver.pid" ]; then
       date +%s > "$R/driver.started"
-      setsid nohup bash -c "$(declare -f vs); vs run '$STUDY'" > "$R/driver1.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
+      setsid nohup python3 -c "$VS_PY" run "$STUDY" > "$R/driver1.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
       cp "$R/driver.pid" "$R/driver1.pid"
       setsid nohup python3 scripts/real_verl/provoke.py "$STUDY" "$R/provoke-runs" "$EV/provoke.json" > "$EV/provoke.log" 2>&1 < /dev/null &
     fi
@@ -74,10 +75,10 @@ for phase in "$@"; do
     while [ $(( $(date +%s) - start )) -lt "$wait_s" ]; do sleep 2; done
     { echo "# $(stamp) before SIGKILL of the driver (pid $(cat "$R/driver.pid"))"; marked; } > "$EV/killresume.txt"
     vs status tiny-h200 --storage "$DB" >> "$EV/killresume.txt" 2>&1
-    pkill -9 -P "$(cat "$R/driver.pid")" 2>/dev/null; kill -9 "$(cat "$R/driver.pid")"; sleep 3
+    kill -9 "$(cat "$R/driver.pid")"; sleep 3
     { echo "# $(stamp) after SIGKILL: the dead driver's probes run on"; marked; } >> "$EV/killresume.txt"
     date +%s > "$R/resume.started"
-    setsid nohup bash -c "$(declare -f vs); vs resume tiny-h200 --storage '$DB'" > "$R/driver2.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
+    setsid nohup python3 -c "$VS_PY" resume tiny-h200 --storage "$DB" > "$R/driver2.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
     cp "$R/driver.pid" "$R/driver2.pid"
     sleep 25
     { echo "# $(stamp) 25 s into resume"; marked; head -30 "$R/driver2.log"; } >> "$EV/killresume.txt"
@@ -93,7 +94,9 @@ for phase in "$@"; do
     vs status tiny-h200 --storage "$DB" --json > "$EV/status.json" 2>&1
     vs report tiny-h200 --storage "$DB" -o "$EV/report.html" > "$EV/report.log" 2>&1
     vs export tiny-h200 --storage "$DB" -o "$EV/best.yaml" 2>&1 | tail -2
-    running && { kill "$(cat "$R/driver.pid")"; sleep 15; }
+    # SIGTERM: the driver's own stop path (cancel every probe), as a Ctrl-C would
+    running && { kill "$(cat "$R/driver.pid")"; for _ in $(seq 30); do running || break; sleep 1; done; }
+    { stamp; smi; echo; marked; } > "$EV/after-sigterm.txt"
     { stamp; smi; } > "$EV/nvidia-smi-before-train.txt"
     VERL_FILE_LOGGER_PATH=$EV/train_from_export.metrics.jsonl timeout 420 python3 -m verl.trainer.main_ppo \
       --config-path "$EV" --config-name best trainer.total_training_steps=${TRAIN_STEPS:-3} \

@@ -1,0 +1,146 @@
+"""Real verl 0.9.1 + vLLM 0.24.0 runs on an H200, replayed on CPU through the metrics reader,
+the scorer, the health screen and the failure classifier (tests/data/real-verl-0.9.1/, see
+its PROVENANCE.md). Each test states what the device run itself did, so a reader, scorer or
+classifier that drifts from real verl fails here."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+
+from objectives.failures import FailureKind, diagnose, tail
+from objectives.health import screen
+from objectives.metrics import MetricsFollower, parse_console_line, read_all
+from objectives.score import eta, score_reward_rate, score_throughput
+
+DATA = Path(__file__).parent / "data" / "real-verl-0.9.1"
+DEVICE_RUN = Path(__file__).parent.parent / "docs" / "device-runs" / "2026-12-01-h200"
+PROBE_STEPS = 11  # studies/tiny-h200.yaml's probe.steps in the device run
+WARMUP = 1
+
+
+def _probe(name: str) -> list:
+    return read_all(DATA / f"{name}.metrics.jsonl")
+
+
+@pytest.mark.parametrize(("name", "steps"), [("probe_baseline", 11), ("probe_kl_loss", 11), ("probe_speed", 6),
+                                             ("grpo_37_steps", 37), ("train_from_export", 2)])
+def test_reader_reads_every_real_step(name: str, steps: int) -> None:
+    series = _probe(name)
+    assert [s.step for s in series] == list(range(1, steps + 1))
+    for s in series:  # the keys the scorer, the health screen and the GPU summary read
+        for key in ("critic/score/mean", "timing_s/step", "actor/grad_norm", "actor/entropy", "perf/throughput"):
+            assert isinstance(s.get(key), float), (name, s.step, key)
+
+
+def test_follower_reads_a_real_file_as_it_grows(tmp_path: Path) -> None:
+    lines = (DATA / "probe_baseline.metrics.jsonl").read_bytes().splitlines(keepends=True)
+    path = tmp_path / "metrics.jsonl"
+    follower = MetricsFollower(path)
+    with path.open("wb") as f:
+        for i, line in enumerate(lines):
+            f.write(line[: len(line) // 2])  # verl writes unbuffered: a poll can see half a line
+            f.flush()
+            follower.read_new()
+            f.write(line[len(line) // 2:])
+            f.flush()
+            follower.read_new()
+            assert follower.last_step == i + 1
+    assert follower.n_garbage == 0 and follower.source == "file"
+
+
+def test_the_real_console_gives_the_same_steps_as_the_file() -> None:
+    with gzip.open(DATA / "probe_baseline.stdout.log.gz", "rt", errors="replace") as f:
+        console = [m for m in (parse_console_line(line) for line in f) if m is not None]
+    by_file = {s.step: s for s in _probe("probe_baseline")}
+    # Ray forwards the worker's console lines late: the probe was stopped when the FILE
+    # reached step 11, and step 11 never reached the console. The file is what counts.
+    assert [m.step for m in console] == sorted(by_file)[:-1]
+    for m in console:
+        assert m.get("critic/score/mean") == pytest.approx(by_file[m.step].get("critic/score/mean"), rel=1e-6)
+
+
+def test_the_real_probes_score_and_pass_the_health_screen() -> None:
+    for name in ("probe_baseline", "probe_baseline_seed2", "probe_kl_loss", "grpo_37_steps"):
+        steps = _probe(name)
+        score = score_reward_rate(steps, warmup_steps=WARMUP, n_boot=50)
+        assert score.rate > 0 and math.isfinite(score.rate), name  # the toy reward rose in every run
+        if name != "probe_kl_loss":
+            assert screen(steps) is None, name  # no KL loss, finite grads, a rising reward
+
+
+def test_the_health_screen_flags_the_real_kl_loss_run_at_its_last_step() -> None:
+    # With the KL loss on at lr 1e-4, actor/kl_loss climbed to 0.325 by step 11: above the
+    # method's 0.3 and rising. The device run stopped the probe at step 11 before screening
+    # it, so it was scored; a longer probe would have been stopped here.
+    steps = _probe("probe_kl_loss")
+    assert screen(steps[:10]) is None
+    verdict = screen(steps)
+    assert verdict is not None and verdict.kind == "kl_divergence" and verdict.step == 11
+    speed = score_throughput(_probe("probe_speed"), warmup_steps=WARMUP, n_boot=50)
+    assert speed.rate > 0
+
+
+def test_too_short_a_real_probe_cannot_be_scored() -> None:
+    # The device's first attempt ran 8-step probes: every one failed "cannot be scored".
+    from objectives.score import ScoreError
+
+    with pytest.raises(ScoreError, match=r"only 7 of 7 scored steps .* \(need 10\)"):
+        score_reward_rate(_probe("probe_baseline")[:8], warmup_steps=WARMUP, n_boot=50)
+
+
+def test_eta_replayed_from_the_recordings_is_what_the_device_stored(tmp_path: Path) -> None:
+    """The kl stage's candidate (KL loss 0.00059) against the incumbent's two runs, scored here
+    as the driver scored them on the device; the device's η is read from its database."""
+    db = tmp_path / "tiny-h200.db"
+    shutil.copy(DEVICE_RUN / "tiny-h200.db", db)
+    stored = {t.number: t for t in optuna.load_study(study_name="tiny-h200.kl", storage=f"sqlite:///{db}").trials}
+    assert stored[2].user_attrs["overrides"]["actor_rollout_ref.actor.use_kl_loss"] is True
+
+    def final(name: str):
+        return score_reward_rate(_probe(name), warmup_steps=WARMUP, fit_ceiling=True)
+
+    incumbents = [final("probe_baseline"), final("probe_baseline_seed2")]
+    replayed = eta(final("probe_kl_loss"), incumbents)
+    assert replayed.value == pytest.approx(stored[2].user_attrs["eta"], rel=1e-6)
+    assert replayed.value < 1  # and the stage kept the incumbent
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "evidence"),
+    [
+        # TP 2 on a 1-GPU run: verl's config checks pass; its worker refuses at start-up
+        ("failure_tp2_on_1_gpu", FailureKind.CONFIG_ERROR,
+         "AssertionError: rollout world_size: 1 is not divisible by infer_world_size: 2"),
+        # mini-batch 20 of a 48-prompt batch: passes verl's checks, fails at step 1's log-prob pass
+        ("failure_minibatch_20", FailureKind.CONFIG_ERROR,
+         "AssertionError: data size must be divisible by force_group_size * micro_batch_size_per_gpu"),
+        # memory fraction 1.0: vLLM's engine core dies; its reason is not in the probe's stderr
+        ("failure_memory_fraction_1.0", FailureKind.ENGINE_START,
+         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"),
+        # a baseline probe whose vLLM engine died while a neighbour on the GPU was failing
+        ("failure_engine_start", FailureKind.ENGINE_START,
+         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"),
+    ],
+)
+def test_real_failures_are_classified_with_their_real_cause(log: str, kind: FailureKind, evidence: str) -> None:
+    stderr = tail(DATA / f"{log}.stderr.log", n_lines=40)  # what objectives.probe reads
+    failure = diagnose(stderr, 1, last_step=0, expected_steps=PROBE_STEPS)
+    assert failure is not None
+    assert (failure.kind, failure.evidence) == (kind, evidence)
+    assert kind.retryable is (kind is FailureKind.ENGINE_START)
+
+
+def test_provocations_of_the_device_run_are_recorded() -> None:
+    # provoke.json holds what the device's own classifier said then (before the fix above):
+    # "crash" with Hydra's footer as the evidence. This keeps the raw record honest.
+    record = json.loads((DEVICE_RUN / "provoke.json").read_text())
+    assert set(record) == {"oom_memory_fraction", "refused_tp2_on_1_gpu"}
+    for case in record.values():
+        assert case["state"] == "failed" and case["seconds_to_fail"] > 30
