@@ -54,6 +54,11 @@ from objectives.metrics import StepMetrics
 
 logger = logging.getLogger(__name__)
 
+#: a learning probe needs this many scored steps (after its warm-up) for a reward rate
+MIN_SCORED_STEPS = 10
+#: a speed-only probe needs this many for a throughput
+MIN_SPEED_STEPS = 2
+
 REWARD_KEY = "critic/score/mean"
 STEP_TIME_KEY = "timing_s/step"
 TOKENS_KEY = "perf/total_num_tokens"
@@ -282,7 +287,7 @@ def score_reward_rate(
     fit_ceiling: bool = False,
     estimator: str = "curve",
     reward_key: str = REWARD_KEY,
-    min_steps: int = 10,
+    min_steps: int = MIN_SCORED_STEPS,
 ) -> Score:
     """Reward gain per second of training over steps ``warmup_steps+1 .. max_step``.
 

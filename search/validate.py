@@ -78,6 +78,22 @@ def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
     return problems
 
 
+def probe_length_problems(spec: StudySpec, stage: Any, where: str, *, speed_only: bool) -> list[str]:
+    """A probe too short to be scored after its warm-up: every run of the stage would fail
+    (on the H200, 8-step probes with 1 warm-up step all ended "cannot be scored")."""
+    from objectives.score import MIN_SCORED_STEPS, MIN_SPEED_STEPS
+
+    steps = spec.stage_probe_steps(stage, speed_only=speed_only)
+    need = MIN_SPEED_STEPS if speed_only else MIN_SCORED_STEPS
+    scored = steps - spec.probe.warmup_steps
+    if scored >= need:
+        return []
+    field = "probe.speed_steps" if speed_only else "probe.steps"
+    return [f"{where} ({stage.name}): a probe must score at least {need} steps after probe.warmup_steps "
+            f"({spec.probe.warmup_steps}), but {field} = {steps} leaves {max(scored, 0)}. "
+            f"Raise {field} (or the stage's probe_steps) to at least {spec.probe.warmup_steps + need}."]
+
+
 def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:
     """Returns (problems, report lines). Problems are one line each; none means valid."""
     problems: list[str] = []
@@ -94,6 +110,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
         except SpaceError as e:
             problems.append(str(e))
             continue
+        problems += probe_length_problems(spec, stage, where, speed_only=bool(getattr(space, "speed_only", False)))
         lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
         lines += [f"  {text}" for text in space.explain()]
         for config in sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
