@@ -319,7 +319,7 @@ def run_manual(spec: StudySpec, launcher: ReplayLauncher, *, seed: int) -> Trace
 
 def replay_launcher(root: Path, landscape: str) -> ReplayLauncher:
     return ReplayLauncher(root, max_concurrent=2, landscape=landscape, gpus_per_probe=8,
-                          write_console=False, write_gpu_samples=False)  # fmt: skip
+                          write_console=False, write_gpu_samples=False, verl_record=False)  # fmt: skip
 
 
 def _num(config: Config, key: str, default: float) -> float:

@@ -72,6 +72,9 @@ class RunSpec:
                 raise LauncherError(f"override must be one line, but got {item!r}.")
 
 
+WORKER_ERRORS_FILE = "worker_errors.log"
+
+
 @dataclasses.dataclass(frozen=True)
 class RunHandle:
     """Where a started run lives. ``external_id`` is the pid or the Ray submission id."""
@@ -84,6 +87,13 @@ class RunHandle:
     stderr_path: Path
     external_id: str = ""
     started_at: float = 0.0
+
+    @property
+    def worker_errors_path(self) -> Path:
+        """Error lines a launcher kept from the run's own Ray workers' logs, when it failed:
+        the root cause Ray did not forward to the run's stderr (on the H200, vLLM's reason for
+        "Engine core initialization failed" was only there)."""
+        return self.run_dir / WORKER_ERRORS_FILE
 
     @classmethod
     def in_dir(cls, run_id: str, launcher: str, run_dir: Path, *, external_id: str = "",

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Mapping, Sequence
 from launchers import gpu as gpu_mod
 from launchers import process as proc_mod
 from launchers.base import (
+    WORKER_ERRORS_FILE,
     Clock,
     Launcher,
     LauncherError,
@@ -86,6 +88,37 @@ def private_ray_dir(run_dir: Path) -> str:
     digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
     base = "/tmp" if os.path.isdir("/tmp") else os.path.realpath(os.sep)
     return os.path.join(base, f"vs-{digest}")
+
+
+#: a line of a Ray worker's log worth keeping when the run failed
+_ERROR_LINE = re.compile(r"Error\b|Exception\b|Traceback|out of memory|less than desired", re.IGNORECASE)
+
+
+def keep_worker_errors(run_dir: Path, *, max_lines: int = 60) -> Path | None:
+    """Copy the error lines of the run's private Ray session's worker logs
+    (``<ray dir>/session_*/logs/*.err``) into ``worker_errors.log`` in ``run_dir``; returns it,
+    or None when there were none. Ray forwards a worker's stderr to the driver only while the
+    driver lives, so a child process's last words (vLLM's engine workers) can be missing from
+    the run's stderr."""
+    seen: set[Path] = set()
+    kept: list[str] = []
+    for path in sorted(Path(private_ray_dir(run_dir)).glob("session_*/logs/*.err")):
+        real = path.resolve()
+        if real in seen:  # session_latest links to the session itself
+            continue
+        seen.add(real)
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 262_144))  # the end is where a failure is
+                lines = f.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        kept += [f"({path.name}) {line.strip()}" for line in lines if _ERROR_LINE.search(line)]
+    if not kept:
+        return None
+    target = run_dir / WORKER_ERRORS_FILE
+    target.write_text("\n".join(kept[-max_lines:]) + "\n")
+    return target
 
 
 def stderr_tail(path: Path, *, n_lines: int = 3, max_chars: int = 600) -> str:
@@ -332,6 +365,7 @@ class LocalLauncher(Launcher):
                 RunStatus.FAILED,
                 message="exit code unknown: the probe was started by another driver; judge it by its metrics",
             )
+        keep_worker_errors(handle.run_dir)
         tail = stderr_tail(handle.stderr_path)
         return RunState(RunStatus.FAILED, exit_code=code, message=f"exit code {code}: {tail}" if tail else f"exit code {code}")
 

@@ -164,6 +164,9 @@ class Probe:
                 self._outcome = self._scored_outcome()
                 return self._outcome
             stderr = tail(self.handle.stderr_path, n_lines=40)
+            # The root cause from the run's own Ray workers first, where the launcher kept it:
+            # diagnose takes the most specific signature anywhere in the text.
+            stderr = "\n".join(filter(None, (tail(self.handle.worker_errors_path, n_lines=60), stderr)))
             failure = diagnose(
                 stderr,
                 state.exit_code,

@@ -8,6 +8,9 @@
 - ``+fake.child=group`` starts a child in its process group; ``+fake.child=detached`` starts
   one in a new session (like a Ray worker that left the group); both sleep forever.
 - ``+fake.ignore_sigterm=true`` ignores SIGTERM (the launcher must SIGKILL it).
+- ``+fake.worker_error=TEXT`` fails as vLLM's engine start did on the H200: TEXT goes only to a
+  Ray worker's log in the private Ray dir (``+ray_kwargs.ray_init._temp_dir``), stderr gets
+  verl's "Engine core initialization failed" line, exit 1.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ def main(argv: list[str]) -> int:
     if name not in ("vllm", "sglang", "trtllm"):
         print(f"Error executing job with overrides: {argv}", file=sys.stderr)
         print(f"ValueError: rollout.name must be vllm, sglang or trtllm, got {name!r}", file=sys.stderr)
+        return 1
+    worker_error = overrides.get("fake.worker_error")
+    if worker_error:
+        logs = os.path.join(overrides["ray_kwargs.ray_init._temp_dir"], "session_2026-12-01_15-44-00", "logs")
+        os.makedirs(logs, exist_ok=True)
+        os.symlink(os.path.dirname(logs), os.path.join(os.path.dirname(os.path.dirname(logs)), "session_latest"))
+        with open(os.path.join(logs, "worker-5f3a57e5-01000000-20304.err"), "w") as f:
+            f.write("INFO starting\nTraceback (most recent call last):\n  File \"vllm/v1/worker/utils.py\"\n"
+                    f"ValueError: {worker_error}\n")
+        print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+              file=sys.stderr)
         return 1
     if overrides.get("fake.ignore_sigterm") == "true":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

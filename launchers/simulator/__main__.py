@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping
 
 from launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
+from launchers.simulator.trace import console_line, json_line, real_record
 
 _PARENT_POLL_S = 0.1
 
@@ -84,36 +85,6 @@ class _Clock:
             if left <= 0:
                 return
             self._sleep(min(left, _PARENT_POLL_S))
-
-
-def _fmt(value: float | int | None) -> str:
-    return str(value)  # real verl 0.9.1 prints plain floats: "step:1 - critic/score/mean:0.0017…"
-
-
-def _real_record() -> dict[str, Any]:
-    """A real verl 0.9.1 step record (GRPO on an H200): its keys, in verl's order, and the
-    values it logged. The keys the landscape does not model keep those values, so every
-    reader sees a record of verl's full shape (90 keys), not a sketch of it."""
-    path = Path(__file__).with_name("verl_step_record.json")
-    return dict(json.loads(path.read_text())["data"])
-
-
-def _full_record(template: Mapping[str, Any], step: int, modelled: Mapping[str, float | int]) -> dict[str, Any]:
-    """The real record's keys with the model's values where it has them; a ``…/min`` or
-    ``…/max`` beside a modelled ``…/mean`` takes the mean (no spread rather than a spread
-    that contradicts the mean)."""
-    data = {**template, "training/global_step": step, **modelled}
-    for key in template:
-        head, _, tail = key.rpartition("/")
-        if tail in ("min", "max") and f"{head}/mean" in modelled:
-            data[key] = modelled[f"{head}/mean"]
-    return data
-
-
-def _clean(value: float | int) -> float | int | None:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _open_append(path: str | None) -> IO[str] | None:
@@ -180,20 +151,19 @@ def run(argv: list[str]) -> int:
     if metrics_file is not None and bool(get(config, "trainer.val_before_train")):
         val = {"val-core/default/reward/mean@1": expectation.r0}
         metrics_file.write(json.dumps({"step": 0, "data": val}) + "\n")
-        out.write(f"{prefix} step:0 - " + " - ".join(f"{k}:{_fmt(v)}" for k, v in val.items()) + "\n")
+        out.write(f"{prefix} step:0 - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
     n_gpus = int(get(config, "trainer.n_gpus_per_node"))
     gpu_mb = landscape.gpu_memory_gb * 1024.0
     seed = get(config, "data.seed")
     jitter = random.Random(f"gpu:{landscape.seed}:{0 if seed is None else seed}")
     last = 0
-    template = _real_record()
+    template = real_record()
     for record in landscape.simulate(config):
         clock.sleep(record.step_time_s)
         last = record.step
-        data = _full_record(template, record.step, record.metrics)
-        if metrics_file is not None:  # verl's file logger writes NaN/inf as null; its console prints nan
-            metrics_file.write(json.dumps({"step": record.step, "data": {k: _clean(v) for k, v in data.items()}}) + "\n")
-        out.write(f"{prefix} step:{record.step} - " + " - ".join(f"{k}:{_fmt(v)}" for k, v in data.items()) + "\n")
+        if metrics_file is not None:
+            metrics_file.write(json_line(template, record.step, record.metrics))
+        out.write(console_line(prefix, template, record.step, record.metrics))
         out.flush()
         if samples_file is not None:
             samples_file.write(json.dumps(_gpu_sample(clock.now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)) + "\n")
