@@ -33,7 +33,9 @@ from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.console import Console
 from search.errors import BadInputError, StudyNotFoundError, SweepError
+from search.policy import incumbent_run_etas
 from search.pruning import IncumbentPruner
+from search.records import SPEC_ATTR, StageResult, records, requeued_numbers, stage_study_name
 from search.sampler import build_sampler
 from search.storage import HEARTBEAT_INTERVAL_S, describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
@@ -43,7 +45,6 @@ from spaces.overrides import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
 
-SPEC_ATTR = "verl_sweep_spec"
 
 
 class Interrupted(SweepError):
@@ -53,10 +54,6 @@ class Interrupted(SweepError):
 
 
 # -- the study root: what was asked, stored so that resume needs only the database ------------
-
-
-def stage_study_name(spec: StudySpec, stage: StageSettings) -> str:
-    return f"{spec.name}.{stage.name}"
 
 
 def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str]:
@@ -212,21 +209,6 @@ class ActiveTrial:
     overrides: Config
     next_report_step: int
     outcome: ProbeOutcome | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StageResult:
-    stage: str
-    winner_trial: int | None
-    eta: float
-    eta_low: float
-    eta_high: float
-    decision: str
-    config: Config
-    overrides: Config
-
-    def to_attr(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class StudyRunner:
@@ -731,7 +713,7 @@ class StudyRunner:
     def _counted(self, trials: list[optuna.trial.FrozenTrial]) -> int:
         """Trials that use the stage's search budget: all but failures that were queued again
         and the confirmation re-runs (which come on top, at most ``confirm_top``)."""
-        requeued = liveness.requeued_numbers(trials)
+        requeued = requeued_numbers(records(trials))
         return sum(1 for t in trials
                    if t.number not in requeued and t.user_attrs.get("role") not in ("rerun", "skipped"))
 
@@ -748,7 +730,7 @@ class StudyRunner:
         idle_fill = extra
         if stage.confirm_top == 0:
             return False
-        requeued = liveness.requeued_numbers(trials)
+        requeued = requeued_numbers(records(trials))
         done = [
             t for t in trials
             if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate" and t.value is not None
@@ -925,7 +907,7 @@ class StudyRunner:
         trials = study.get_trials(deepcopy=False)
         target = trial.user_attrs.get("rerun_of")
         if not trial.user_attrs.get("extra"):
-            requeued = liveness.requeued_numbers(trials)
+            requeued = requeued_numbers(records(trials))
             earlier = [t for t in trials if t.number < trial.number and t.number not in requeued
                        and t.user_attrs.get("role") == "rerun" and t.user_attrs.get("rerun_of") == target
                        and not t.user_attrs.get("extra")]
@@ -1088,7 +1070,7 @@ class StudyRunner:
     def _incumbent_scores(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[list[Score], bool]:
         """Scores of the incumbent runs told so far, and whether all of them are told."""
 
-        requeued = liveness.requeued_numbers(trials)
+        requeued = requeued_numbers(records(trials))
         # Runs closed as wasted (a stage run ahead and moved aside, _vacate) did not fail.
         mine = [t for t in trials if t.user_attrs.get("role") == "incumbent" and t.number not in requeued
                 and not str(t.user_attrs.get("reason", "")).startswith(WASTED)]
@@ -1180,7 +1162,7 @@ class StudyRunner:
             if liveness.requeue(study, frozen, reason=outcome.reason) is not None:
                 retried = " (queued again)"
         self.console.trial_finished(study, trial.number, item.role, item.overrides,
-                                    reason=outcome.reason + retried, state="failed",
+                                    reason=outcome.reason + retried, state="failed", requeued=bool(retried),
                                     stderr_tail=outcome.stderr_tail)
 
     def _abandon(self, study: optuna.Study, active: dict[int, ActiveTrial], *, why: str) -> None:
@@ -1224,7 +1206,7 @@ class StudyRunner:
 
         trials = study.get_trials(deepcopy=False)
         self._incumbent_scores(trials)  # raises when every incumbent run failed: nothing to compare with
-        incumbent_etas = [e.value for e in incumbent_run_etas(trials).values()]
+        incumbent_etas = [e.value for e in incumbent_run_etas(records(trials)).values()]
         keep = StageResult(
             stage=stage.name, winner_trial=None, eta=1.0,
             eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
@@ -1320,14 +1302,6 @@ def _queue_rerun(study: optuna.Study, of: optuna.trial.FrozenTrial, seed: int, *
     it starts, ``_rerun_seed``; ``idle_fill`` re-runs also check that the wait is still there)."""
     study.enqueue_trial(of.params, skip_if_exists=False, user_attrs={
         "role": "rerun", "rerun_of": of.number, "seed": seed, "extra": extra, "idle_fill": idle_fill})
-
-
-def incumbent_run_etas(trials: list[optuna.trial.FrozenTrial]) -> dict[int, Eta]:
-    """η of each finished incumbent run against the mean of all of them. (An incumbent run's
-    Optuna value is its η against the runs told before it, which depends on their order.)"""
-    runs = {t.number: Score(**t.user_attrs["score"]) for t in trials if t.state == TrialState.COMPLETE
-            and t.user_attrs.get("role") == "incumbent" and "score" in t.user_attrs}
-    return {number: eta_of(score, list(runs.values())) for number, score in runs.items()}
 
 
 def _running_etas(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[float | None, optuna.trial.FrozenTrial]]:

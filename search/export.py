@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from search.driver import StageResult
+from search.records import StageResult
 from search.study_file import StudySpec
 from spaces.overrides import Config, get, merge, nest, to_overrides
 

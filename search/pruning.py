@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
+from search.records import Role, role_of, seed_of
+
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
@@ -33,18 +35,18 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         self.patience = patience
 
     def prune(self, study: "optuna.Study", trial: "FrozenTrial") -> bool:
-        if trial.user_attrs.get("role", "candidate") != "candidate":
+        if role_of(trial) is not Role.CANDIDATE:
             return False
         steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
         if len(steps) < self.patience:
             return False
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-        incumbents = [t for t in trials if t.user_attrs.get("role") == "incumbent"]
+        incumbents = [t for t in trials if role_of(t) is Role.INCUMBENT]
         # The stage's best finished candidate so far: a run clearly below it cannot win either.
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate"
+        done = [t for t in trials if t.state == TrialState.COMPLETE and role_of(t) is Role.CANDIDATE
                 and t.value is not None and t.number != trial.number]
         leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
-        seed = trial.user_attrs.get("seed")
+        seed = seed_of(trial)
         for step in steps[-self.patience:]:
             # The margin applies to the incumbent: a candidate within it may be a slow starter
             # (KL on) that ends above. The leader already beat the incumbent on a whole run.
@@ -59,6 +61,6 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     def _reference(incumbents: list["FrozenTrial"], step: int, seed: object) -> float | None:
         values = [t.intermediate_values[step] for t in incumbents if step in t.intermediate_values]
         paired = [t.intermediate_values[step] for t in incumbents
-                  if step in t.intermediate_values and t.user_attrs.get("seed") == seed]
+                  if step in t.intermediate_values and seed_of(t) == seed]
         chosen = paired or values
         return sum(chosen) / len(chosen) if chosen else None
