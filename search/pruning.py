@@ -9,7 +9,7 @@ median rule on jittery curves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import optuna
 from optuna.trial import TrialState
@@ -18,6 +18,8 @@ from search.records import Role, role_of, seed_of
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
+
+    from search.study_file import PrunerSettings
 
 
 class IncumbentPruner(optuna.pruners.BasePruner):
@@ -64,3 +66,31 @@ class IncumbentPruner(optuna.pruners.BasePruner):
                   if step in t.intermediate_values and seed_of(t) == seed]
         chosen = paired or values
         return sum(chosen) / len(chosen) if chosen else None
+
+
+# -- building a stage's pruner by name (``pruner.name`` in a study file) ---------------------------
+def _percentile(p: "PrunerSettings", warmup: int) -> optuna.pruners.BasePruner:
+    return optuna.pruners.PatientPruner(
+        optuna.pruners.PercentilePruner(p.percentile, n_startup_trials=p.n_startup_trials, n_warmup_steps=warmup),
+        patience=p.patience,
+    )
+
+
+#: pruner name -> how to build it from the stage's settings and the step pruning may start at
+PRUNERS: dict[str, Callable[["PrunerSettings", int], optuna.pruners.BasePruner]] = {
+    "none": lambda p, warmup: optuna.pruners.NopPruner(),
+    "incumbent": lambda p, warmup: IncumbentPruner(margin=p.margin, n_warmup_steps=warmup, patience=p.patience),
+    "median": lambda p, warmup: optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=warmup),
+    "wilcoxon": lambda p, warmup: optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=warmup),
+    "patient": _percentile,
+}
+
+
+def build_pruner(settings: "PrunerSettings", *, prune_from: int) -> optuna.pruners.BasePruner:
+    """The stage's pruner, rebuilt from its saved settings on every resume; ``prune_from``: no
+    pruning before this step (``policy.pruning_steps``)."""
+    try:
+        make = PRUNERS[settings.name]
+    except KeyError:
+        raise ValueError(f"pruner must be one of {', '.join(sorted(PRUNERS))}, but got {settings.name!r}.") from None
+    return make(settings, prune_from)
