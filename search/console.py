@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import optuna
 
     from objectives.probe import Probe
-    from search.driver import StageResult
+    from search.records import Role, StageResult
     from search.study_file import StageSettings
 
 
@@ -141,7 +141,7 @@ class Console:
             self._progress.update(self._task, completed=min(self._done, self._budget), status=self._stage_status())
 
     # -- trials --------------------------------------------------------------------------------
-    def trial_started(self, stage: str, number: int, role: str, overrides: dict[str, Any]) -> None:
+    def trial_started(self, stage: str, number: int, role: "Role", overrides: dict[str, Any]) -> None:
         self._started_at[number] = time.monotonic()
         task = None
         if self._progress is not None:
@@ -167,24 +167,28 @@ class Console:
         self,
         study: "optuna.Study",
         number: int,
-        role: str,
+        role: "Role",
         overrides: dict[str, Any],
         *,
         eta: float | None = None,
         interval: tuple[float, float] | None = None,
         state: str = "complete",
         reason: str = "",
+        requeued: bool = False,
         stderr_tail: str = "",
     ) -> None:
+        """``requeued``: the trial's assignment was queued again (it runs later, and counts then)."""
         task = self._running.pop(number, None)
         if self._progress is not None and task is not None:
             self._progress.remove_task(task)
         started = self._started_at.pop(number, None)
         if started is not None and state != "failed":
             self._durations.append(time.monotonic() - started)
-        if role == "rerun":
+        from search.records import Role
+
+        if role == Role.RERUN:
             self._reruns += 1
-        elif not reason.endswith("(queued again)"):
+        elif not requeued:
             self._done += 1  # a trial queued again runs later and counts then
         params = format_params(overrides)
         if eta is not None:
@@ -215,10 +219,12 @@ def _duration(seconds: float) -> str:
 def _best_trial(study: "optuna.Study") -> tuple[int, float] | None:
     from optuna.trial import TrialState
 
+    from search.records import Role, role_of
+
     # Candidates and their re-runs: an incumbent run's η is against the runs before it (1.022
     # for the second of two), which says nothing about what beats the incumbent.
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and t.user_attrs.get("role") != "incumbent"]
+            if t.value is not None and role_of(t) is not Role.INCUMBENT]
     if not done:
         return None
     best = max(done, key=lambda t: t.value)  # type: ignore[arg-type,return-value]

@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from search.driver import StageResult
+from search.records import StageResult
 from search.study_file import StudySpec
 from spaces.overrides import Config, get, merge, nest, to_overrides
 
-#: the method's guards (BRIEF §2): keep the last 3 checkpoints
+#: the method's guards: keep the last 3 checkpoints
 GUARDS: Config = {"trainer.max_actor_ckpt_to_keep": 3, "trainer.max_critic_ckpt_to_keep": 3}
 
 FORMATS = ("yaml", "overrides", "command", "json")

@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from search.records import Assignment, TrialRecord, requeue_system_attrs
+
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
 logger = logging.getLogger(__name__)
 
-#: user attributes that describe what a trial is for (copied when it is queued again);
-#: everything else on a trial describes one run of it
-ASSIGNMENT_ATTRS = ("role", "seed", "attempt", "rerun_of", "extra", "idle_fill", "origin")
 MAX_REQUEUES = 3
 #: a RUNNING trial with no owner older than this was asked for by a process that died at once
 ORPHAN_GRACE_S = 120.0
@@ -49,24 +48,24 @@ def owner_is_dead(owner: Any) -> bool:
         return True
 
 
-def requeue(study: "optuna.Study", trial: "FrozenTrial", *, reason: str) -> int | None:
-    """Queue the trial's assignment again (WAITING); returns the new trial number, or None
-    when it has been re-queued MAX_REQUEUES times already."""
+def requeue(study: "optuna.Study", trial: "FrozenTrial", *, reason: str,
+            assignment: Assignment | None = None) -> int | None:
+    """Queue the trial's assignment (or ``assignment``) again (WAITING); returns the new trial
+    number, or None when it has been re-queued MAX_REQUEUES times already."""
     import optuna
 
-    history = list(trial.system_attrs.get("retry_history", [])) + [trial.number]
+    record = TrialRecord.of(trial)
+    history = [*record.retry_history, trial.number]
     if len(history) > MAX_REQUEUES:
         logger.warning("trial %d not re-queued: already retried %d times", trial.number, MAX_REQUEUES)
         return None
-    user_attrs = {k: trial.user_attrs[k] for k in ASSIGNMENT_ATTRS if k in trial.user_attrs}
-    user_attrs["requeued_because"] = reason
     study.add_trial(
         optuna.trial.create_trial(
             state=optuna.trial.TrialState.WAITING,
             params=trial.params,
             distributions=trial.distributions,
-            user_attrs=user_attrs,
-            system_attrs={"failed_trial": history[0], "retry_history": history},
+            user_attrs=(assignment or record.assignment).requeued(because=reason),
+            system_attrs=requeue_system_attrs(history),
         )
     )
     return max(t.number for t in study.get_trials(deepcopy=False))
@@ -75,14 +74,6 @@ def requeue(study: "optuna.Study", trial: "FrozenTrial", *, reason: str) -> int 
 def requeue_stale_trial(study: "optuna.Study", trial: "FrozenTrial") -> None:
     """Optuna's heartbeat callback: the trial's process stopped sending heartbeats."""
     requeue(study, trial, reason="its worker stopped sending heartbeats")
-
-
-def requeued_numbers(trials: list["FrozenTrial"]) -> set[int]:
-    """Numbers of failed trials whose assignment was queued again (not counted in budgets)."""
-    numbers: set[int] = set()
-    for t in trials:
-        numbers.update(t.system_attrs.get("retry_history", []))
-    return numbers
 
 
 def orphaned_trials(study: "optuna.Study") -> list["FrozenTrial"]:
@@ -94,7 +85,7 @@ def orphaned_trials(study: "optuna.Study") -> list["FrozenTrial"]:
     now = datetime.datetime.now()
     found = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = trial.user_attrs.get("owner")
+        owner = TrialRecord.of(trial).owner
         ownerless = owner is None and trial.datetime_start is not None and (
             (now - trial.datetime_start).total_seconds() > ORPHAN_GRACE_S
         )

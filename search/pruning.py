@@ -9,13 +9,17 @@ median rule on jittery curves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import optuna
 from optuna.trial import TrialState
 
+from search.records import Role, role_of, seed_of
+
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
+
+    from search.study_file import PrunerSettings
 
 
 class IncumbentPruner(optuna.pruners.BasePruner):
@@ -33,18 +37,18 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         self.patience = patience
 
     def prune(self, study: "optuna.Study", trial: "FrozenTrial") -> bool:
-        if trial.user_attrs.get("role", "candidate") != "candidate":
+        if role_of(trial) is not Role.CANDIDATE:
             return False
         steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
         if len(steps) < self.patience:
             return False
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-        incumbents = [t for t in trials if t.user_attrs.get("role") == "incumbent"]
+        incumbents = [t for t in trials if role_of(t) is Role.INCUMBENT]
         # The stage's best finished candidate so far: a run clearly below it cannot win either.
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "candidate"
+        done = [t for t in trials if t.state == TrialState.COMPLETE and role_of(t) is Role.CANDIDATE
                 and t.value is not None and t.number != trial.number]
         leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
-        seed = trial.user_attrs.get("seed")
+        seed = seed_of(trial)
         for step in steps[-self.patience:]:
             # The margin applies to the incumbent: a candidate within it may be a slow starter
             # (KL on) that ends above. The leader already beat the incumbent on a whole run.
@@ -59,6 +63,34 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     def _reference(incumbents: list["FrozenTrial"], step: int, seed: object) -> float | None:
         values = [t.intermediate_values[step] for t in incumbents if step in t.intermediate_values]
         paired = [t.intermediate_values[step] for t in incumbents
-                  if step in t.intermediate_values and t.user_attrs.get("seed") == seed]
+                  if step in t.intermediate_values and seed_of(t) == seed]
         chosen = paired or values
         return sum(chosen) / len(chosen) if chosen else None
+
+
+# -- building a stage's pruner by name (``pruner.name`` in a study file) ---------------------------
+def _percentile(p: "PrunerSettings", warmup: int) -> optuna.pruners.BasePruner:
+    return optuna.pruners.PatientPruner(
+        optuna.pruners.PercentilePruner(p.percentile, n_startup_trials=p.n_startup_trials, n_warmup_steps=warmup),
+        patience=p.patience,
+    )
+
+
+#: pruner name -> how to build it from the stage's settings and the step pruning may start at
+PRUNERS: dict[str, Callable[["PrunerSettings", int], optuna.pruners.BasePruner]] = {
+    "none": lambda p, warmup: optuna.pruners.NopPruner(),
+    "incumbent": lambda p, warmup: IncumbentPruner(margin=p.margin, n_warmup_steps=warmup, patience=p.patience),
+    "median": lambda p, warmup: optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=warmup),
+    "wilcoxon": lambda p, warmup: optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=warmup),
+    "patient": _percentile,
+}
+
+
+def build_pruner(settings: "PrunerSettings", *, prune_from: int) -> optuna.pruners.BasePruner:
+    """The stage's pruner, rebuilt from its saved settings on every resume; ``prune_from``: no
+    pruning before this step (``policy.pruning_steps``)."""
+    try:
+        make = PRUNERS[settings.name]
+    except KeyError:
+        raise ValueError(f"pruner must be one of {', '.join(sorted(PRUNERS))}, but got {settings.name!r}.") from None
+    return make(settings, prune_from)

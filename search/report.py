@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from objectives.metrics import read_all
 from search import export
-from search.driver import stage_study_name
+from search.records import Role, TrialRecord, records, stage_study_name
 from search.status import finished_results, study_status, trial_gpu_summary
 from search.study_file import StageSettings, StudySpec
 
@@ -41,7 +41,7 @@ MIN_PARAMS_FOR_IMPORTANCE = 2
 #: reward curves are thinned to at most this many points per run (keeps the file small)
 MAX_CURVE_POINTS = 400
 
-ROLE_COLOURS = {"incumbent": "#636efa", "candidate": "#00cc96", "rerun": "#ab63fa"}
+ROLE_COLOURS = {Role.INCUMBENT: "#636efa", Role.CANDIDATE: "#00cc96", Role.RERUN: "#ab63fa"}
 
 _PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -94,7 +94,7 @@ class _StageData:
     stage: StageSettings
     status: dict[str, Any]
     study: "optuna.Study | None"
-    trials: list["optuna.trial.FrozenTrial"]
+    trials: list[TrialRecord]
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _load(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> tuple[dict
     for stage, entry in zip(spec.stages, status["stages"]):
         try:
             study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
-            trials = study.get_trials(deepcopy=False)
+            trials = records(study.get_trials(deepcopy=False))
         except KeyError:
             study, trials = None, []
         stages.append(_StageData(stage, entry, study, trials))
@@ -138,7 +138,7 @@ def eta_figure(data: _StageData) -> "go.Figure | None":
     if not rows:
         return None
     fig = go.Figure()
-    for role in ("incumbent", "candidate", "rerun"):
+    for role in (Role.INCUMBENT, Role.CANDIDATE, Role.RERUN):
         mine = [r for r in rows if r["role"] == role]
         if not mine:
             continue
@@ -146,7 +146,7 @@ def eta_figure(data: _StageData) -> "go.Figure | None":
         low = [float((r.get("eta_interval") or [v, v])[0]) for r, v in zip(mine, eta)]
         high = [float((r.get("eta_interval") or [v, v])[1]) for r, v in zip(mine, eta)]
         fig.add_trace(go.Scatter(
-            x=[r["number"] for r in mine], y=eta, mode="markers", name=role,
+            x=[r["number"] for r in mine], y=eta, mode="markers", name=role.value,
             marker={"size": 10, "color": ROLE_COLOURS.get(role)},
             error_y={"type": "data", "symmetric": False,
                      "array": [h - v for h, v in zip(high, eta)],
@@ -168,7 +168,7 @@ def best_so_far_figure(stages: list[_StageData]) -> "go.Figure | None":
     """Best η so far in each stage against the study's cumulative simulated GPU-hours."""
     import plotly.graph_objects as go
 
-    finished: list[tuple[datetime.datetime, str, "optuna.trial.FrozenTrial"]] = []
+    finished: list[tuple[datetime.datetime, str, TrialRecord]] = []
     for data in stages:
         for t in data.trials:
             if t.datetime_complete is not None:
@@ -180,8 +180,8 @@ def best_so_far_figure(stages: list[_StageData]) -> "go.Figure | None":
     best: dict[str, float] = {}
     series: dict[str, tuple[list[float], list[float], list[str]]] = {}
     for _, stage, t in finished:
-        gpu_h += float((t.user_attrs.get("probe") or {}).get("gpu_time_s") or 0.0) / 3600.0
-        if t.state.name == "COMPLETE" and t.value is not None and t.user_attrs.get("role") != "rerun":
+        gpu_h += float(t.probe.get("gpu_time_s") or 0.0) / 3600.0
+        if t.state.name == "COMPLETE" and t.value is not None and t.role is not Role.RERUN:
             best[stage] = max(best.get(stage, 1.0), float(t.value))
         xs, ys, texts = series.setdefault(stage, ([], [], []))
         xs.append(gpu_h)
@@ -204,24 +204,24 @@ def reward_figure(data: _StageData) -> "go.Figure | None":
     result = data.status.get("winner") or {}
     winner = result.get("winner_trial")
     complete = [t for t in data.trials if t.state.name == "COMPLETE"]
-    picks: list[tuple[str, "optuna.trial.FrozenTrial", dict[str, Any]]] = []
+    picks: list[tuple[str, TrialRecord, dict[str, Any]]] = []
     for t in complete:
-        if t.user_attrs.get("role") == "incumbent":
-            picks.append((f"incumbent (trial {t.number}, seed {t.user_attrs.get('seed')})", t,
-                          {"color": ROLE_COLOURS["incumbent"]}))
+        if t.role is Role.INCUMBENT:
+            picks.append((f"incumbent (trial {t.number}, seed {t.seed})", t,
+                          {"color": ROLE_COLOURS[Role.INCUMBENT]}))
     focus = winner
     label = "winner"
     if focus is None:
         focus = _best_candidate(complete)
         label = "best candidate, not adopted"
     for t in complete:
-        if t.number == focus or (focus is not None and t.user_attrs.get("rerun_of") == focus):
-            role = "re-run" if t.user_attrs.get("role") == "rerun" else label
+        if t.number == focus or (focus is not None and t.rerun_of == focus):
+            role = "re-run" if t.role is Role.RERUN else label
             style = {"color": "#ef553b"} if winner is not None else {"color": "#ef553b", "dash": "dash"}
-            picks.append((f"{role} (trial {t.number}, seed {t.user_attrs.get('seed')})", t, style))
+            picks.append((f"{role} (trial {t.number}, seed {t.seed})", t, style))
     fig = go.Figure()
     for name, t, style in picks:
-        steps, rewards = _reward_curve(t.user_attrs.get("run_dir"))
+        steps, rewards = _reward_curve(t.run_dir)
         if steps:
             fig.add_trace(go.Scatter(x=steps, y=rewards, mode="lines", name=name, line=style))
     if not fig.data:
@@ -231,26 +231,26 @@ def reward_figure(data: _StageData) -> "go.Figure | None":
     return fig
 
 
-def _best_candidate(complete: list["optuna.trial.FrozenTrial"]) -> int | None:
+def _best_candidate(complete: list[TrialRecord]) -> int | None:
     """The candidate the driver judged best: like its decision, confirmed candidates (those with
     re-runs) rank by their mean η over all their runs, the others by their one run."""
     runs: dict[int, list[float]] = {}
     for t in complete:
         if t.value is None:
             continue
-        if t.user_attrs.get("role") == "candidate":
+        if t.role is Role.CANDIDATE:
             runs.setdefault(t.number, []).insert(0, float(t.value))
-        elif t.user_attrs.get("role") == "rerun" and t.user_attrs.get("rerun_of") is not None:
-            runs.setdefault(int(t.user_attrs["rerun_of"]), []).append(float(t.value))
+        elif t.role is Role.RERUN and t.rerun_of is not None:
+            runs.setdefault(t.rerun_of, []).append(float(t.value))
     candidates = {n: v for n, v in runs.items()
-                  if any(t.number == n and t.user_attrs.get("role") == "candidate" for t in complete)}
+                  if any(t.number == n and t.role is Role.CANDIDATE for t in complete)}
     confirmed = {n: v for n, v in candidates.items() if len(v) > 1} or candidates
     if not confirmed:
         return None
     return max(confirmed, key=lambda n: sum(confirmed[n]) / len(confirmed[n]))
 
 
-def _varied_params(trials: Iterable["optuna.trial.FrozenTrial"]) -> list[str]:
+def _varied_params(trials: Iterable[TrialRecord]) -> list[str]:
     values: dict[str, set[str]] = {}
     for t in trials:
         for k, v in t.params.items():
@@ -344,8 +344,7 @@ def _gpu_table(stages: list[_StageData]) -> str:
             if summary is None:
                 continue
             idle = summary.get("idle_fraction")
-            rows.append([data.stage.name, t.number, t.user_attrs.get("role", "candidate"),
-                         _params_text(t.user_attrs.get("overrides", {})),
+            rows.append([data.stage.name, t.number, t.role.value, _params_text(t.overrides),
                          f"{summary['mean_util_pct']:.1f}%", "—" if idle is None else f"{idle:.1%}",
                          _gb(summary.get("peak_mem_gb")), _gb(summary.get("min_free_gb")), summary.get("n_samples"),
                          summary.get("diagnosis") or "—"])

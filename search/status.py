@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from objectives.metrics import read_all
 from search import liveness
-from search.driver import StageResult, incumbent_run_etas, stage_study_name
+from search.policy import incumbent_run_etas
+from search.records import Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
 from search.study_file import StudySpec
 from spaces.overrides import Config
 
@@ -37,26 +38,23 @@ def gpu_samples_summary(run_dir: Path | str) -> dict[str, Any] | None:
     return summary
 
 
-def trial_gpu_summary(t: "optuna.trial.FrozenTrial") -> dict[str, Any] | None:
-    """The trial's GPU summary: its ``gpu`` user attribute (the driver stores the probe's
-    summary there), else one computed from its run directory's samples."""
-    attr = t.user_attrs.get("gpu")
-    if isinstance(attr, dict) and attr.get("mean_util_pct") is not None:
-        return attr
-    run_dir = t.user_attrs.get("run_dir")
-    return gpu_samples_summary(run_dir) if run_dir else None
+def trial_gpu_summary(t: TrialRecord) -> dict[str, Any] | None:
+    """The trial's GPU summary: its record's (the driver stores the probe's summary there),
+    else one computed from its run directory's samples."""
+    if isinstance(t.gpu, dict) and t.gpu.get("mean_util_pct") is not None:
+        return t.gpu
+    return gpu_samples_summary(t.run_dir) if t.run_dir else None
 
 
-def mean_step_time_s(t: "optuna.trial.FrozenTrial", n_gpus: int) -> float | None:
+def mean_step_time_s(t: TrialRecord, n_gpus: int) -> float | None:
     """Mean training-step time of a trial: verl's ``timing_s/step`` from its metrics file, else
     its GPU time spread over its steps (which counts start-up too, so it overestimates)."""
-    run_dir = t.user_attrs.get("run_dir")
-    if run_dir:
-        times = [v for m in read_all(Path(run_dir) / "metrics.jsonl")
+    if t.run_dir:
+        times = [v for m in read_all(Path(t.run_dir) / "metrics.jsonl")
                  if (v := m.get(STEP_TIME_KEY)) is not None]
         if times:
             return sum(times) / len(times)
-    probe = t.user_attrs.get("probe") or {}
+    probe = t.probe
     steps = probe.get("last_step") or 0
     gpu_s = probe.get("gpu_time_s") or 0.0
     if steps > 0 and gpu_s > 0:
@@ -65,17 +63,17 @@ def mean_step_time_s(t: "optuna.trial.FrozenTrial", n_gpus: int) -> float | None
     return None
 
 
-def _probe_steps(spec: StudySpec, stage: "Any", trials: list["optuna.trial.FrozenTrial"]) -> int:
+def _probe_steps(spec: StudySpec, stage: "Any", trials: list[TrialRecord]) -> int:
     """A full probe's length in this stage: the longest complete probe (a speed-only stage runs
     shorter probes than the study's default), else the configured length."""
     if stage.probe_steps:
         return int(stage.probe_steps)
-    done = [int((t.user_attrs.get("probe") or {}).get("last_step") or 0)
+    done = [int(t.probe.get("last_step") or 0)
             for t in trials if t.state.name == "COMPLETE"]
     return max(done, default=0) or spec.probe.steps
 
 
-def gpu_hours_saved(spec: StudySpec, stage: "Any", trials: list["optuna.trial.FrozenTrial"]) -> float:
+def gpu_hours_saved(spec: StudySpec, stage: "Any", trials: list[TrialRecord]) -> float:
     """GPU-hours that pruning (and early stops) saved: for each pruned trial, the steps it did not
     run × its mean step time × GPUs. An estimate: it assumes the step time would have held."""
     full = _probe_steps(spec, stage, trials)
@@ -84,7 +82,7 @@ def gpu_hours_saved(spec: StudySpec, stage: "Any", trials: list["optuna.trial.Fr
     for t in trials:
         if t.state.name != "PRUNED":
             continue
-        last = int((t.user_attrs.get("probe") or {}).get("last_step") or 0)
+        last = int(t.probe.get("last_step") or 0)
         step_s = mean_step_time_s(t, n_gpus)
         if step_s is not None and last < full:
             saved_s += (full - last) * step_s * n_gpus
@@ -98,46 +96,43 @@ def reason_category(row: dict[str, Any]) -> str:
     return re.sub(r"\s+at step \d+", "", str(text).split(":")[0]).strip() or "unknown"
 
 
-def _requeue_reasons(trials: list["optuna.trial.FrozenTrial"]) -> dict[int, str]:
+def _requeue_reasons(trials: list[TrialRecord]) -> dict[int, str]:
     """Each re-queued trial and why it was queued again: the reason is stored on its copy (the
     copy's ``retry_history`` ends with the number of the trial it replaces)."""
-    reasons = {number: "requeued" for number in liveness.requeued_numbers(trials)}
+    reasons = {number: "requeued" for number in requeued_numbers(trials)}
     for t in trials:
-        history = t.system_attrs.get("retry_history")
-        if history and "requeued_because" in t.user_attrs:
-            reasons[int(history[-1])] = f"requeued: {t.user_attrs['requeued_because']}"
+        if t.retry_history and t.requeued_because is not None:
+            reasons[int(t.retry_history[-1])] = f"requeued: {t.requeued_because}"
     return reasons
 
 
-def _owner(t: "optuna.trial.FrozenTrial") -> str | None:
+def _owner(t: TrialRecord) -> str | None:
     """Which process runs a trial ("host pid"), and whether that process is known to be gone
     (same host only; elsewhere the heartbeat's grace period decides)."""
-    owner = t.user_attrs.get("owner")
+    owner = t.owner
     if not isinstance(owner, dict):
         return None
     text = f"{owner.get('host')} pid {owner.get('pid')}"
     return f"{text} (gone: `resume` or a worker queues it again)" if liveness.owner_is_dead(owner) else text
 
 
-def _trial_row(t: "optuna.trial.FrozenTrial", requeued: dict[int, str]) -> dict[str, Any]:
-    interval = t.user_attrs.get("eta_interval")
-    probe = t.user_attrs.get("probe", {})
-    role = t.user_attrs.get("role", "candidate")
+def _trial_row(t: TrialRecord, requeued: dict[int, str]) -> dict[str, Any]:
+    probe = t.probe
     row: dict[str, Any] = {
         "number": t.number,
         # A trial a worker gave back unstarted (the budget was full, or another worker queued
         # the same re-run) never ran: not a failure.
-        "state": "skipped" if role == "skipped" else t.state.name.lower(),
-        "role": role,
-        "seed": t.user_attrs.get("seed"),
-        "params": t.user_attrs.get("overrides", {}),
-        "eta": t.user_attrs.get("eta"),
-        "eta_interval": interval,
+        "state": "skipped" if t.role is Role.SKIPPED else t.state.name.lower(),
+        "role": t.role.value,
+        "seed": t.seed,
+        "params": t.overrides,
+        "eta": t.eta,
+        "eta_interval": None if t.eta_interval is None else list(t.eta_interval),
         # A copy queued again ran afresh: the reason it was queued belongs to the trial it replaces.
-        "reason": t.user_attrs.get("reason") or requeued.get(t.number),
-        "failure_kind": t.user_attrs.get("failure_kind"),
+        "reason": t.reason or requeued.get(t.number),
+        "failure_kind": t.failure_kind,
         "requeued": t.number in requeued,
-        "carried_from": t.user_attrs.get("carried_from"),
+        "carried_from": t.carried_from,
         "owner": _owner(t) if t.state.name == "RUNNING" else None,
         "last_step": probe.get("last_step"),
         "gpu_time_s": probe.get("gpu_time_s"),
@@ -146,8 +141,8 @@ def _trial_row(t: "optuna.trial.FrozenTrial", requeued: dict[int, str]) -> dict[
     gpu = trial_gpu_summary(t)
     if gpu is not None:
         row["gpu"] = gpu
-    elif "gpu" in t.user_attrs:
-        row["gpu"] = t.user_attrs["gpu"]
+    elif t.gpu is not None:
+        row["gpu"] = t.gpu
     return row
 
 
@@ -165,7 +160,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
             entry.update(state="not started", trials=[], counts={}, incumbent=None, winner=None)
             stages.append(entry)
             continue
-        trials = study.get_trials(deepcopy=False)
+        trials = records(study.get_trials(deepcopy=False))
         incumbent_etas = incumbent_run_etas(trials)
         requeued = _requeue_reasons(trials)
         rows = [_trial_row(t, requeued) for t in trials]
@@ -173,10 +168,11 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
             incumbent_eta = incumbent_etas.get(row["number"])
             if incumbent_eta is not None:
                 row.update(eta=incumbent_eta.value, eta_interval=[incumbent_eta.low, incumbent_eta.high])
-        result = study.user_attrs.get("result")
+        attrs = StageStudyAttrs.of(study.user_attrs)
+        result = None if attrs.result is None else attrs.result.to_attr()
         counts = collections.Counter(r["state"] for r in rows)
         reasons = collections.Counter(reason_category(r) for r in rows if r["state"] in ("pruned", "fail"))
-        base: Config = study.user_attrs.get("base_config", {})
+        base: Config = attrs.base_config or {}
         gpu_s = sum(r["gpu_time_s"] or 0.0 for r in rows)
         entry.update(
             state="finished" if result else "running",
@@ -185,7 +181,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
             gpu_hours=round(gpu_s / 3600.0, 4),
             gpu_hours_saved=round(gpu_hours_saved(spec, stage, trials), 4),
             incumbent={"config": base,
-                       "trials": [r["number"] for r in rows if r["role"] == "incumbent"]},
+                       "trials": [r["number"] for r in rows if r["role"] == Role.INCUMBENT]},
             winner=result,
             trials=rows,
         )

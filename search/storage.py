@@ -3,7 +3,7 @@
 Optuna reports every database problem as ``StorageInternalError``; the real cause is in
 ``__cause__``, so it is unwrapped here and shown with the password masked. On PostgreSQL each
 process keeps one pooled connection, pinged after it lay idle (see ``PG_POOL`` for why). The storage is
-Optuna's RDBStorage with faster reads and writes of trials (``search/sweep_storage.py``).
+Optuna's RDBStorage with faster reads and writes of trials (``search/_optuna_forks/rdb.py``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
         # Wait for a lock instead of failing at once when several processes write.
         return {"connect_args": {"timeout": 60}}
-    from search.sweep_storage import IdlePingPool
+    from search.pg_pool import IdlePingPool
 
     # application_name: a DBA sees in pg_stat_activity whose connections these are.
     return {**PG_POOL, "poolclass": IdlePingPool,
@@ -78,8 +78,8 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
     import warnings
 
     import optuna
+    from search._optuna_forks import storage_class
     from search.liveness import requeue_stale_trial
-    from search.sweep_storage import SweepStorage
 
     # heartbeat_interval is "experimental" in Optuna 5.0, but it is what we rely on; and we
     # record heartbeats ourselves (ask/tell), which Optuna warns about on every ask.
@@ -103,7 +103,7 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     try:
         return with_retries(
-            lambda: SweepStorage(
+            lambda: storage_class()(
                 url,
                 engine_kwargs=_engine_kwargs(url),
                 heartbeat_interval=HEARTBEAT_INTERVAL_S,

@@ -594,7 +594,7 @@ class PolishSpace(CompositeSpace):
                  baseline: Config | None = None) -> None:
         where = _where(where, "polish")
         _check_options(options, self.OPTIONS, where)
-        facts = {"model": model, "hardware": hardware, "algorithm": algorithm}
+        facts: dict[str, Any] = {"model": model, "hardware": hardware, "algorithm": algorithm}
         # The mini-batch bound is ±25% of the study's baseline, not of the chain's winner.
         origin = {**base, L.MINI_BATCH: L.setting(baseline or base, L.MINI_BATCH)}
         self.parts: list[Space] = [

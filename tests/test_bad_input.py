@@ -293,7 +293,7 @@ def test_validate_unsafe_study_one_line_per_problem(tmp_path: Path) -> None:
 
 
 def test_a_mistyped_study_name_gets_the_closest_names_not_a_wall_of_them() -> None:
-    from search.driver import _known_studies_hint
+    from search.study_root import _known_studies_hint
 
     assert _known_studies_hint("x", []) == " This database has no studies."
     assert _known_studies_hint("tinny", ["demo", "tiny"]) == " Did you mean 'tiny'? Studies here: demo, tiny."

@@ -4,32 +4,40 @@ the point are used up (issue 7)."""
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.console import Console
-from search.driver import StudyRunner
+from objectives.probe import ProbeSettings
+from search.policy import StagePolicy
+from search.records import TrialRecord, records
 from search.storage import open_storage
-from search.study_file import Budget, load_study
+from search.study_file import Budget, StageSettings, load_study
 
 REPO = Path(__file__).resolve().parent.parent
+SPEC = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
 
 
-def _runner(tmp_path: Path) -> tuple[StudyRunner, optuna.Study]:
-    spec = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
+def _policy(stage: StageSettings | None = None) -> StagePolicy:
+    return StagePolicy(SPEC, stage or SPEC.stages[0], ProbeSettings(steps=SPEC.probe.steps))
+
+
+def _trials(study: optuna.Study) -> list[TrialRecord]:
+    return records(study.get_trials(deepcopy=False))
+
+
+def _policy_and_study(tmp_path: Path) -> tuple[StagePolicy, optuna.Study]:
     storage = open_storage(f"sqlite:///{tmp_path}/s.db")
-    runner = StudyRunner(spec, storage, None, console=Console(quiet=True),  # type: ignore[arg-type]
-                         build_space=lambda *a, **k: None, poll_interval_s=1.0)
     study = optuna.create_study(study_name="demo.lr", storage=storage, direction="maximize")
     study.add_trial(create_trial(
         state=TrialState.COMPLETE, value=1.2, params={"lr": 2e-6},
         distributions={"lr": FloatDistribution(1e-7, 1e-5, log=True)},
         user_attrs={"role": "candidate", "seed": 11, "run_id": "r0"},
     ))
-    return runner, study
+    return _policy(), study
 
 
 def _queue(study: optuna.Study, seed: int, *, extra: bool) -> None:
@@ -37,9 +45,10 @@ def _queue(study: optuna.Study, seed: int, *, extra: bool) -> None:
                         skip_if_exists=False)
 
 
-def _start(runner: StudyRunner, study: optuna.Study) -> int | None:
+def _start(policy: StagePolicy, study: optuna.Study) -> int | None:
     trial = study.ask()
-    seed = runner._rerun_seed(study, trial)
+    trials = _trials(study)
+    seed = policy.rerun_seed(next(t for t in trials if t.number == trial.number), trials)
     if seed is not None:
         trial.set_user_attr("seed", seed)
         trial.suggest_float("lr", 1e-7, 1e-5, log=True)
@@ -49,27 +58,25 @@ def _start(runner: StudyRunner, study: optuna.Study) -> int | None:
 
 
 def test_reruns_queued_together_get_distinct_fresh_seeds(tmp_path: Path) -> None:
-    runner, study = _runner(tmp_path)
+    policy, study = _policy_and_study(tmp_path)
     _queue(study, 13, extra=False)
     _queue(study, 13, extra=False)  # a second worker queued the same required re-run
     for _ in range(5):
         _queue(study, 13, extra=True)  # idle workers all picked the same seed
-    seeds = [_start(runner, study) for _ in range(7)]
+    seeds = [_start(policy, study) for _ in range(7)]
     assert seeds == [13, None, 14, 15, 16, None, None]
 
 
 def test_extra_reruns_stop_when_the_fresh_seeds_are_used(tmp_path: Path) -> None:
-    runner, study = _runner(tmp_path)
-    trials = study.get_trials(deepcopy=False)
-    assert runner._unused_fresh_seeds({"lr": 2e-6}, trials) == [13, 14, 15, 16]
+    policy, study = _policy_and_study(tmp_path)
+    assert policy.unused_fresh_seeds({"lr": 2e-6}, _trials(study)) == [13, 14, 15, 16]
     for seed in (13, 14):
         _queue(study, seed, extra=True)
-    trials = study.get_trials(deepcopy=False)
-    assert runner._unused_fresh_seeds({"lr": 2e-6}, trials) == [15, 16]  # queued ones count
+    assert policy.unused_fresh_seeds({"lr": 2e-6}, _trials(study)) == [15, 16]  # queued ones count
 
 
 def test_a_required_rerun_runs_even_when_twins_used_the_fresh_seeds(tmp_path: Path) -> None:
-    runner, study = _runner(tmp_path)
+    policy, study = _policy_and_study(tmp_path)
     for number, seed in enumerate((13, 14, 15, 16), start=1):  # the sampler proposed the point 4 more times
         study.add_trial(create_trial(
             state=TrialState.COMPLETE, value=1.1, params={"lr": 2e-6},
@@ -78,7 +85,7 @@ def test_a_required_rerun_runs_even_when_twins_used_the_fresh_seeds(tmp_path: Pa
         ))
     _queue(study, 13, extra=True)
     _queue(study, 13, extra=False)
-    assert [_start(runner, study) for _ in range(2)] == [None, 13]  # else it would be queued forever
+    assert [_start(policy, study) for _ in range(2)] == [None, 13]  # else it would be queued forever
 
 
 def _scored(study: optuna.Study, role: str, rate: float, seed: int, **attrs: object) -> None:
@@ -90,41 +97,43 @@ def _scored(study: optuna.Study, role: str, rate: float, seed: int, **attrs: obj
                                  user_attrs={"role": role, "seed": seed, "score": score, **attrs}))
 
 
-def _scored_runner(tmp_path: Path) -> tuple[StudyRunner, optuna.Study]:
-    runner, _ = _runner(tmp_path)
-    return runner, optuna.create_study(study_name="demo.polish", storage=runner.storage, direction="maximize")
+def _scored_study(tmp_path: Path) -> optuna.Study:
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    return optuna.create_study(study_name="demo.polish", storage=storage, direction="maximize")
 
 
 def test_an_undecided_leader_is_rerun_until_its_interval_decides(tmp_path: Path) -> None:
     """η 1.06 with a ±5% interval neither clears the 2% rule nor falls within it: the leader
     gets one more fresh seed per pass, up to ``confirm_max_runs`` runs."""
-    runner, study = _scored_runner(tmp_path)
-    stage = runner.spec.stages[-2].model_copy(update={"confirm_max_runs": 3})
+    study = _scored_study(tmp_path)
+    policy = _policy(SPEC.stages[-2].model_copy(update={"confirm_max_runs": 3}))
     for seed in (11, 12):
         _scored(study, "incumbent", 1.0, seed)
     _scored(study, "candidate", 1.06, 11)
     leader = study.get_trials(deepcopy=False)[-1]
     _scored(study, "rerun", 1.06, 13, rerun_of=leader.number)
-    trials = study.get_trials(deepcopy=False)
-    assert runner._undecided_leader(stage, trials) == [leader]
-    assert runner._enqueue_confirmations(study, stage, trials, extra=False)  # queues run 3
-    trials = study.get_trials(deepcopy=False)
-    assert runner._undecided_leader(stage, trials) == []  # its re-run is pending
+    trials = _trials(study)
+    assert [t.number for t in policy.undecided_leader(trials)] == [leader.number]
+    (rerun,) = policy.confirmations(trials, extra=False, now=datetime.datetime.now())  # run 3
+    assert rerun.of.number == leader.number and rerun.assignment.extra
+    study.enqueue_trial(rerun.of.params, user_attrs=rerun.assignment.user_attrs(), skip_if_exists=False)
+    trials = _trials(study)
+    assert policy.undecided_leader(trials) == []  # its re-run is pending
     queued = [t for t in trials if t.state == TrialState.WAITING]
-    assert [t.user_attrs["extra"] for t in queued] == [True]
+    assert [t.extra for t in queued] == [True]
     study.tell(study.ask(), state=TrialState.FAIL)  # the queued run: drop it, then score run 3
     _scored(study, "rerun", 1.06, 14, rerun_of=leader.number)
-    assert runner._undecided_leader(stage, study.get_trials(deepcopy=False)) == []  # 3 runs: no more
+    assert policy.undecided_leader(_trials(study)) == []  # 3 runs: no more
 
 
 def test_a_leader_within_the_tolerance_is_not_rerun(tmp_path: Path) -> None:
-    runner, study = _scored_runner(tmp_path)
-    stage = runner.spec.stages[-2]
+    study = _scored_study(tmp_path)
+    policy = _policy(SPEC.stages[-2])
     for seed in (11, 12):
         _scored(study, "incumbent", 1.0, seed)
     _scored(study, "candidate", 1.01, 11)
     _scored(study, "rerun", 1.01, 13, rerun_of=study.get_trials(deepcopy=False)[-1].number)
-    assert runner._undecided_leader(stage, study.get_trials(deepcopy=False)) == []
+    assert policy.undecided_leader(_trials(study)) == []
 
 
 def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path) -> None:
@@ -132,8 +141,8 @@ def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path
     retry fills that candidate's place, and one more fresh candidate would not fit."""
     from search import liveness
 
-    runner, study = _scored_runner(tmp_path)
-    stage = runner.spec.stages[-2].model_copy(update={"budget": Budget(max_trials=3)})
+    study = _scored_study(tmp_path)
+    policy = _policy(SPEC.stages[-2].model_copy(update={"budget": Budget(max_trials=3)}))
     _scored(study, "incumbent", 1.0, 11)
     _scored(study, "candidate", 1.1, 11)
     dead = study.ask({"lr": FloatDistribution(1e-7, 1e-5, log=True)})
@@ -143,6 +152,7 @@ def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path
 
     retry = study.ask()
     assert study._storage.get_trial(retry._trial_id).system_attrs["retry_history"] == [dead.number]
-    assert not runner._over_budget(study, retry, stage)
+    assert not policy.over_budget(_trials(study), retry.number)
     study.tell(retry, 1.05)
-    assert runner._over_budget(study, study.ask(), stage)
+    fresh = study.ask()
+    assert policy.over_budget(_trials(study), fresh.number)

@@ -20,6 +20,9 @@ from launchers.base import RunSpec
 from objectives.probe import ProbeSettings
 from search.console import Console
 from search.driver import StudyRunner
+from search.policy import StagePolicy
+from search.records import CloseReason, records
+from search.stage_study import StageStudy
 from search.storage import open_storage
 from search.study_file import load_study
 from spaces import build_space
@@ -38,19 +41,23 @@ def test_a_stage_run_ahead_from_a_leader_that_lost_is_moved_aside(tmp_path: Path
     spec = load_study(REPO / "studies" / "demo.yaml")
     storage = open_storage(f"sqlite:///{tmp_path}/s.db")
     launcher = make_launcher("sim", tmp_path / "runs", max_concurrent=2)
-    runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space)
     stage, before = spec.stages[1], spec.stages[0].name
-    settings = ProbeSettings(steps=50, speed_only=False, warmup_steps=5, hang_timeout_s=60, n_gpus=2)
+    policy = StagePolicy(spec, stage, ProbeSettings(steps=50, speed_only=False, warmup_steps=5, hang_timeout_s=60,
+                                                    n_gpus=2))
     baseline = spec.baseline_config()
     leader = merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6})
 
-    opened = runner._open_stage(stage, leader, settings, ahead_of=f"demo.{before}")
+    def open_stage(base: dict[str, object], ahead_of: str | None = None) -> tuple[StageStudy, bool] | None:
+        return StageStudy.open(storage, spec, policy, base, ahead_of=ahead_of, launcher=launcher)
+
+    opened = open_stage(leader, ahead_of=f"demo.{before}")
     assert opened is not None and opened[1]
-    ahead = opened[0]
-    ahead.set_user_attr("initialized", True)  # as _open_run does once the first trials are queued
-    assert ahead.user_attrs["run_prefix"] == f"demo.{stage.name}.ahead{ahead._study_id}"
+    ahead_study = opened[0]
+    ahead_study.mark_initialized()  # as StageLoop.open does once the first trials are queued
+    ahead = ahead_study.study
+    assert ahead_study.attrs().run_prefix == f"demo.{stage.name}.ahead{ahead._study_id}"
     # Another idle worker whose leader is the incumbent does not take the name over.
-    assert runner._open_stage(stage, baseline, settings, ahead_of=f"demo.{before}") is None
+    assert open_stage(baseline, ahead_of=f"demo.{before}") is None
     # One run ahead in flight whose worker died (SIGKILL), one queued.
     handle = launcher.start(RunSpec(run_id="ahead-run", overrides=("actor_rollout_ref.rollout.name=vllm",
                                                                     "trainer.total_training_steps=100000"), n_gpus=2))
@@ -62,7 +69,9 @@ def test_a_stage_run_ahead_from_a_leader_that_lost_is_moved_aside(tmp_path: Path
     ahead.enqueue_trial({}, user_attrs={"role": "incumbent", "seed": 11})
 
     # The stage before kept its incumbent: the real chain opens the stage from the baseline.
-    real, created = runner._open_stage(stage, baseline, settings)
+    reopened = open_stage(baseline)
+    assert reopened is not None
+    real, created = reopened[0].study, reopened[1]
     assert created and real.study_name == f"demo.{stage.name}" and real._study_id != ahead._study_id
     assert real.user_attrs["base_config"] == baseline and "ahead_of" not in real.user_attrs
     lost = optuna.load_study(study_name=f"demo.{stage.name}~lost{ahead._study_id}", storage=storage)
@@ -82,24 +91,25 @@ def test_runs_ahead_from_a_losing_leader_are_stopped_and_closed_as_wasted(tmp_pa
     runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space)
     index, baseline = 1, spec.baseline_config()
     leader = merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6})
-    ahead = runner._open_run(index, spec.stages[index], leader, ahead_of=f"demo.{spec.stages[0].name}")
+    ahead = runner.open_stage(index, leader, ahead_of=f"demo.{spec.stages[0].name}")
     assert ahead is not None
-    assert runner._start_trial(ahead)  # this worker's first run ahead: a real simulator probe
-    (item,) = ahead.active.values()
+    assert ahead.runner.start()  # this worker's first run ahead: a real simulator probe
+    (item,) = ahead.runner.active.values()
     record = proc_mod.read_record(item.probe.handle.run_dir)
     assert record is not None and proc_mod.is_alive(record)
-    runner._ahead = ahead
+    runner.ahead = ahead
 
     # The stage before kept its incumbent: the runs ahead from the leader do not count.
-    assert runner._take_ahead(index, baseline) is None
+    assert runner.take_ahead(index, baseline) is None
     assert not proc_mod.is_alive(record)
-    lost = optuna.load_study(study_name=f"{ahead.study.study_name}~lost{ahead.study._study_id}", storage=storage)
+    lost = optuna.load_study(study_name=f"{ahead.study.name}~lost{ahead.study.study_id}", storage=storage)
     assert {t.state for t in lost.trials} == {TrialState.FAIL}
-    assert all(t.user_attrs["reason"].startswith("wasted: ran ahead from a leader") for t in lost.trials)
+    assert all(t.reason.startswith("wasted: ran ahead from a leader") and t.closed_as is CloseReason.WASTED
+               for t in records(lost.trials))
     # The stage then opens afresh from the real winner, under its own name.
-    real = runner._open_run(index, spec.stages[index], baseline)
-    assert real is not None and real.study.study_name == ahead.study.study_name
-    assert real.study.user_attrs["base_config"] == baseline
+    real = runner.open_stage(index, baseline)
+    assert real is not None and real.study.name == ahead.study.name
+    assert real.study.attrs().base_config == baseline
 
 
 def test_a_worker_whose_run_ahead_is_moved_aside_under_it_stops_cleanly(tmp_path: Path) -> None:
@@ -112,21 +122,21 @@ def test_a_worker_whose_run_ahead_is_moved_aside_under_it_stops_cleanly(tmp_path
                            console=Console(quiet=True), build_space=build_space, poll_interval_s=0.1)
                for i in range(2)]
     mine, other = runners
-    ahead = mine._open_run(index, spec.stages[index], merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6}),
-                           ahead_of=f"demo.{spec.stages[0].name}")
-    assert ahead is not None and mine._start_trial(ahead)
-    mine._ahead = ahead
-    (item,) = ahead.active.values()
+    ahead = mine.open_stage(index, merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6}),
+                            ahead_of=f"demo.{spec.stages[0].name}")
+    assert ahead is not None and ahead.runner.start()
+    mine.ahead = ahead
+    (item,) = ahead.runner.active.values()
     record = proc_mod.read_record(item.probe.handle.run_dir)
 
-    real = other._open_run(index, spec.stages[index], baseline)  # the incumbent won: moved aside
-    assert real is not None and real.study._study_id != ahead.study._study_id
+    real = other.open_stage(index, baseline)  # the incumbent won: moved aside
+    assert real is not None and real.study.study_id != ahead.study.study_id
     for _ in range(3):
-        mine._iterate(ahead, may_start_more=False)  # its trial was closed: the probe is stopped
+        ahead.tick(may_start_more=False)  # its trial was closed: the probe is stopped
     assert not ahead.active
     assert record is not None and not proc_mod.is_alive(record)
-    assert mine._take_ahead(index, baseline) is None
-    lost = optuna.load_study(study_name=f"{real.study.study_name}~lost{ahead.study._study_id}", storage=storage)
+    assert mine.take_ahead(index, baseline) is None
+    lost = optuna.load_study(study_name=f"{real.study.name}~lost{ahead.study.study_id}", storage=storage)
     assert {t.state for t in lost.trials} == {TrialState.FAIL}
 
 
@@ -138,12 +148,13 @@ def test_a_worker_stays_while_a_dead_process_s_confirmation_run_looks_alive(tmp_
     launcher = make_launcher("sim", tmp_path / "runs", max_concurrent=1)
     runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space,
                          leave_at_end=True)  # fmt: skip
-    last = type("LastStageRun", (), {"ahead_of": None, "index": len(spec.stages) - 1})()
+    last = runner.open_stage(len(spec.stages) - 1, spec.baseline_config())
+    assert last is not None
     alive_owner = {"host": socket.gethostname(), "pid": psutil.Process().ppid(),
                    "started": round(psutil.Process().parent().create_time(), 2)}  # fmt: skip
 
     def rerun(owner: dict[str, object]) -> optuna.trial.FrozenTrial:
         return optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={"role": "rerun", "owner": owner})
 
-    assert runner._nothing_left_for_me(last, [rerun(alive_owner)])
-    assert not runner._nothing_left_for_me(last, [rerun(alive_owner), rerun(_dead_owner())])
+    assert last.nothing_left_for_me(records([rerun(alive_owner)]))
+    assert not last.nothing_left_for_me(records([rerun(alive_owner), rerun(_dead_owner())]))

@@ -13,7 +13,8 @@ import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.samplers._tpe import _truncnorm
 
-from search.sampler import ReadOnceTPESampler, build_sampler
+from search._optuna_forks.tpe import ReadOnceTPESampler
+from search.sampler import build_sampler
 from search.study_file import StageSettings
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -36,10 +37,11 @@ def test_tpe_uses_scipy_log_ndtr_and_erf_with_optuna_s_values_and_suggestions(mo
     from optuna.samplers._tpe import _erf
     from scipy.special import erf, log_ndtr
 
-    sampler = build_sampler(_tpe_stage(), 0)
-    monkeypatch.setattr(_truncnorm, "_log_ndtr", lambda a: OPTUNA_LOG_NDTR(a).astype(float))  # restored afterwards
-    monkeypatch.setattr(_truncnorm, "erf", _erf.erf)
-    before = _suggestions(sampler)
+    build_sampler(_tpe_stage(), 0)  # installs the forks (once a process)
+    with monkeypatch.context() as stock:  # Optuna's own functions, for this block only
+        stock.setattr(_truncnorm, "_log_ndtr", lambda a: OPTUNA_LOG_NDTR(a).astype(float))
+        stock.setattr(_truncnorm, "erf", _erf.erf)
+        before = _suggestions(build_sampler(_tpe_stage(), 0))
 
     sampler = build_sampler(_tpe_stage(), 0)
 

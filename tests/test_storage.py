@@ -56,13 +56,13 @@ def test_postgres_calls_reuse_one_connection() -> None:
 def test_postgres_pool_pings_only_a_connection_that_lay_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from search import sweep_storage
+    from search import pg_pool
     from search.storage import open_storage
 
     pings: list[object] = []
-    real_ping = sweep_storage._ping
-    monkeypatch.setattr(sweep_storage, "_ping", lambda connection: (pings.append(1), real_ping(connection)))
-    monkeypatch.setattr(sweep_storage, "PING_AFTER_IDLE_S", 1.0)  # long enough for a busy machine
+    real_ping = pg_pool._ping
+    monkeypatch.setattr(pg_pool, "_ping", lambda connection: (pings.append(1), real_ping(connection)))
+    monkeypatch.setattr(pg_pool, "PING_AFTER_IDLE_S", 1.0)  # long enough for a busy machine
     storage = open_storage(require_pg())
     name = _new_study(storage)
     assert pings == [], "a new connection needs no ping"

@@ -99,7 +99,9 @@ def test_two_runs_creating_one_study_at_once_both_proceed(tmp_path: Path) -> Non
 
     import optuna
 
-    from search.driver import SPEC_ATTR, load_spec, save_spec, spec_to_dict
+    from search.records import SPEC_ATTR
+    from search.study_file import spec_to_dict
+    from search.study_root import load_spec, save_spec
     from search.errors import BadInputError as Bad
     from search.storage import open_storage
 

@@ -1,4 +1,4 @@
-"""``SweepStorage``: Optuna's RDBStorage with the calls of an ask + tell in fewer round trips.
+"""``SweepStorage``: a fork of Optuna 5.0's RDBStorage with the calls of an ask + tell in fewer round trips.
 
 One ask + tell creates a trial, reads it three times (``Trial``'s constructor, twice in
 ``tell``), reads the study's changed trials once or twice, writes each parameter in its own
@@ -21,8 +21,6 @@ an enqueued trial, a popped waiting trial) goes to Optuna's code, which raises i
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -40,44 +38,6 @@ _TRIALS = models.TrialModel.__table__
 _PARAMS = models.TrialParamModel.__table__
 _VALUES = models.TrialValueModel.__table__
 _UNFINISHED = [TrialState.RUNNING, TrialState.WAITING]
-
-#: A pooled connection is pinged on checkout only after lying idle this long. A PostgreSQL
-#: restart takes seconds (2.3 s here), so a connection used a moment ago did not die of one;
-#: an ask + tell checks connections out 11 times within milliseconds, and SQLAlchemy's
-#: pool_pre_ping, which pings every checkout, was 2.4 ms of it. A connection lost in between
-#: fails its call, as one lost during a call always could (``with_retries`` takes over).
-PING_AFTER_IDLE_S = 0.1
-
-
-class IdlePingPool(sa.pool.QueuePool):
-    """SQLAlchemy's QueuePool for PostgreSQL, pinging a connection on checkout only when it
-    lay idle for ``PING_AFTER_IDLE_S``; one that fails the ping is replaced, with every other
-    pooled one, as ``pool_pre_ping`` does (the ``checkout`` event below)."""
-
-
-@sa.event.listens_for(IdlePingPool, "checkin")
-def _idle_from_now(dbapi_connection: Any, record: Any) -> None:
-    record.info["idle_since"] = time.monotonic()
-
-
-@sa.event.listens_for(IdlePingPool, "checkout")
-def _ping_if_idle(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    # a connection never checked in is new: it just answered
-    if time.monotonic() - record.info.get("idle_since", math.inf) >= PING_AFTER_IDLE_S:
-        _ping(dbapi_connection)
-
-
-def _ping(dbapi_connection: Any) -> None:
-    import psycopg  # this pool serves PostgreSQL only
-
-    autocommit = dbapi_connection.autocommit
-    try:
-        dbapi_connection.autocommit = True  # a ping must not leave a transaction open
-        dbapi_connection.execute("SELECT 1")
-        dbapi_connection.autocommit = autocommit
-    except psycopg.OperationalError as e:  # the server went away
-        raise sa.exc.InvalidatePoolError(f"ping failed: {e}") from e
-
 
 def _rows_of(trials: Any) -> Any:
     """The trials that ``trials`` (a WHERE clause on the trials table) selects and all their
@@ -186,9 +146,9 @@ class _LoadedTrial:
         elif child.kind == "system":
             self.system_attributes.append(Row(key=child.key, value_json=child.body))
         else:
-            kind = models.TrialIntermediateValueModel.TrialIntermediateValueType[child.body]
+            step_kind = models.TrialIntermediateValueModel.TrialIntermediateValueType[child.body]
             self.intermediate_values.append(Row(step=child.ord, intermediate_value=child.num,
-                                                intermediate_value_type=kind))  # fmt: skip
+                                                intermediate_value_type=step_kind))  # fmt: skip
 
 
 class _Fallback(Exception):

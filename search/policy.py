@@ -1,0 +1,359 @@
+"""The stage policy: the method's rules over an immutable view of a stage's trial records.
+
+Pure: no storage, no launcher and no clock of its own (the time is passed in). The stage
+loop (``search/stage_loop.py``) asks it whether a trial may start, whether the stage is
+stable, which confirmations to queue, which seed a run gets, which config leads and what the
+stage decides; the stage study (``search/stage_study.py``) carries out what it says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import statistics
+from typing import TYPE_CHECKING, Sequence
+
+from optuna.trial import TrialState
+
+from objectives.score import Eta, Score, combine, eta as eta_of
+from search.errors import SweepError
+from search.records import Assignment, CloseReason, Role, StageResult, TrialRecord, requeued_numbers
+from spaces.overrides import Config, merge
+
+if TYPE_CHECKING:
+    from objectives.probe import ProbeSettings
+    from search.study_file import StageSettings, StudySpec
+
+#: an idle worker starts an extra confirmation only while the stage is still expected to wait
+#: this fraction of a probe for other workers' probes (it delays the stage by at most the rest)
+EXTRA_RERUN_MIN_WAIT = 0.9
+
+Trials = Sequence[TrialRecord]
+#: a candidate's η over its runs: (value, low, high, number of runs)
+Pooled = tuple[float, float, float, int]
+
+
+def pruning_steps(stage: StageSettings, settings: ProbeSettings) -> tuple[int, int]:
+    """(report every N steps, no pruning before step M) for this stage's probes. Speed probes
+    are short (30 steps) and steady from step to step, so the 500-step settings would never
+    act on them: they report every tenth of the probe and may stop from its middle."""
+    if settings.speed_only:
+        return max(1, settings.steps // 10), settings.steps // 2
+    return stage.pruner.interval_steps, stage.pruner.warmup_steps
+
+
+def incumbent_run_etas(trials: Trials) -> dict[int, Eta]:
+    """η of each finished incumbent run against the mean of all of them. (An incumbent run's
+    Optuna value is its η against the runs told before it, which depends on their order.)"""
+    runs = {t.number: t.score for t in trials
+            if t.state == TrialState.COMPLETE and t.role is Role.INCUMBENT and t.score is not None}
+    return {number: eta_of(score, list(runs.values())) for number, score in runs.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rerun:
+    """A confirmation to queue: a re-run of ``of``'s point with ``assignment``."""
+
+    of: TrialRecord
+    assignment: Assignment
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePolicy:
+    """The rules of one stage of one study."""
+
+    spec: StudySpec
+    stage: StageSettings
+    settings: ProbeSettings
+
+    @property
+    def threshold(self) -> float:
+        """η a candidate must beat to win: 1 + the stop rule's tolerance."""
+        return 1 + self.stage.stop.tolerance
+
+    @property
+    def report_every(self) -> int:
+        return pruning_steps(self.stage, self.settings)[0]
+
+    @property
+    def prune_from(self) -> int:
+        return pruning_steps(self.stage, self.settings)[1]
+
+    # -- the budget and the stop rule ---------------------------------------------------------
+    def counted(self, trials: Trials) -> int:
+        """Trials that use the stage's search budget: all but failures that were queued again
+        and the confirmation re-runs (which come on top, at most ``confirm_top``)."""
+        requeued = requeued_numbers(trials)
+        return sum(1 for t in trials if t.number not in requeued and t.role not in (Role.RERUN, Role.SKIPPED))
+
+    def may_start(self, trials: Trials) -> bool:
+        if any(t.state == TrialState.WAITING for t in trials):
+            return True  # queued work (incumbents, re-queued trials) is already inside the budget
+        if self.counted(trials) >= self.stage.budget.max_trials:
+            return False
+        return not self.stable(trials)
+
+    def over_budget(self, trials: Trials, number: int) -> bool:
+        """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
+        counted trials have a smaller number (numbers are assigned by the database). The trial
+        itself is in the count, so that a trial queued again replaces the failure it retries."""
+        return self.counted([t for t in trials if t.number <= number]) > self.stage.budget.max_trials
+
+    def stable(self, trials: Trials) -> bool:
+        """The method's stop rule: none of the last N finished candidates beat the best before
+        them (the incumbent at first, η = 1) by more than the tolerance."""
+        done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.role is Role.CANDIDATE),
+                      key=lambda t: (t.datetime_complete, t.number))
+        n = self.stage.stop.stable_trials
+        if len(done) < n:
+            return False
+        best_before = max([1.0] + [float(t.value) for t in done[:-n] if t.value is not None])
+        return all((t.value or 0.0) <= best_before * self.threshold for t in done[-n:])
+
+    # -- seeds ----------------------------------------------------------------------------------
+    def fresh_seeds(self) -> list[int]:
+        """Seeds for confirmations: those the incumbent runs did not use."""
+        return list(self.spec.seeds[self.spec.probe.incumbent_repeats:] or self.spec.seeds)
+
+    def unused_fresh_seeds(self, point: dict[str, object] | None, trials: Trials, *,
+                           before: int | None = None) -> list[int]:
+        """Fresh seeds no run of ``point`` has (queued, running or finished; only runs
+        numbered below ``before`` when given). A queued trial's parameters are its fixed ones."""
+        used = {t.seed for t in trials if t.seed is not None and t.state != TrialState.FAIL
+                and (before is None or t.number < before) and t.point == point}
+        return [s for s in self.fresh_seeds() if s not in used]
+
+    def seed_for_point(self, number: int, params: dict[str, object], trials: Trials, seed: int) -> int:
+        """A sampler that proposes a point already measured gets a fresh seed for it, so the
+        probe is an independent replicate instead of an exact (deterministic) repeat."""
+        if not params:
+            return seed
+        used = {t.seed for t in trials if t.number != number and t.params == params and t.seed is not None
+                and t.state != TrialState.FAIL}
+        return next((s for s in self.spec.seeds if s not in used), seed)
+
+    def rerun_seed(self, trial: TrialRecord, trials: Trials) -> int | None:
+        """The seed a queued re-run starts on; None when it is redundant. Workers that queue
+        confirmations at the same moment queue the same ones: a required re-run counts only as
+        the first required re-run of its trial, and every re-run takes the first fresh seed
+        that no run of the same point numbered below it has (so no two runs of a point are the
+        same run twice, which would pool as two); none left makes an extra re-run redundant."""
+        target = trial.rerun_of
+        if not trial.extra:
+            requeued = requeued_numbers(trials)
+            if any(t.number < trial.number and t.number not in requeued and t.role is Role.RERUN
+                   and t.rerun_of == target and not t.extra for t in trials):
+                return None
+        original = next((t for t in trials if t.number == target), None)
+        free = self.unused_fresh_seeds(original.params, trials, before=trial.number) if original else []
+        if free:
+            return free[0]
+        if trial.extra:
+            return None
+        # A required re-run always runs (the decision needs it), even when twins of the point
+        # have used every fresh seed: then on the seed it was queued with.
+        return trial.seed if trial.seed is not None else self.fresh_seeds()[0]
+
+    def worth_waiting(self, trials: Trials, now: datetime.datetime) -> bool:
+        """True while the stage is expected to wait for other workers' probes for at least
+        EXTRA_RERUN_MIN_WAIT of a probe's length (the median of its finished probes): an extra
+        re-run started now uses a worker that would sit idle and delays the stage by at most
+        the rest of a probe. Start times are the database's (Optuna's ask times); ``now`` on
+        the same clock."""
+        lengths = [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials
+                   if t.state == TrialState.COMPLETE and t.datetime_start and t.datetime_complete and t.started]
+        if not lengths:
+            return False
+        probe_s = statistics.median(lengths)
+        wait_s = max(((t.datetime_start - now).total_seconds() + probe_s for t in trials
+                      if t.state == TrialState.RUNNING and t.datetime_start), default=0.0)
+        return wait_s >= EXTRA_RERUN_MIN_WAIT * probe_s
+
+    # -- confirmations ----------------------------------------------------------------------------
+    def confirmations(self, trials: Trials, *, extra: bool, now: datetime.datetime) -> list[Rerun]:
+        """Re-runs of the top candidates on fresh seeds to queue (none: nothing to queue).
+        Required: one re-run of each of the top ``confirm_top`` that has none. Extra
+        (``extra=True``, for workers that would sit idle while others finish the stage): one
+        more re-run of the least-confirmed top candidate that has a fresh seed left, only
+        while the stage is expected to wait for its other probes anyway (``worth_waiting``,
+        checked again when it starts: ``idle_fill``)."""
+        idle_fill = extra
+        if self.stage.confirm_top == 0:
+            return []
+        requeued = requeued_numbers(trials)
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.role is Role.CANDIDATE
+                and t.value is not None and not t.infeasible and float(t.value) > 1.0]
+        top: list[TrialRecord] = []
+        for t in sorted(done, key=lambda t: float(t.value), reverse=True):  # type: ignore[arg-type]
+            # A point the sampler proposed twice is one candidate: confirm it once.
+            if len(top) < self.stage.confirm_top and all(t.params != other.params for other in top):
+                top.append(t)
+        reruns = [t for t in trials if t.role is Role.RERUN and t.number not in requeued]
+        count = {t.number: sum(r.rerun_of == t.number for r in reruns) for t in top}
+        if extra:
+            open_ = [t for t in top if self.unused_fresh_seeds(t.params, trials)]
+            if not open_ or not self.worth_waiting(trials, now):
+                return []
+            targets = [min(open_, key=lambda t: count[t.number])]
+        else:
+            targets = [t for t in top if count[t.number] == 0]
+            if not targets:
+                # Runs beyond the first re-run are "extra": they need a fresh seed of their own.
+                targets, extra = self.undecided_leader(trials), True
+        # The seed is checked again when the re-run starts (rerun_seed): workers that queue at
+        # the same moment pick the same one here.
+        return [Rerun(t, Assignment(role=Role.RERUN, rerun_of=t.number, extra=extra, idle_fill=idle_fill,
+                                    seed=(self.unused_fresh_seeds(t.params, trials) or self.fresh_seeds())[0]))
+                for t in targets]
+
+    def early_confirmation(self, trials: Trials) -> Rerun | None:
+        """Idle, with nothing finished to re-run: the confirmation of the running candidate
+        with the best running η above the tolerance, past the pruner's warm-up (no re-run yet,
+        a fresh seed left). It is the one a finished leader would need anyway; started now,
+        the stage does not wait a whole probe for it after the first run ends. If the first
+        run is pruned after all, the re-run is stopped (``TrialRunner``)."""
+        if self.stage.confirm_top == 0:
+            return None
+        rerun_of = {t.rerun_of for t in trials if t.role is Role.RERUN and t.state != TrialState.FAIL}
+        running = [(e, t) for e, t in running_etas(trials)
+                   if e is not None and e > self.threshold and t.state == TrialState.RUNNING
+                   and max(t.intermediate_values) >= self.prune_from and t.number not in rerun_of
+                   and self.unused_fresh_seeds(t.params, trials)]
+        if not running:
+            return None
+        _, target = max(running, key=lambda item: item[0])
+        seed = self.unused_fresh_seeds(target.params, trials)[0]
+        return Rerun(target, Assignment(role=Role.RERUN, rerun_of=target.number, seed=seed, extra=False,
+                                        idle_fill=False))
+
+    def undecided_leader(self, trials: Trials) -> list[TrialRecord]:
+        """The would-be winner, when its runs so far neither clear the tolerance nor fall
+        within it (η above 1 + tolerance, interval reaching it) and it may run again: one more
+        fresh seed decides more than the first runs could. Runs already queued or running count
+        towards ``confirm_max_runs``: a worker that would sit idle while another runs the
+        leader's re-run starts the next one beside it (one driver, which asks only when all its
+        slots are free, runs them one after the other)."""
+        ranked, _ = ranked_candidates(trials)
+        if not ranked:
+            return []
+        (value, low, _high, n_runs), leader = ranked[0]
+        pending = sum(t.role is Role.RERUN and t.state in (TrialState.WAITING, TrialState.RUNNING)
+                      and t.point == leader.params for t in trials)
+        if (value <= self.threshold or low > self.threshold or n_runs + pending >= self.stage.confirm_max_runs
+                or not self.unused_fresh_seeds(leader.params, trials)):
+            return []
+        return [leader]
+
+    def leading_config(self, trials: Trials, base: Config) -> Config | None:
+        """The config this stage would choose if its leader held up: the leading candidate
+        (by η over the runs it has so far, confirmed or not: the top ones are all confirmed
+        before the decision) when its η is above the tolerance, else the incumbent. None while
+        a candidate still running could take the lead (``running_etas``)."""
+        ranked, _ = ranked_candidates(trials, confirmed_only=False)
+        leader = ranked[0] if ranked and ranked[0][0][0] > self.threshold else None
+        bar = leader[0][0] if leader else self.threshold
+        if any(e is None or e > bar for e, _ in running_etas(trials)):
+            return None
+        return merge(base, dict(leader[1].overrides)) if leader else base
+
+    # -- the decision ---------------------------------------------------------------------------
+    def incumbent_scores(self, trials: Trials) -> tuple[list[Score], bool]:
+        """Scores of the incumbent runs told so far, and whether all of them are told. Raises
+        SweepError when every incumbent run failed: there is nothing to compare with."""
+        requeued = requeued_numbers(trials)
+        # Runs closed as wasted (a stage run ahead and moved aside) did not fail.
+        mine = [t for t in trials if t.role is Role.INCUMBENT and t.number not in requeued
+                and t.closed_as is not CloseReason.WASTED]
+        scores = [t.score for t in mine if t.state == TrialState.COMPLETE and t.score is not None]
+        pending = any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine)
+        if not scores and not pending and mine:
+            cause = next((t.reason for t in reversed(mine) if t.reason), "no reason recorded")
+            raise SweepError(
+                f"every run of the stage's incumbent failed ({cause}), so no η can be computed. "
+                f"Fix the baseline in the study file and run it under a new name or database; the failed runs are "
+                f"in `verl-sweep status {self.spec.name}`."
+            )
+        return scores, not pending
+
+    def decide(self, trials: Trials, base: Config) -> StageResult:
+        """The winner: the best candidate by η over its runs (the first and its re-runs on
+        fresh seeds), if it beats the incumbent by more than the tolerance and its interval
+        stays clear of the incumbent; otherwise the incumbent is kept."""
+        stage = self.stage
+        self.incumbent_scores(trials)  # raises when every incumbent run failed
+        incumbent_etas = [e.value for e in incumbent_run_etas(trials).values()]
+        keep = StageResult(
+            stage=stage.name, winner_trial=None, eta=1.0,
+            eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
+            decision=f"kept the incumbent: no candidate beat it by more than {stage.stop.tolerance:.0%}",
+            config=base, overrides={},
+        )
+        ranked, why_none = ranked_candidates(trials)
+        if not ranked:
+            return dataclasses.replace(keep, decision=f"kept the incumbent: {why_none}")
+        (value, low, high, n_runs), best = ranked[0]
+        runs = "1 run" if n_runs == 1 else f"{n_runs} runs"
+        threshold = self.threshold
+        if value <= threshold:
+            return dataclasses.replace(keep, decision=f"kept the incumbent: best η {value:.3f} (trial {best.number}, "
+                                                      f"{runs}) is within {stage.stop.tolerance:.0%}")
+        if low <= threshold:
+            return dataclasses.replace(
+                keep,
+                decision=f"no significant gain: trial {best.number} has η {value:.3f} over {runs}, "
+                         f"but its interval [{low:.3f}, {high:.3f}] reaches {threshold:.2f}",
+            )
+        overrides = dict(best.overrides)
+        return StageResult(
+            stage=stage.name, winner_trial=best.number, eta=value, eta_low=low, eta_high=high,
+            decision=f"trial {best.number} beat the incumbent: η {value:.3f} [{low:.3f}, {high:.3f}] over {runs}",
+            config=merge(base, overrides), overrides=overrides,
+        )
+
+
+def running_etas(trials: Trials) -> list[tuple[float | None, TrialRecord]]:
+    """Each queued or running candidate with its running η so far: its last reported running
+    rate over the finished incumbent runs' mean at the same step; None before its first
+    report."""
+    curves = [t.intermediate_values for t in trials if t.state == TrialState.COMPLETE and t.role is Role.INCUMBENT]
+    out: list[tuple[float | None, TrialRecord]] = []
+    for t in trials:
+        if t.role is not Role.CANDIDATE or t.state not in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        step = max(t.intermediate_values, default=None)
+        at_step = [c[step] for c in curves if step in c and c[step] > 0]
+        eta = t.intermediate_values[step] / statistics.fmean(at_step) if step is not None and at_step else None
+        out.append((eta, t))
+    return out
+
+
+def ranked_candidates(trials: Trials, *, confirmed_only: bool = True) -> tuple[list[tuple[Pooled, TrialRecord]], str]:
+    """The stage's finished candidates by η (value, low, high, runs), best first, and why
+    the list is empty when it is. Confirmed candidates (with re-runs) are judged on the mean of
+    all runs of their point; while none has a re-run (or ``confirmed_only`` is False), every
+    candidate on the runs it has."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    incumbents = [t.score for t in done if t.role is Role.INCUMBENT and t.score is not None]
+    candidates = [t for t in done if t.role is Role.CANDIDATE and t.value is not None
+                  and not t.infeasible and t.score is not None]
+    if not candidates or not incumbents:
+        return [], "no candidate finished"
+    reruns: dict[int | None, list[Score]] = {}
+    for t in done:
+        if t.role is Role.RERUN and t.score is not None:
+            reruns.setdefault(t.rerun_of, []).append(t.score)
+    # A confirmation run stopped by the health screen (divergence, NaN) disqualifies its trial.
+    failed = {t.rerun_of for t in trials if t.state == TrialState.PRUNED and t.role is Role.RERUN}
+    candidates = [t for t in candidates if t.number not in failed]
+    if not candidates:
+        return [], "no candidate held up on a fresh seed"
+
+    def pooled(t: TrialRecord) -> Pooled:
+        # Every run of the same point counts: the sampler may have proposed it twice.
+        twins = [c for c in candidates if c.params == t.params]
+        scores = [c.score for c in twins if c.score is not None] + [s for c in twins for s in reruns.get(c.number, [])]
+        e = eta_of(combine(scores) if len(scores) > 1 else scores[0], incumbents)
+        return e.value, e.low, e.high, len(scores)
+
+    confirmed = [t for t in candidates if t.number in reruns or not confirmed_only] or candidates
+    return sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True), ""

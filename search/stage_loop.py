@@ -1,0 +1,263 @@
+"""One stage as this process follows it: its study, space, policy and runs, ticked by the
+driver's loop (``search/driver.py``).
+
+``StageLoop.open`` creates or joins the stage's study; each ``tick`` starts what the policy
+allows, follows and tells the runs, keeps the heartbeats, and says what the driver should do
+next: go on, the stage is over, leave (a worker with nothing left), or run ahead into the next
+stage (idle while other workers finish this one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import time
+from typing import TYPE_CHECKING, Callable
+
+from optuna.trial import TrialState
+
+from objectives.probe import ProbeSettings
+from search import liveness
+from search.errors import BadInputError
+from search.policy import Rerun, StagePolicy
+from search.records import Role, StageResult, TrialRecord
+from search.stage_study import StageClock, StageStudy
+from search.storage import HEARTBEAT_INTERVAL_S, with_retries
+from search.trials import TrialRunner
+from spaces.base import Space, SpaceError
+from spaces.overrides import Config
+
+if TYPE_CHECKING:
+    import optuna
+
+    from launchers.base import Launcher
+    from search.console import Console
+    from search.study_file import StageSettings, StudySpec
+
+
+class Tick(enum.Enum):
+    """What the driver does after a tick of a stage loop."""
+
+    GO_ON = "go on"
+    OVER = "over"  # the stage is over, for every worker: decide it
+    LEAVE = "leave"  # a worker with nothing left in the last stage
+    RUN_AHEAD = "run ahead"  # idle while other workers finish the stage, nothing of it to re-run
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every stage loop of one driver process shares."""
+
+    spec: StudySpec
+    storage: optuna.storages.RDBStorage
+    launcher: Launcher
+    console: Console
+    build_space: Callable[..., Space]
+    #: a worker that leaves once the last stage has nothing left but other processes' runs
+    leave_at_end: bool = False
+
+
+class StageLoop:
+    """Stage ``index`` from ``base``; ``ahead_of`` names the stage still being decided while
+    this one runs ahead of it (None once that stage chose the config it started from)."""
+
+    def __init__(self, ctx: Context, index: int, policy: StagePolicy, base: Config, study: StageStudy,
+                 space: Space, *, ahead_of: str | None) -> None:
+        self.ctx = ctx
+        self.index = index
+        self.policy = policy
+        self.stage = policy.stage
+        self.base = base
+        self.study = study
+        self.space = space
+        self.ahead_of = ahead_of
+        attrs = study.attrs()
+        self.runner = TrialRunner(ctx.spec, ctx.launcher, ctx.console, study, policy, space, base,
+                                  run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}")
+        self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
+        self.last_heartbeat = 0.0
+        self.last_saved = time.monotonic()
+
+    @property
+    def active(self) -> bool:
+        """This process follows runs of the stage."""
+        return bool(self.runner.active)
+
+    # -- opening ----------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, ctx: Context, index: int, base: Config, *, ahead_of: str | None = None) -> StageLoop | None:
+        """Open (create, or join) stage ``index`` from ``base``. With ``ahead_of`` (the stage
+        still being decided), the stage is opened ahead from that stage's leader; None when
+        another worker already runs it ahead from another leader, or its space rejects the
+        leader (the real chain reports that once it gets there)."""
+        spec, console = ctx.spec, ctx.console
+        stage = spec.stages[index]
+        try:
+            space = ctx.build_space(stage.space, model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm,
+                                    base=base, options=stage.params, where=f"stages[{index}]",
+                                    baseline=spec.baseline_config())
+        except SpaceError as e:
+            if ahead_of is not None:
+                return None
+            raise BadInputError(str(e)) from None
+        policy = StagePolicy(spec, stage, probe_settings(spec, stage, space))
+
+        opened = with_retries(lambda: StageStudy.open(ctx.storage, spec, policy, base, ahead_of=ahead_of,
+                                                      launcher=ctx.launcher, on_vacated=_vacated_note(console)),
+                              what="open the stage study")
+        if opened is None:
+            return None
+        study, created = opened
+        carried: list[TrialRecord] = []
+        if created:
+            earlier = StageStudy.earlier_runs(ctx.storage, spec, index, base, policy.settings.steps)
+            carried = study.enqueue_initial(spec, stage, space, base, carried=earlier)
+            study.mark_initialized()
+        loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of)
+        if ahead_of is None:
+            loop.announce()
+        if carried:
+            console.note(f"{study.name}: incumbent runs on seed(s) {', '.join(str(t.seed) for t in carried)} "
+                         "carried over from the previous stage (same config, seed and probe length)")
+        for t in carried:
+            assert t.eta is not None and t.eta_interval is not None  # carried_attrs stores them
+            console.trial_finished(study.study, t.number, Role.INCUMBENT, {}, eta=t.eta, interval=t.eta_interval)
+        return loop
+
+    def announce(self) -> None:
+        self.ctx.console.stage_started(self.index, self.stage, self.base, self.space.explain(),
+                                       self.stage.budget.max_trials)
+
+    # -- one pass ---------------------------------------------------------------------------------
+    def tick(self, *, may_start_more: bool = True) -> Tick:
+        """One pass of the stage loop. ``may_start_more`` False: follow the runs in flight,
+        start nothing new."""
+        ctx, study, policy, runner = self.ctx, self.study, self.policy, self.runner
+        launcher = ctx.launcher
+        wall_used = self.clock.used(launcher.clock())
+        trials = study.trials()
+        budget_s = self.stage.budget.max_wall_clock_s
+        over_time = budget_s is not None and wall_used >= budget_s
+        allowed = may_start_more and not over_time
+        may_start = allowed and policy.may_start(trials)
+        wants_ahead = False
+        if not runner.active and not may_start:
+            trials = study.trials(fresh=True)  # decide on the database as it is now
+            if allowed and policy.may_start(trials):
+                # The cached view was behind: another worker queued work (e.g. a required
+                # confirmation) that this stage still needs; never decide without it.
+                may_start = True
+            elif self._waiting_on_others(trials):
+                # Idle while other workers finish the stage: confirm the top candidates now
+                # (required re-runs first), then re-run them again while that fits in the
+                # wait; with nothing to re-run, start the next stage from the current leader.
+                if allowed and launcher.free_slots() > 0:
+                    if (self._queue_confirmations(trials, extra=False) or self._queue_confirmations(trials, extra=True)
+                            or self._queue_early_confirmation(trials)):
+                        pass
+                    elif self.nothing_left_for_me(trials):
+                        ctx.console.note(f"{study.name}: only other workers' confirmations are left; "
+                                         "leaving (they finish the study)")
+                        return Tick.LEAVE
+                    else:
+                        wants_ahead = True
+            elif over_time or not self._queue_confirmations(trials, extra=False):
+                return Tick.OVER
+        if may_start and launcher.free_slots() > 0:
+            # Count on the database as it is now: with many workers, a cached view starts
+            # trials the others have already filled the budget with.
+            may_start = policy.may_start(study.trials(fresh=True))
+        while may_start and launcher.free_slots() > 0:
+            started = runner.start()
+            trials = study.trials(fresh=True)
+            if not started:
+                break
+            may_start = policy.may_start(trials)
+        runner.poll()
+        runner.stop_runs_that_no_longer_count(study.trials())
+        if runner.tell_finished(study.trials()):
+            study.stale = True
+        now = time.monotonic()
+        if now - self.last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
+            runner.heartbeat()
+            study.fail_stale_trials()
+            runner.adopt_or_close_orphans()
+            self.last_heartbeat = now
+        if now - self.last_saved > 5.0:
+            study.save_wall_clock(wall_used)
+            self.last_saved = now
+        return Tick.RUN_AHEAD if wants_ahead else Tick.GO_ON
+
+    def _waiting_on_others(self, trials: list[TrialRecord]) -> bool:
+        """Trials RUNNING in other processes (workers) that this stage's result needs."""
+        return any(t.state == TrialState.RUNNING and t.number not in self.runner.active for t in trials)
+
+    def nothing_left_for_me(self, trials: list[TrialRecord]) -> bool:
+        """A worker in the last stage, idle, whose stage only waits on other processes'
+        confirmation runs: nothing it could start there or ahead. A run whose process on this
+        host is gone (SIGKILL) is work left: the next heartbeat round queues it again, and
+        this worker may be the last one to take it."""
+
+        def work_left(t: TrialRecord) -> bool:
+            if t.state not in (TrialState.RUNNING, TrialState.WAITING):
+                return False
+            return t.role is not Role.RERUN or liveness.owner_is_dead(t.owner)
+
+        return (self.ctx.leave_at_end and self.ahead_of is None and self.index == len(self.ctx.spec.stages) - 1
+                and not any(work_left(t) for t in trials))
+
+    def _queue(self, reruns: list[Rerun]) -> bool:
+        for rerun in reruns:
+            self.study.queue(rerun.of.params, rerun.assignment)
+        return bool(reruns)
+
+    def _queue_confirmations(self, trials: list[TrialRecord], *, extra: bool) -> bool:
+        reruns = self.policy.confirmations(trials, extra=extra, now=datetime.datetime.now())
+        if self._queue(reruns):
+            self.ctx.console.note(f"{self.study.name}: re-running on fresh seeds: "
+                                  + ", ".join(f"trial {r.of.number}" for r in reruns))
+        return bool(reruns)
+
+    def _queue_early_confirmation(self, trials: list[TrialRecord]) -> bool:
+        rerun = self.policy.early_confirmation(trials)
+        if rerun is None:
+            return False
+        self._queue([rerun])
+        self.ctx.console.note(f"{self.study.name}: re-running trial {rerun.of.number} on a fresh seed "
+                              "while its first run is still going (it runs ahead of the incumbent)")
+        return True
+
+    # -- ending -----------------------------------------------------------------------------------
+    def record_result(self) -> StageResult:
+        """Decide once (``StageStudy.record_result``); the stage's result for every worker."""
+        used = self.clock.used(self.ctx.launcher.clock())
+        return self.study.record_result(lambda trials: self.policy.decide(trials, self.base), used)
+
+    def abandon(self, *, why: str) -> None:
+        self.runner.abandon(why=why)
+
+    def vacate(self, *, why: str) -> None:
+        """Stop this process's runs of a stage run ahead and move its study aside
+        (``StageStudy.vacate``)."""
+        self.runner.cancel_all()
+        self.study.vacate(why=why, launcher=self.ctx.launcher, on_vacated=_vacated_note(self.ctx.console))
+
+
+def _vacated_note(console: Console) -> Callable[[str, str, str], None]:
+    def note(name: str, why: str, lost: str) -> None:
+        console.note(f"{name}: closed the runs started ahead ({why}); kept as {lost}")
+
+    return note
+
+
+def probe_settings(spec: StudySpec, stage: StageSettings, space: Space) -> ProbeSettings:
+    """How the stage's probes run, resolved once: a speed-only space runs short probes with
+    their own warm-up."""
+    return ProbeSettings(
+        steps=spec.stage_probe_steps(stage, speed_only=space.speed_only),
+        speed_only=space.speed_only,
+        warmup_steps=spec.probe.speed_warmup_steps if space.speed_only else spec.probe.warmup_steps,
+        hang_timeout_s=spec.probe.hang_timeout_s,
+        n_gpus=spec.hardware.n_gpus,
+    )
