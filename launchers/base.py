@@ -191,14 +191,8 @@ class Launcher(abc.ABC):
         time.sleep(seconds)
 
     def cleanup_leftover(self, run_dir: Path) -> None:
-        """Kill whatever a dead driver's run left running (its process tree is recorded in
-        the run directory). Called before the run's trial is queued again."""
-        from launchers import process
-
-        record = process.read_record(run_dir) if run_dir.is_dir() else None
-        if record is not None and process.is_alive(record):
-            logger.info("killing leftover run in %s", run_dir)
-            process.kill_tree(record)
+        """Kill whatever a dead driver's run left running. Called before the run's trial is
+        queued again; launchers that start processes override it (nothing to do here)."""
 
     def close(self) -> None:
         """Release what the launcher holds (does not stop runs; call ``cancel`` for that)."""

@@ -394,6 +394,13 @@ class LocalLauncher(Launcher):
                                 started_at=float(spec.get("started_at", 0.0)))
 
     # -- maintenance -------------------------------------------------------------------------
+    def cleanup_leftover(self, run_dir: Path) -> None:
+        """Kill the process tree a dead driver's run left (recorded in its run directory)."""
+        record = proc_mod.read_record(run_dir) if run_dir.is_dir() else None
+        if record is not None and (proc_mod.is_alive(record) or proc_mod.find_marked(record.markers)):
+            logger.info("killing leftover run in %s", run_dir)
+            proc_mod.kill_tree(record, grace_s=self.kill_grace_s)
+
     def kill_leftovers(self) -> list[str]:
         """Kill probe trees under ``root_dir`` that this launcher does not track (left by a
         driver that died); returns their run ids. A restarted driver calls it before starting."""

@@ -56,7 +56,7 @@ class _Run:
     started_at: float
     events: Iterator[tuple[float, str, Any]]
     next_event: tuple[float, str, Any] | None
-    files: dict[str, IO[str]]
+    files: Mapping[str, IO[str]]
     last_step: int = 0
     exit_code: int | None = None
     finished_at: float | None = None
@@ -289,7 +289,7 @@ class ReplayLauncher(Launcher):
                 os.environ["VERL_SIM_SKIP_KEY_CHECK"] = previous
 
     def _events(
-        self, argv: list[str], handle: RunHandle, *, started_at: float, skip_steps: int, files: dict[str, IO[str]]
+        self, argv: list[str], handle: RunHandle, *, started_at: float, skip_steps: int, files: dict[str, Any]
     ) -> Iterator[tuple[float, str, Any]]:
         """What ``python -m launchers.simulator argv`` does, as timed events; writing happens
         as each event is taken (so lines appear when the clock passes them)."""

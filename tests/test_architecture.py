@@ -112,13 +112,10 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-#: circles that issue 26 leaves to the launchers' owner: base.py imports process.py (lazily) to
-#: kill process trees, and process.py imports base.py for its error type
-KNOWN_CIRCLES = [{"launchers.base", "launchers.process"}]
-
-
 def test_no_import_circles() -> None:
-    assert [c for c in _circles(_module_graph()) if c not in KNOWN_CIRCLES] == []
+    # base.py no longer kills process trees (LocalLauncher.cleanup_leftover does): the
+    # launchers.base <-> launchers.process circle is gone too.
+    assert _circles(_module_graph()) == []
 
 
 #: modules over the limit that issue 26 leaves to their owners (spaces/, the simulator)
