@@ -244,6 +244,17 @@ def eta_at(points: list[tuple[float, float]], budget_h: float) -> float:
     return chosen
 
 
+def median_curve_hours(runs: list[list[tuple[float, float]]], target: float) -> float:
+    """GPU-hours at which the median curve (the median over runs of the true η chosen by
+    then, the plotted curve) first reaches ``target``; inf when it never does. A method's
+    median curve ends at its median final η, so it reaches that by its last point."""
+    hours = sorted({h for points in runs for h, _ in points})
+    for h in hours:
+        if statistics.median(eta_at(points, h) for points in runs) >= target - 1e-12:
+            return h
+    return math.inf
+
+
 def median_interval(values: list[float]) -> tuple[float, float, float]:
     """Median and the 25th-75th percentile range (inf allowed: 'never reached')."""
     ordered = sorted(values)
@@ -290,7 +301,6 @@ def summarize(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], bu
             if not runs:
                 continue
             reach = [hours_to_reach(r["points"], target) for r in runs]
-            to_peer = [hours_to_reach(r["points"], peer_target) for r in runs]
             at_budget = [eta_at(r["points"], budget_h[landscape]) for r in runs]
             rows.append({
                 "landscape": landscape, "method": method, "reps": len(runs),
@@ -300,7 +310,7 @@ def summarize(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], bu
                 "reached": sum(1 for h in reach if math.isfinite(h)),
                 "final_reached": sum(1 for r in runs if r["final_eta"] >= target),
                 "final_fraction": median_interval([r["final_eta"] / best_eta for r in runs]),
-                "hours_to_best_peer": median_interval(to_peer),
+                "hours_to_best_peer": median_curve_hours([r["points"] for r in runs], peer_target),
                 "eta_at_budget": median_interval(at_budget),
                 "final_eta": median_interval([r["final_eta"] for r in runs]),
                 "false_win_rate": sum(1 for r in runs if r["final_eta"] < 1.0) / len(runs),
@@ -312,13 +322,17 @@ def summarize(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], bu
         by = {r["method"]: r for r in rows if r["landscape"] == landscape}
         if "verl-sweep" in by and best_peer in by:
             by["verl-sweep"]["ratio_to_best_peer"] = gpu_h_ratio(
-                by["verl-sweep"]["hours_to_best_peer"][0], by[best_peer]["hours_to_best_peer"][0])
+                by["verl-sweep"]["hours_to_best_peer"], by[best_peer]["hours_to_best_peer"])
     return rows
 
 
 def _fmt_h(m: tuple[float, float, float]) -> str:
     f = lambda x: "never" if math.isinf(x) else f"{x:,.0f}"  # noqa: E731
     return f"{f(m[0])} [{f(m[1])}-{f(m[2])}]"
+
+
+def _fmt_hours(x: float) -> str:
+    return "never" if math.isinf(x) else f"{x:,.0f}"
 
 
 def _fmt_ratio(x: float | None) -> str:
@@ -330,15 +344,15 @@ def _fmt_ratio(x: float | None) -> str:
 def format_table(rows: list[dict[str, Any]], budget_h: dict[str, float]) -> str:
     """The issue-27 table: per landscape and method, the runs whose final choice reaches 95%
     of the best reachable η, the median final η as a fraction of it, false wins (final η below
-    the baseline's), the GPU-hours to reach the best peer's median final η (median [IQR]) and
-    verl-sweep's ÷ that peer's, and the GPU-hours spent."""
+    the baseline's), the GPU-hours at which the method's median curve reaches the best peer's
+    median final η and verl-sweep's ÷ that peer's, and the GPU-hours spent (median)."""
     head = (f"{'landscape':<14} {'split':<6} {'method':<11} {'≥95% best':>9} {'final/best':>10} {'false win':>9} "
-            f"{'GPU-h to best peer (IQR)':<26} {'÷ peer':>6} {'GPU-h spent':>11}")  # fmt: skip
+            f"{'GPU-h to best peer':>18} {'÷ peer':>6} {'GPU-h spent':>11}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['landscape']:<14} {r['split']:<6} {r['method']:<11} {r['final_reached']:>6}/{r['reps']:<2} "
-            f"{r['final_fraction'][0]:>10.3f} {r['false_win_rate']:>9.0%} {_fmt_h(r['hours_to_best_peer']):<26} "
+            f"{r['final_fraction'][0]:>10.3f} {r['false_win_rate']:>9.0%} {_fmt_hours(r['hours_to_best_peer']):>18} "
             f"{_fmt_ratio(r.get('ratio_to_best_peer')):>6} {r['gpu_h_total'][0]:>11,.0f}"
         )
     lines.append("")
@@ -424,7 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--no-overhead", action="store_true", help="skip the orchestration-overhead measures")
+    parser.add_argument("--from-results", type=Path, default=None,
+                        help="re-summarise a results.json (no runs): table, verdict, plot to --out")
     args = parser.parse_args(argv)
+    if args.from_results:
+        return _resummarize(args.from_results, args.out)
     from launchers.simulator import load_landscape, shipped_landscapes
 
     asked = args.methods.split(",") if args.methods else [m for m in METHODS if installed(m)]
@@ -476,15 +494,16 @@ def main(argv: list[str] | None = None) -> int:
         # The references are only needed for the summary: they share the pool with the runs.
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             pending = pool.starmap_async(reference, references, chunksize=1)
-            results = pool.map(run_one, tasks_of(first, {}), chunksize=1)
+            results = _progress(pool.imap(run_one, tasks_of(first, {}), chunksize=1), len(tasks_of(first, {})))
             peer_budget = budgets(results)
-            results += pool.map(run_one, tasks_of(peers, peer_budget), chunksize=1)
+            peer_tasks = tasks_of(peers, peer_budget)
+            results += _progress(pool.imap(run_one, peer_tasks, chunksize=1), len(peer_tasks))
             best = {names[name]: b for name, b in zip(landscapes, pending.get())}
     else:
         best = {names[name]: reference(name, quick) for name, quick in references}
-        results = [run_one(t) for t in tasks_of(first, {})]
+        results = _progress(map(run_one, tasks_of(first, {})), len(tasks_of(first, {})))
         peer_budget = budgets(results)
-        results += [run_one(t) for t in tasks_of(peers, peer_budget)]
+        results += _progress(map(run_one, tasks_of(peers, peer_budget)), len(tasks_of(peers, peer_budget)))
     for r in results:
         r["landscape"] = names[r["landscape"]]
     budget_h = {names[name]: peer_budget.get(name, args.budget) for name in landscapes}
@@ -518,6 +537,34 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).warning("plotly is not installed: no plot written")
     print(f"\nwrote {args.out / 'results.json'} and {args.out / 'curves.html'} in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _resummarize(path: Path, out: Path) -> int:
+    """The table, verdict and plot of a finished run, recomputed from its results.json."""
+    payload = json.loads(path.read_text())
+    results, best, budget_h = payload["runs"], payload["best"], payload["budget_gpu_h"]
+    for r in results:
+        r["points"] = [tuple(p) for p in r["points"]]
+    rows = summarize(results, best, budget_h)
+    payload["rows"], payload["acceptance"] = rows, acceptance(rows)
+    print("SIMULATED figures (ReplayLauncher, virtual time), from", path)
+    print(format_table(rows, budget_h))
+    print()
+    print("\n".join(payload["acceptance"]))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(payload, indent=1, default=_json_default))
+    write_plot(results, out / "curves.html")
+    return 0
+
+
+def _progress(runs: Any, total: int) -> list[dict[str, Any]]:
+    """Collect the runs, one line on stderr each (landscape, method, repetition, seconds)."""
+    out = []
+    for r in runs:
+        out.append(r)
+        print(f"[{len(out)}/{total}] {r['landscape']} {r['method']} rep {r['rep']}: final η {r['final_eta']:.3f}, "
+              f"{r['gpu_h']:,.0f} GPU-h, {r['seconds']:.1f} s", file=sys.stderr, flush=True)
+    return out
 
 
 def _json_default(value: Any) -> Any:

@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks.run import acceptance, eta_at, format_table, gpu_h_ratio, hours_to_reach, median_interval, summarize
 from cluster import require_pg
+from launchers.simulator import shipped_landscapes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,7 +133,8 @@ def test_overhead_fill_writes_trials_that_optuna_reads_and_samples_from(tmp_path
     assert trial.number == 300 and study.trials[-1].state == optuna.trial.TrialState.COMPLETE
 
 
-@pytest.mark.parametrize("landscape", ["default", "batch_lr", "kl_edge"])
+@pytest.mark.slow  # ~5-9 s a landscape: the reference's coordinate passes on the noise-free model
+@pytest.mark.parametrize("landscape", shipped_landscapes())
 def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 27: the peers' joint space must contain the best config the stage chain can
     reach (KL on or off, the chain's token-budget bound, its layouts), in Optuna's form (random,
@@ -155,7 +157,8 @@ def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_pa
         values = space.params_for(config)
         assert values is not None, point
         rebuilt = merge(base, space.to_config(values))
-        assert land.true_rate(rebuilt, 500) == pytest.approx(land.true_rate(config, 500), rel=1e-12, nan_ok=True)
+        steps = R.true_steps(land, spec)
+        assert land.true_rate(rebuilt, steps) == pytest.approx(land.true_rate(config, steps), rel=1e-12, nan_ok=True)
         # Optuna: the same values are a point of the distributions the peers sample from.
         trial = optuna.trial.FixedTrial(values)
         assert space.to_config(space.suggest_values(trial)) == space.to_config(values)
@@ -186,3 +189,30 @@ def test_joint_space_turns_kl_off_and_reaches_the_chains_token_bound() -> None:
     assert space.to_config({**space.params_for(demo_spec("default").baseline_config()), "use_kl": False})[L.USE_KL_LOSS] is False
     # The chain's token stage at memory fraction 0.9 reaches 100,000; the baseline's 0.6 only 83,000.
     assert space.by_name["token_budget"].high == 100_000
+
+
+def test_median_curve_reaches_the_median_final_by_its_end() -> None:
+    from benchmarks.run import median_curve_hours
+
+    runs = [[(0.0, 1.0), (100.0, 2.0)], [(0.0, 1.0), (50.0, 1.5), (300.0, 2.5)], [(0.0, 1.0), (200.0, 1.8)]]
+    # median of the finals (2.0, 2.5, 1.8) is 2.0; the median curve is 1.5 at 100, 1.8 at 200, 2.0 at 300
+    assert median_curve_hours(runs, 2.0) == 300.0
+    assert median_curve_hours(runs, 1.5) == 100.0
+    assert median_curve_hours(runs, 1.0) == 0.0
+    assert math.isinf(median_curve_hours(runs, 2.1))
+
+
+def test_every_shipped_landscape_builds_its_study_and_names_its_split() -> None:
+    from benchmarks.run import TUNE_SPLIT, demo_spec
+    from launchers.simulator import load_landscape, shipped_landscapes
+
+    names = shipped_landscapes()
+    assert set(TUNE_SPLIT) < set(names) and len(set(names) - set(TUNE_SPLIT)) >= 6
+    for name in names:
+        spec = demo_spec(name)
+        land = load_landscape(name)
+        assert land.data.get("description")
+        rate = land.true_rate(spec.baseline_config(), spec.probe.steps)
+        assert math.isfinite(rate) and rate > 0, name  # the study's baseline runs in every world
+    assert demo_spec("ppo_lam").algorithm.value == "ppo"
+    assert [s.space for s in demo_spec("ppo_lam").stages][-2:] == ["lam", "polish"]
