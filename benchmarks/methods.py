@@ -1,9 +1,9 @@
 """The search methods the benchmark compares, each on its own ReplayLauncher.
 
 - ``verl-sweep``: :class:`search.driver.StudyRunner` as shipped, on the demo study's stages.
-- ``random`` / ``tpe`` / ``gp``: one Optuna study over the joint space of those stages, run
-  by the same driver (same probe length, pruner, incumbents, η scoring, two slots) with the
-  stop rule and the confirmation re-runs switched off; the choice is the best η seen.
+- the HPO peers (random, TPE, GP, BOHB-style, SMAC3, DEHB) are in :mod:`benchmarks.peers`,
+  over :class:`benchmarks.joint.FairJointSpace` (the joint space these methods used before
+  issue 27 always turned KL on and capped the token budget below the chain's bound).
 - ``manual``: the source's procedure (BRIEF §2), one parameter at a time, one probe at a
   time, on the same Probe and η code.
 
@@ -26,8 +26,6 @@ from search.console import Console
 from search.driver import StageResult, StudyRunner
 from search.study_file import StudySpec
 from spaces import build_space
-from spaces.base import Space
-from spaces.stages import CompositeSpace
 from spaces.overrides import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
@@ -117,61 +115,6 @@ def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, runner_cls: type[St
     runner = cls(spec, _storage(), launcher, console=console, build_space=build_space, poll_interval_s=POLL_S)
     runner.run()
     points = [(0.0, spec.baseline_config()), *console.stage_ends]
-    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), console.stopped_early)
-
-
-class JointSpace(CompositeSpace):
-    """Every stage's space at once, all on the baseline (the joint methods' space)."""
-
-    kind = "joint"
-
-    def __init__(self, parts: list[Space]) -> None:
-        self.parts = parts
-
-
-def joint_space(spec: StudySpec) -> JointSpace:
-    base = spec.baseline_config()
-    parts = [
-        build_space(stage.space, model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm,
-                    base=base, options=stage.params, where=f"stages[{i}]")
-        for i, stage in enumerate(spec.stages) if stage.space != "polish"  # its knobs are in the others
-    ]  # fmt: skip
-    return JointSpace(parts)
-
-
-def joint_spec(spec: StudySpec, sampler: str, *, n_trials: int, seed: int) -> StudySpec:
-    """One stage over the joint space: same probe and pruner, no stop rule, no re-runs."""
-    data = spec.model_dump(mode="json")
-    first = dict(data["stages"][0])
-    first.update(
-        name="joint", space="joint", params={}, budget={"max_trials": n_trials},
-        # TPE models the joint space's knobs together (multivariate), its strongest form.
-        sampler={"name": sampler, "seed": seed, "n_startup_trials": 8 if sampler != "random" else 0,
-                 "multivariate": sampler == "tpe"},
-        stop={**first.get("stop", {}), "stable_trials": 10_000}, confirm_top=0, probe_steps=None,
-    )  # fmt: skip
-    data["stages"] = [first]
-    return StudySpec.model_validate(data)
-
-
-def run_joint(spec: StudySpec, launcher: ReplayLauncher, sampler: str, *, n_trials: int, seed: int) -> Trace:
-    """Random / TPE / GP over the joint space; the choice is the best η seen so far."""
-    space = joint_space(spec)
-    jspec = joint_spec(spec, sampler, n_trials=n_trials, seed=seed)
-
-    def build(kind: str, **kwargs: Any) -> Space:
-        return space if kind == "joint" else build_space(kind, **kwargs)
-
-    console = _RecordingConsole(launcher)
-    runner = _TracingRunner(jspec, _storage(), launcher, console=console, build_space=build, poll_interval_s=POLL_S)
-    runner.run()
-    baseline = spec.baseline_config()
-    points: list[tuple[float, Config]] = [(0.0, baseline)]
-    best = 1.0
-    for gpu_h, role, config, value in console.trials:
-        if role == "candidate" and value is not None and value > best:
-            best = value
-            points.append((gpu_h, config))
     return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), console.stopped_early)
 
 

@@ -1,12 +1,15 @@
 """Does staged search reach a near-best config with less GPU time than the alternatives?
 
-    python -m benchmarks.run [--landscape FILE ...] [--reps N] [--quick] [--jobs 2] [--out DIR]
+    python -m benchmarks.run [--landscape FILE ...] [--split all|tune|report] [--methods a,b]
+                             [--reps N] [--quick] [--jobs 2] [--out DIR]
 
-Runs every method of :mod:`benchmarks.methods` on each landscape (default: the shipped ones)
-× ``--reps`` repetitions (sampler and noise seeds differ per repetition) on the simulated-time
-ReplayLauncher, scores every choice on the landscape's noise-free model (``true_rate``), and
-prints one table; writes ``results.json`` and ``curves.html`` (best true η so far against
-simulated GPU-hours, one line per method) to ``--out``. Then measures orchestration overhead
+Runs verl-sweep, the manual procedure (:mod:`benchmarks.methods`) and the HPO peers
+(:mod:`benchmarks.peers`: random, TPE, GP, BOHB-style, SMAC3, DEHB) on each landscape
+(default: every shipped one, the tune split first) × ``--reps`` repetitions (sampler and
+noise seeds differ per repetition) on the simulated-time ReplayLauncher. The peers get the
+GPU-hours verl-sweep spent (its median on that landscape). Every choice is scored on the
+landscape's noise-free model (``true_rate``); prints one table; writes ``results.json`` and
+``curves.html`` (the true η of each method's choice against simulated GPU-hours) to ``--out``. Then measures orchestration overhead
 (real processes and real databases, see :mod:`benchmarks.overhead`) unless ``--no-overhead``.
 """
 
@@ -31,16 +34,34 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "benchmarks" / ".cache"
 #: bump when best_reachable's method changes (it is part of the cache key)
-BEST_VERSION = 2
-METHODS = ("verl-sweep", "manual", "random", "tpe")
-JOINT_TRIALS = 36
-QUICK_JOINT_TRIALS = 16
+BEST_VERSION = 3
+METHODS = ("verl-sweep", "manual", "random", "tpe", "gp", "bohb", "smac", "dehb")
+#: the peers (benchmarks/peers.py): the best of them is what verl-sweep is measured against
+PEERS = ("random", "tpe", "gp", "bohb", "smac", "dehb")
+#: the landscapes verl-sweep's defaults (spaces/stages.py, studies/demo.yaml) were tuned on
+#: (batch_lr, default, kl_edge through issues 8-26; coupled3 in issue 27, whose figures led
+#: the polish stage to search KL on/off); every other shipped landscape is in the report
+#: split: no default was changed while looking at its figures.
+TUNE_SPLIT = ("batch_lr", "coupled3", "default", "kl_edge")
+
+
+def installed(method: str) -> bool:
+    """SMAC3 and DEHB come with the bench extra; every other method needs only ours."""
+    import importlib.util
+
+    module = {"smac": "smac", "dehb": "dehb"}.get(method)
+    return module is None or importlib.util.find_spec(module) is not None
 
 
 def demo_spec(landscape: str, *, quick: bool = False) -> Any:
-    """The demo study (studies/demo.yaml) on the replay launcher, for ``landscape``."""
+    """The demo study (studies/demo.yaml) on the replay launcher, for ``landscape``.
+
+    A landscape may change the study through its ``study`` section: ``algorithm: ppo`` turns
+    it into PPO with GAE (the critic follows; a ``lam`` stage goes before the polish stage,
+    as in the default PPO stages)."""
     import yaml
 
+    from launchers.simulator import load_landscape
     from search.study_file import parse_study
 
     data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
@@ -48,11 +69,23 @@ def demo_spec(landscape: str, *, quick: bool = False) -> Any:
     # The study file cannot name the replay launcher yet (kind is sim/local/ray); the
     # benchmark hands the driver a ReplayLauncher itself.
     data["launcher"] = {"kind": "sim", "max_concurrent": 2, "options": {"landscape": landscape}}
+    study = dict(load_landscape(landscape).data.get("study", {}) or {})
+    if study.get("algorithm") == "ppo":
+        data["algorithm"] = "ppo"
+        data["baseline"] = {**data["baseline"], **dict(study.get("baseline", {}) or {})}
+        polish = next(i for i, stage in enumerate(data["stages"]) if stage["space"] == "polish")
+        data["stages"].insert(polish, {"name": "lam", "space": "lam", "budget": {"max_trials": 6}})
     if quick:  # smaller stage budgets: the test checks the machinery, not the figures
         for stage in data["stages"]:
             stage["budget"] = {"max_trials": 3}
             stage["confirm_top"] = 1
     return parse_study(data)
+
+
+def true_steps(landscape: Any, spec: Any) -> int:
+    """The horizon the choices are judged at: the probe's steps, unless the landscape says
+    the 500-step rate misleads there (``benchmark.true_steps``: a slow start)."""
+    return int((landscape.data.get("benchmark", {}) or {}).get("true_steps", spec.probe.steps))
 
 
 # -- the noise-free reference --------------------------------------------------------------------
@@ -65,16 +98,15 @@ def _true_eta(landscape: Any, config: dict[str, Any], baseline_rate: float, step
 
 def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed: int = 0) -> dict[str, Any]:
     """Max true η over every config a method can choose: TPE on the noise-free model over the
-    joint space (``n_random`` trials), coordinate passes on fine grids of the four method
-    knobs, and the study's own stage chain run on the noise-free model (each stage's space
-    on the chain's base, ``n_random`` points a stage). The chain's later spaces reach configs
-    the joint space cannot: the token budget bound follows the tuned memory fraction and TP.
-    Cached in benchmarks/.cache by the landscape file's and the study's content."""
+    peers' joint space (``n_random`` trials, which holds every config the chain can reach),
+    coordinate passes on fine grids of each numeric knob, and the study's own stage chain
+    run on the noise-free model (each stage's space on the chain's base, ``n_random`` points
+    a stage). Judged at :func:`true_steps`. Cached in benchmarks/.cache by the landscape
+    file's and the study's content."""
     from launchers.simulator import load_landscape
-    from spaces import limits as L
     from spaces.overrides import merge
 
-    from benchmarks.methods import joint_space
+    from benchmarks.joint import FairJointSpace
     from spaces.stages import build_space
 
     landscape = load_landscape(landscape_name)
@@ -85,40 +117,41 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
         return json.loads(cached.read_text())
     import optuna
 
-    space = joint_space(spec)
-    kinds = {part.kind: part for part in space.parts}
-    mini, kl, tokens, lr = (kinds[k] for k in ("mini_batch", "kl", "token_budget", "lr"))
+    space = FairJointSpace(spec)
     base = spec.baseline_config()
-    steps = spec.probe.steps
+    steps = true_steps(landscape, spec)
     base_rate = landscape.true_rate(base, steps)
-    _, coef_key = L.kl_keys(spec.algorithm)
 
-    # 1. TPE on the noise-free model over the whole joint space (systems layout included).
+    # 1. TPE on the noise-free model over the whole joint space.
     def objective(trial: "optuna.trial.Trial") -> float:
-        config = merge(base, space.suggest(trial, base))
-        trial.set_user_attr("config", config)
-        return _true_eta(landscape, config, base_rate, steps)
+        return _true_eta(landscape, merge(base, space.suggest(trial, base)), base_rate, steps)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=40))
-    study.enqueue_trial(space.incumbent_params(base) or {})
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=40, multivariate=True))  # fmt: skip
+    study.enqueue_trial(space.params_for(base) or {})
     study.optimize(objective, n_trials=n_random)
-    best_config = dict(study.best_trial.user_attrs["config"])
+    best_values = dict(study.best_trial.params)
     best = study.best_value
-    # 2. Coordinate passes on fine grids of the four method knobs, the layout kept.
-    grids = {
-        L.MINI_BATCH: list(mini.choices),  # type: ignore[attr-defined]
-        coef_key: [kl.bound.low * (kl.bound.high / kl.bound.low) ** (i / 31) for i in range(32)],  # type: ignore[attr-defined]
-        L.TOKEN_BUDGET: sorted({int(tokens.bound.low + (tokens.bound.high - tokens.bound.low) * i / 31) for i in range(32)}),  # type: ignore[attr-defined]
-        L.LR: [lr.bound.low * (lr.bound.high / lr.bound.low) ** (i / 31) for i in range(32)],  # type: ignore[attr-defined]
-    }
+    # 2. Coordinate passes on fine grids of every knob, the rest kept.
     for _ in range(2):
-        for key_, grid in grids.items():
+        for p in space.params:
+            if p.kind == "cat":
+                grid = list(p.choices)
+            elif p.log:
+                grid = [p.low * (p.high / p.low) ** (i / 31) for i in range(32)]
+            else:
+                grid = [p.low + (p.high - p.low) * i / 31 for i in range(32)]
+            if p.kind != "cat":  # exactly inside the bounds (the log grid's ends are not)
+                grid = [min(p.high, max(p.low, g)) for g in grid]
+            if p.kind == "int":
+                grid = sorted({int(p.low) + int(round((g - p.low) / p.step)) * p.step for g in grid})
             for option in grid:
-                config = {**best_config, key_: option}
-                v = _true_eta(landscape, config, base_rate, steps)
+                values = {**best_values, p.name: option}
+                v = _true_eta(landscape, merge(base, space.to_config(values)), base_rate, steps)
                 if v > best:
-                    best, best_config = v, config
+                    best, best_values = v, values
+    best_config = merge(base, space.to_config(best_values))
     # 3. The stage chain on the noise-free model.
     chain = base
     for index, stage in enumerate(spec.stages):
@@ -137,7 +170,8 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
         if stage_best > best:
             best, best_config = stage_best, stage_config
     best_point = {k: v for k, v in best_config.items() if base.get(k) != v}
-    result = {"landscape": landscape.name, "best_eta": best, "best_point": best_point, "baseline_rate": base_rate}
+    result = {"landscape": landscape.name, "best_eta": best, "best_point": best_point, "baseline_rate": base_rate,
+              "chain_point": {k: v for k, v in chain.items() if base.get(k) != v}, "true_steps": steps}  # fmt: skip
     CACHE.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(result, indent=2))
     return result
@@ -151,14 +185,16 @@ def reference(landscape_name: str, quick: bool) -> dict[str, Any]:
 # -- one (landscape, method, repetition) ---------------------------------------------------------
 
 
-def run_one(task: tuple[str, str, int, bool]) -> dict[str, Any]:
-    """Run one method once; returns its trace scored on the noise-free model."""
-    landscape_name, method, rep, quick = task
+def run_one(task: tuple[str, str, int, bool, float]) -> dict[str, Any]:
+    """Run one method once; returns its trace scored on the noise-free model. ``budget_gpu_h``
+    (the last item) is the peers' GPU-hour budget (verl-sweep and manual stop by themselves)."""
+    landscape_name, method, rep, quick, budget_gpu_h = task
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     from launchers.simulator import load_landscape
 
     from benchmarks import methods as M
+    from benchmarks.peers import run_peer
 
     spec = demo_spec(landscape_name, quick=quick)
     # A different noise stream per repetition: seeds shift by 100 × rep.
@@ -168,7 +204,6 @@ def run_one(task: tuple[str, str, int, bool]) -> dict[str, Any]:
         stage["sampler"] = {**stage.get("sampler", {}), "seed": 1000 + rep}
     spec = type(spec).model_validate(data)
     landscape = load_landscape(landscape_name)
-    n_joint = QUICK_JOINT_TRIALS if quick else JOINT_TRIALS
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs-bench-") as tmp:
         launcher = M.replay_launcher(Path(tmp), landscape_name)
@@ -177,10 +212,11 @@ def run_one(task: tuple[str, str, int, bool]) -> dict[str, Any]:
         elif method == "manual":
             trace = M.run_manual(spec, launcher, seed=5000 + 100 * rep)
         else:
-            trace = M.run_joint(spec, launcher, method, n_trials=n_joint, seed=1000 + rep)
+            trace = run_peer(spec, launcher, method, budget_gpu_h=budget_gpu_h, seed=1000 + rep)
         launcher.close()
-    base_rate = landscape.true_rate(spec.baseline_config(), spec.probe.steps)
-    points = [(gpu_h, _true_eta(landscape, config, base_rate, spec.probe.steps)) for gpu_h, config in trace.points]
+    steps = true_steps(landscape, spec)
+    base_rate = landscape.true_rate(spec.baseline_config(), steps)
+    points = [(gpu_h, _true_eta(landscape, config, base_rate, steps)) for gpu_h, config in trace.points]
     return {
         "landscape": landscape_name, "method": method, "rep": rep,
         "points": points, "gpu_h": trace.gpu_h, "n_probes": trace.n_probes,
@@ -209,6 +245,17 @@ def eta_at(points: list[tuple[float, float]], budget_h: float) -> float:
     return chosen
 
 
+def median_curve_hours(runs: list[list[tuple[float, float]]], target: float) -> float:
+    """GPU-hours at which the median curve (the median over runs of the true η chosen by
+    then, the plotted curve) first reaches ``target``; inf when it never does. A method's
+    median curve ends at its median final η, so it reaches that by its last point."""
+    hours = sorted({h for points in runs for h, _ in points})
+    for h in hours:
+        if statistics.median(eta_at(points, h) for points in runs) >= target - 1e-12:
+            return h
+    return math.inf
+
+
 def median_interval(values: list[float]) -> tuple[float, float, float]:
     """Median and the 25th-75th percentile range (inf allowed: 'never reached')."""
     ordered = sorted(values)
@@ -224,29 +271,59 @@ def median_interval(values: list[float]) -> tuple[float, float, float]:
     return q(0.5), q(0.25), q(0.75)
 
 
+def gpu_h_ratio(mine: float, theirs: float) -> float:
+    """verl-sweep's GPU-hours ÷ a peer's to reach the same η. Both 0 (the baseline already
+    reaches it): 1. Only the peer at 0: inf. Never reached (inf) on either side: inf / 0 —
+    never reached by verl-sweep is inf, by the peer alone 0."""
+    if math.isinf(mine):
+        return math.inf
+    if math.isinf(theirs):
+        return 0.0
+    if theirs == 0.0:
+        return 1.0 if mine == 0.0 else math.inf
+    return mine / theirs
+
+
 def summarize(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], budget_h: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per (landscape, method): the measures the issue-27 table shows (see
+    ``format_table``), plus the older ones (η at the budget, pruning, idle) in the JSON."""
     rows = []
     for landscape in best:
-        target = 0.95 * best[landscape]["best_eta"]
+        best_eta = best[landscape]["best_eta"]
+        target = 0.95 * best_eta
+        mine = [r for r in results if r["landscape"] == landscape]
+        finals = {m: statistics.median(r["final_eta"] for r in mine if r["method"] == m)
+                  for m in METHODS if any(r["method"] == m for r in mine)}  # fmt: skip
+        peers = [m for m in PEERS if m in finals]
+        best_peer = max(peers, key=lambda m: finals[m]) if peers else None
+        peer_target = finals[best_peer] if best_peer else math.inf
         for method in METHODS:
-            runs = [r for r in results if r["landscape"] == landscape and r["method"] == method]
+            runs = [r for r in mine if r["method"] == method]
             if not runs:
                 continue
             reach = [hours_to_reach(r["points"], target) for r in runs]
             at_budget = [eta_at(r["points"], budget_h[landscape]) for r in runs]
             rows.append({
                 "landscape": landscape, "method": method, "reps": len(runs),
-                "best_eta": best[landscape]["best_eta"],
+                "split": "tune" if landscape in TUNE_SPLIT else "report",
+                "best_eta": best_eta, "best_peer": best_peer, "best_peer_final_eta": peer_target,
                 "hours_to_95": median_interval(reach),
                 "reached": sum(1 for h in reach if math.isfinite(h)),
+                "final_reached": sum(1 for r in runs if r["final_eta"] >= target),
+                "final_fraction": median_interval([r["final_eta"] / best_eta for r in runs]),
+                "hours_to_best_peer": median_curve_hours([r["points"] for r in runs], peer_target),
                 "eta_at_budget": median_interval(at_budget),
                 "final_eta": median_interval([r["final_eta"] for r in runs]),
                 "false_win_rate": sum(1 for r in runs if r["final_eta"] < 1.0) / len(runs),
                 "gpu_h_total": median_interval([r["gpu_h"] for r in runs]),
                 "pruning_saved": statistics.median(
-                    r["pruned_saved_gpu_h"] / (r["gpu_h"] + r["pruned_saved_gpu_h"]) for r in runs),
+                    r["pruned_saved_gpu_h"] / max(1e-9, r["gpu_h"] + r["pruned_saved_gpu_h"]) for r in runs),
                 "idle_fraction": statistics.median(r["idle_fraction"] for r in runs),
             })  # fmt: skip
+        by = {r["method"]: r for r in rows if r["landscape"] == landscape}
+        if "verl-sweep" in by and best_peer in by:
+            by["verl-sweep"]["ratio_to_best_peer"] = gpu_h_ratio(
+                by["verl-sweep"]["hours_to_best_peer"], by[best_peer]["hours_to_best_peer"])
     return rows
 
 
@@ -255,66 +332,77 @@ def _fmt_h(m: tuple[float, float, float]) -> str:
     return f"{f(m[0])} [{f(m[1])}-{f(m[2])}]"
 
 
+def _fmt_hours(x: float) -> str:
+    return "never" if math.isinf(x) else f"{x:,.0f}"
+
+
+def _fmt_ratio(x: float | None) -> str:
+    if x is None:
+        return ""
+    return "∞" if math.isinf(x) else f"{x:.2f}"
+
+
 def format_table(rows: list[dict[str, Any]], budget_h: dict[str, float]) -> str:
-    head = (f"{'landscape':<10} {'method':<11} {'GPU-h to 95% best (IQR)':<28} {'reached':>8} "
-            f"{'η@budget':>9} {'final η':>8} {'false win':>9} {'GPU-h total':>12} {'pruning saved':>13} {'idle':>6}")  # fmt: skip
+    """The issue-27 table: per landscape and method, the runs whose final choice reaches 95%
+    of the best reachable η, the median final η as a fraction of it, false wins (final η below
+    the baseline's), the GPU-hours at which the method's median curve reaches the best peer's
+    median final η and verl-sweep's ÷ that peer's, and the GPU-hours spent (median)."""
+    head = (f"{'landscape':<14} {'split':<6} {'method':<11} {'≥95% best':>9} {'final/best':>10} {'false win':>9} "
+            f"{'GPU-h to best peer':>18} {'÷ peer':>6} {'GPU-h spent':>11}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['landscape']:<10} {r['method']:<11} {_fmt_h(r['hours_to_95']):<28} "
-            f"{r['reached']:>4}/{r['reps']:<3} {r['eta_at_budget'][0]:>9.3f} {r['final_eta'][0]:>8.3f} "
-            f"{r['false_win_rate']:>9.0%} {r['gpu_h_total'][0]:>12,.0f} {r['pruning_saved']:>13.0%} {r['idle_fraction']:>6.0%}"
+            f"{r['landscape']:<14} {r['split']:<6} {r['method']:<11} {r['final_reached']:>6}/{r['reps']:<2} "
+            f"{r['final_fraction'][0]:>10.3f} {r['false_win_rate']:>9.0%} {_fmt_hours(r['hours_to_best_peer']):>18} "
+            f"{_fmt_ratio(r.get('ratio_to_best_peer')):>6} {r['gpu_h_total'][0]:>11,.0f}"
         )
     lines.append("")
-    lines.append("best η (noise-free optimum of the joint space and of the stage chain, vs the study baseline) and fixed budgets: "
-                 + "; ".join(f"{k}: {rows[[r['landscape'] for r in rows].index(k)]['best_eta']:.3f}, "
-                             f"{v:,.0f} GPU-h" for k, v in budget_h.items()))  # fmt: skip
+    seen: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        seen.setdefault(r["landscape"], r)
+    lines.append("best reachable η (noise-free, vs the study baseline), best peer (highest median final η) and "
+                 "the peers' GPU-hour budget: " + "; ".join(
+                     f"{k}: {v['best_eta']:.3f}, {v['best_peer']}, {budget_h.get(k, 0):,.0f} GPU-h" for k, v in seen.items()))  # fmt: skip
     return "\n".join(lines)
 
 
 def acceptance(rows: list[dict[str, Any]]) -> list[str]:
-    """Issue 8's criteria, measured: one line per landscape."""
+    """Issue 27's criteria, measured: one line per landscape."""
     out = []
-    for landscape in sorted({r["landscape"] for r in rows}):
+    for landscape in dict.fromkeys(r["landscape"] for r in rows):
         by = {r["method"]: r for r in rows if r["landscape"] == landscape}
         vs = by.get("verl-sweep")
         if vs is None:
             continue
-
-        def ratio(other: str) -> str:
-            if other not in by:
-                return "n/a"
-            a, b = vs["hours_to_95"][0], by[other]["hours_to_95"][0]
-            if math.isinf(a):
-                return "∞ (verl-sweep never reached)"
-            if math.isinf(b):
-                return f"0 ({other} never reached)"
-            return f"{a / b:.2f}"
-
-        r_random, r_tpe = ratio("random"), ratio("tpe")
-        ok = (_le(r_random, 0.5) and _le(r_tpe, 0.8) and vs["false_win_rate"] <= 0.10)
-        out.append(f"{landscape}: verl-sweep/random {r_random} (≤0.5), verl-sweep/tpe {r_tpe} (≤0.8), "
-                   f"false wins {vs['false_win_rate']:.0%} (≤10%) → {'PASS' if ok else 'FAIL'}")  # fmt: skip
+        peers = [by[m] for m in PEERS if m in by]
+        at_least_peers = all(vs["final_eta"][0] >= p["final_eta"][0] for p in peers)
+        ratio = vs.get("ratio_to_best_peer")
+        ok_reach = vs["final_reached"] >= math.ceil(0.9 * vs["reps"]) and vs["false_win_rate"] == 0.0
+        ok_ratio = ratio is not None and ratio <= 0.5
+        ok = ok_reach and at_least_peers and ok_ratio
+        out.append(
+            f"{landscape} ({vs['split']}): ≥95% in {vs['final_reached']}/{vs['reps']} (≥9/10), false wins "
+            f"{vs['false_win_rate']:.0%} (0), median final η ≥ every peer's: {'yes' if at_least_peers else 'no'}, "
+            f"GPU-h ÷ {vs['best_peer']} {_fmt_ratio(ratio)} (≤0.5) → {'PASS' if ok else 'FAIL'}"
+        )
     return out
 
 
-def _le(text: str, limit: float) -> bool:
-    try:
-        return float(text.split()[0]) <= limit
-    except ValueError:
-        return False
-
-
 def write_plot(results: list[dict[str, Any]], path: Path) -> None:
-    """Median best-true-η-so-far against GPU-hours, one line per method, one panel per
-    landscape; plotly HTML (matplotlib is not installed here)."""
+    """Median best-true-η-so-far (as a fraction of the best reachable) against GPU-hours, one
+    line per method, one panel per landscape; plotly HTML (matplotlib is not installed here)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    landscapes = sorted({r["landscape"] for r in results})
-    fig = make_subplots(rows=1, cols=len(landscapes), subplot_titles=landscapes)
-    colors = {"verl-sweep": "#1f77b4", "manual": "#7f7f7f", "random": "#ff7f0e", "tpe": "#2ca02c", "gp": "#9467bd"}
-    for col, landscape in enumerate(landscapes, start=1):
+    landscapes = list(dict.fromkeys(r["landscape"] for r in results))
+    n_cols = min(3, len(landscapes))
+    n_rows = math.ceil(len(landscapes) / n_cols)
+    titles = [f"{name} ({'tune' if name in TUNE_SPLIT else 'report'})" for name in landscapes]
+    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=titles)
+    colors = {"verl-sweep": "#1f77b4", "manual": "#7f7f7f", "random": "#ff7f0e", "tpe": "#2ca02c", "gp": "#9467bd",
+              "bohb": "#8c564b", "smac": "#e377c2", "dehb": "#17becf"}  # fmt: skip
+    for i, landscape in enumerate(landscapes):
+        row, col = i // n_cols + 1, i % n_cols + 1
         runs = [r for r in results if r["landscape"] == landscape]
         horizon = max(r["gpu_h"] for r in runs)
         grid = [horizon * i / 100 for i in range(101)]
@@ -323,35 +411,82 @@ def write_plot(results: list[dict[str, Any]], path: Path) -> None:
             if not mine:
                 continue
             curve = [statistics.median(_best_so_far(r["points"], h) for r in mine) for h in grid]
-            fig.add_trace(go.Scatter(x=grid, y=curve, name=method, legendgroup=method, showlegend=col == 1,
-                                     line={"color": colors.get(method)}), row=1, col=col)  # fmt: skip
+            fig.add_trace(go.Scatter(x=grid, y=curve, name=method, legendgroup=method, showlegend=i == 0,
+                                     line={"color": colors.get(method)}), row=row, col=col)  # fmt: skip
     fig.update_xaxes(title_text="simulated GPU-hours")
-    fig.update_yaxes(title_text="true η of the best choice so far (median)", col=1)
+    fig.update_yaxes(title_text="true η chosen (median, SIMULATED)", col=1)
+    fig.update_layout(height=320 * n_rows, title_text="SIMULATED: true η of the current choice against GPU-hours spent")
     fig.write_html(str(path), include_plotlyjs="cdn")
 
 
 def _best_so_far(points: list[tuple[float, float]], budget_h: float) -> float:
-    return max(eta for gpu_h, eta in points if gpu_h <= budget_h)
+    """The true η of the choice held at ``budget_h`` (the name is historical: a method's
+    choice can get worse, e.g. a peer's incumbent re-scored on more seeds)."""
+    return eta_at(points, budget_h)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--landscape", action="append", help="landscape name or YAML file (repeatable)")
+    parser.add_argument("--split", choices=("all", "tune", "report"), default="all",
+                        help="the shipped landscapes of one split (default all); ignored with --landscape")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma-separated subset of {','.join(METHODS)} (default: every one installed)")
     parser.add_argument("--reps", type=int, default=None, help="repetitions per landscape and method (default 10; 2 with --quick)")
+    parser.add_argument("--budget", type=float, default=3000.0,
+                        help="the peers' GPU-hour budget when verl-sweep is not run (else: its median spend)")
     parser.add_argument("--quick", action="store_true", help="1 landscape, 2 reps, small budgets (for tests)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--no-overhead", action="store_true", help="skip the orchestration-overhead measures")
+    parser.add_argument("--from-results", type=Path, default=None,
+                        help="re-summarise a results.json (no runs): table, verdict, plot to --out")
     args = parser.parse_args(argv)
+    if args.from_results:
+        return _resummarize(args.from_results, args.out)
     from launchers.simulator import load_landscape, shipped_landscapes
 
-    landscapes = args.landscape or (["default"] if args.quick else shipped_landscapes())
+    asked = args.methods.split(",") if args.methods else [m for m in METHODS if installed(m)]
+    unknown = sorted(set(asked) - set(METHODS))
+    if unknown:
+        parser.error(f"--methods must name some of {', '.join(METHODS)}, but got {', '.join(unknown)}")
+    missing = [m for m in asked if not installed(m)]
+    if missing:
+        parser.error(f"--methods {', '.join(missing)} need the bench extra: bash scripts/setup.sh --bench")
+    methods = [m for m in METHODS if m in asked]
+    if not args.methods and len(methods) < len(METHODS):
+        print(f"not run (install the bench extra: bash scripts/setup.sh --bench): "
+              f"{', '.join(m for m in METHODS if m not in methods)}")
+    if args.landscape:
+        landscapes = args.landscape
+    elif args.quick:
+        landscapes = ["default"]
+    else:
+        shipped = shipped_landscapes()
+        tune = [n for n in shipped if n in TUNE_SPLIT]
+        report = [n for n in shipped if n not in TUNE_SPLIT]
+        landscapes = {"all": tune + report, "tune": tune, "report": report}[args.split]
     reps = args.reps or (2 if args.quick else 10)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     names = {name: load_landscape(name).name for name in landscapes}
     references = [(name, args.quick) for name in landscapes]
-    tasks = [(name, method, rep, args.quick) for name in landscapes for rep in range(reps) for method in METHODS]
+    first = [m for m in methods if m not in PEERS]
+    peers = [m for m in methods if m in PEERS]
+
+    def tasks_of(group: list[str], budget: dict[str, float]) -> list[tuple[str, str, int, bool, float]]:
+        return [(name, m, rep, args.quick, budget.get(name, args.budget))
+                for name in landscapes for rep in range(reps) for m in group]  # fmt: skip
+
+    def budgets(done: list[dict[str, Any]]) -> dict[str, float]:
+        # The peers' budget per landscape: the median GPU-hours verl-sweep spent in total.
+        out = {}
+        for name in landscapes:
+            spent = [r["gpu_h"] for r in done if r["landscape"] == name and r["method"] == "verl-sweep"]
+            if spent:
+                out[name] = statistics.median(spent)
+        return out
+
     if args.jobs > 1:
         # One BLAS thread per pool process: the pool already keeps every core busy, and
         # OpenBLAS's own threads on top of it made a run ~40% slower (the curve fits' matrix
@@ -360,25 +495,28 @@ def main(argv: list[str] | None = None) -> int:
         # The references are only needed for the summary: they share the pool with the runs.
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             pending = pool.starmap_async(reference, references, chunksize=1)
-            results = pool.map(run_one, tasks, chunksize=1)
+            results = _progress(pool.imap(run_one, tasks_of(first, {}), chunksize=1), len(tasks_of(first, {})))
+            peer_budget = budgets(results)
+            peer_tasks = tasks_of(peers, peer_budget)
+            results += _progress(pool.imap(run_one, peer_tasks, chunksize=1), len(peer_tasks))
             best = {names[name]: b for name, b in zip(landscapes, pending.get())}
     else:
         best = {names[name]: reference(name, quick) for name, quick in references}
-        results = [run_one(t) for t in tasks]
+        results = _progress(map(run_one, tasks_of(first, {})), len(tasks_of(first, {})))
+        peer_budget = budgets(results)
+        results += _progress(map(run_one, tasks_of(peers, peer_budget)), len(tasks_of(peers, peer_budget)))
     for r in results:
         r["landscape"] = names[r["landscape"]]
-    # Fixed budget per landscape: the median GPU-hours verl-sweep spends in total.
-    budget_h = {
-        lname: statistics.median(r["gpu_h"] for r in results if r["landscape"] == lname and r["method"] == "verl-sweep")
-        for lname in best
-    }
+    budget_h = {names[name]: peer_budget.get(name, args.budget) for name in landscapes}
     rows = summarize(results, best, budget_h)
     table = format_table(rows, budget_h)
     verdict = acceptance(rows)
     search_s = time.perf_counter() - started
+    print("SIMULATED figures (ReplayLauncher, virtual time):")
     print(table)
     print()
     print("\n".join(verdict))
+    print(f"\nsearch part: {search_s:.0f} s")
     overhead: dict[str, Any] = {}
     if not args.no_overhead:
         from benchmarks import overhead as O
@@ -388,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         print(O.format_overhead(overhead))
     payload = {
         "command": "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M"), "landscapes": list(best), "reps": reps,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "landscapes": list(best), "reps": reps, "methods": methods,
+        "split": {name: ("tune" if name in TUNE_SPLIT else "report") for name in best},
         "best": best, "budget_gpu_h": budget_h, "rows": rows, "acceptance": verdict, "runs": results,
         "overhead": overhead, "search_seconds": search_s, "total_seconds": time.perf_counter() - started,
     }  # fmt: skip
@@ -399,6 +538,34 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).warning("plotly is not installed: no plot written")
     print(f"\nwrote {args.out / 'results.json'} and {args.out / 'curves.html'} in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _resummarize(path: Path, out: Path) -> int:
+    """The table, verdict and plot of a finished run, recomputed from its results.json."""
+    payload = json.loads(path.read_text())
+    results, best, budget_h = payload["runs"], payload["best"], payload["budget_gpu_h"]
+    for r in results:
+        r["points"] = [tuple(p) for p in r["points"]]
+    rows = summarize(results, best, budget_h)
+    payload["rows"], payload["acceptance"] = rows, acceptance(rows)
+    print("SIMULATED figures (ReplayLauncher, virtual time), from", path)
+    print(format_table(rows, budget_h))
+    print()
+    print("\n".join(payload["acceptance"]))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(payload, indent=1, default=_json_default))
+    write_plot(results, out / "curves.html")
+    return 0
+
+
+def _progress(runs: Any, total: int) -> list[dict[str, Any]]:
+    """Collect the runs, one line on stderr each (landscape, method, repetition, seconds)."""
+    out = []
+    for r in runs:
+        out.append(r)
+        print(f"[{len(out)}/{total}] {r['landscape']} {r['method']} rep {r['rep']}: final η {r['final_eta']:.3f}, "
+              f"{r['gpu_h']:,.0f} GPU-h, {r['seconds']:.1f} s", file=sys.stderr, flush=True)
+    return out
 
 
 def _json_default(value: Any) -> Any:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (Python 3.10-3.12) and install verl-sweep with everything its tests need.
 # Idempotent: a second run only checks that the packages are there.
+# --bench also installs the benchmark's HPO peers (SMAC3, DEHB: python -m benchmarks.run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -10,6 +11,14 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 stamp=.venv/.verl-sweep-installed
 want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "${1:-}" = "--bench" ]; then
+  .venv/bin/pip install -q "torch==2.13.0"
+  .venv/bin/pip install -q -c constraints-bench.txt -e ".[verl,ray,gpu,postgres,test,bench]"
+  # DEHB 0.1.2 pins numpy<2 (ours is 2.4.6; it runs on it): without its deps, listed in bench.
+  .venv/bin/pip install -q --no-deps -c constraints-bench.txt "dehb==0.1.2"
+  echo "$want" > "$stamp"
+  exit 0
+fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The CPU build of torch first: verl pulls torch, and a bare `torch` would fetch a CUDA build.
   .venv/bin/pip install -q "torch==2.13.0"

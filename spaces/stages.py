@@ -580,6 +580,31 @@ class CompositeSpace(Space):
         return params
 
 
+class KLSwitchSpace(Space):
+    """KL off (the incumbent) or on at a coefficient of ``kl``'s range: the polish stage's KL
+    when the chain runs without it."""
+
+    kind = "kl_switch"
+    param = "use_kl"
+
+    def __init__(self, kl: KLSpace) -> None:
+        self.kl = kl
+
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        if trial.suggest_categorical(self.param, [False, True]):
+            return self.kl.suggest(trial, base)
+        return {self.kl.switch_key: False}
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        on = self.kl.incumbent_params(base)
+        if on is not None:
+            return {self.param: True, **on}
+        return None if L.setting(base, self.kl.switch_key) else {self.param: False}
+
+    def explain(self) -> list[str]:
+        return [f"kl: {self.kl.switch_key} off (the chain's) or on, {self.kl.coef_key} — {self.kl.bound.describe()}"]
+
+
 class PolishSpace(CompositeSpace):
     """The final pass: mini-batch × lr (× KL strength when the chain runs with KL on) together,
     from the chain's winner. One-at-a-time stages miss coupled optima (a larger mini-batch
@@ -604,6 +629,10 @@ class PolishSpace(CompositeSpace):
         kl = KLSpace(base=base, options=options.get("kl", {}), where=f"{where}.kl", **facts)
         if kl.incumbent_params(base) is not None:  # the KL stage chose "on": polish its strength
             self.parts.append(kl)
+        else:
+            # The KL stage kept KL off, judged at the lr of its time: a stronger KL pull may
+            # only pay with a larger lr (it tolerates more), so the polish may turn it on.
+            self.parts.append(KLSwitchSpace(kl))
 
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
         """Coupled moves the one-at-a-time stages could not make: a larger mini-batch with a

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import eta_at, hours_to_reach, median_interval
+from benchmarks.run import acceptance, eta_at, format_table, gpu_h_ratio, hours_to_reach, median_interval, summarize
 from cluster import require_pg
+from launchers.simulator import shipped_landscapes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,6 +35,39 @@ def test_median_interval_with_never_reached() -> None:
     assert math.isinf(median_interval([1.0, math.inf, math.inf])[0])
 
 
+def _run(landscape: str, method: str, rep: int, points: list[tuple[float, float]], gpu_h: float) -> dict:
+    return {"landscape": landscape, "method": method, "rep": rep, "points": points, "gpu_h": gpu_h,
+            "final_eta": points[-1][1], "pruned_saved_gpu_h": 0.0, "idle_fraction": 0.0}
+
+
+def test_summary_on_a_landscape_whose_baseline_is_already_near_best() -> None:
+    """Issue 27: the acceptance step divided by a peer's GPU-hours to 95% of the best, which
+    are 0 when the baseline is already within 95% (ZeroDivisionError before results.json)."""
+    best = {"flat": {"best_eta": 1.03}}
+    results = []
+    for rep in range(3):
+        results.append(_run("flat", "verl-sweep", rep, [(0.0, 1.0)], 400.0))
+        results.append(_run("flat", "random", rep, [(0.0, 1.0), (300.0, 1.01)], 400.0))
+        results.append(_run("flat", "tpe", rep, [(0.0, 1.0), (200.0, 0.97)], 400.0))
+    rows = summarize(results, best, {"flat": 400.0})
+    by = {r["method"]: r for r in rows}
+    assert by["verl-sweep"]["final_reached"] == 3 and by["verl-sweep"]["false_win_rate"] == 0.0
+    assert by["tpe"]["false_win_rate"] == 1.0  # ended below the baseline
+    assert by["verl-sweep"]["best_peer"] == "random"
+    # random's median final η (1.01) is above the baseline: verl-sweep never reaches it.
+    assert math.isinf(by["verl-sweep"]["ratio_to_best_peer"])
+    assert "flat" in format_table(rows, {"flat": 400.0})
+    assert acceptance(rows)[0].startswith("flat (report)")
+
+
+def test_gpu_hour_ratio_at_zero_and_never() -> None:
+    assert gpu_h_ratio(0.0, 0.0) == 1.0  # both already there at the baseline
+    assert math.isinf(gpu_h_ratio(10.0, 0.0))
+    assert gpu_h_ratio(10.0, math.inf) == 0.0
+    assert math.isinf(gpu_h_ratio(math.inf, 5.0))
+    assert gpu_h_ratio(50.0, 200.0) == 0.25
+
+
 @pytest.mark.slow
 def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -42,12 +76,21 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "GPU-h to 95% best" in proc.stdout
-    for method in ("verl-sweep", "manual", "random", "tpe"):
-        assert f"default    {method}" in proc.stdout
+    assert "GPU-h to best peer" in proc.stdout and "SIMULATED" in proc.stdout
+    from benchmarks.run import METHODS, installed
+
+    methods = [m for m in METHODS if installed(m)]  # SMAC3 and DEHB only with the bench extra
+    for method in methods:
+        assert f"default        tune   {method}" in proc.stdout
     data = json.loads((tmp_path / "results.json").read_text())
-    assert data["reps"] == 2 and data["landscapes"] == ["default"]
-    assert len(data["runs"]) == 2 * 4
+    assert data["reps"] == 2 and data["landscapes"] == ["default"] and data["methods"] == methods
+    assert len(data["runs"]) == 2 * len(methods)
+    spent = sorted(r["gpu_h"] for r in data["runs"] if r["method"] == "verl-sweep")
+    for run in data["runs"]:  # the peers stop once verl-sweep's median GPU-hours are spent
+        if run["method"] not in ("verl-sweep", "manual"):
+            assert run["gpu_h"] >= data["budget_gpu_h"]["default"] * 0.999
+            assert run["gpu_h"] <= data["budget_gpu_h"]["default"] + 400  # at most one probe past it
+    assert data["budget_gpu_h"]["default"] == pytest.approx(sum(spent) / 2)
     best = data["best"]["default"]["best_eta"]
     assert best > 1.0  # the baseline is not the optimum of the default landscape
     for run in data["runs"]:
@@ -61,7 +104,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
     for row in data["rows"]:
         assert 0.0 <= row["false_win_rate"] <= 1.0
     assert (tmp_path / "curves.html").stat().st_size > 1000
-    assert any(line.startswith("default: verl-sweep/random") for line in data["acceptance"])
+    assert any(line.startswith("default (tune): ≥95% in") for line in data["acceptance"])
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -88,3 +131,88 @@ def test_overhead_fill_writes_trials_that_optuna_reads_and_samples_from(tmp_path
     trial = study.ask(_distributions())
     study.tell(trial, 1.0)
     assert trial.number == 300 and study.trials[-1].state == optuna.trial.TrialState.COMPLETE
+
+
+@pytest.mark.slow  # ~5-9 s a landscape: the reference's coordinate passes on the noise-free model
+@pytest.mark.parametrize("landscape", shipped_landscapes())
+def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: the peers' joint space must contain the best config the stage chain can
+    reach (KL on or off, the chain's token-budget bound, its layouts), in Optuna's form (random,
+    TPE, GP, BOHB-style) and in ConfigSpace's (SMAC3, DEHB), mapping back to the same config."""
+    import optuna
+
+    from benchmarks import run as R
+    from benchmarks.joint import FairJointSpace
+    from launchers.simulator import load_landscape
+    from spaces.overrides import merge
+
+    monkeypatch.setattr(R, "CACHE", tmp_path)
+    spec = R.demo_spec(landscape)
+    best = R.best_reachable(landscape, spec, n_random=25)
+    space = FairJointSpace(spec)
+    base = spec.baseline_config()
+    land = load_landscape(landscape)
+    for point in (best["best_point"], best["chain_point"], {}):
+        config = merge(base, point)
+        values = space.params_for(config)
+        assert values is not None, point
+        rebuilt = merge(base, space.to_config(values))
+        steps = R.true_steps(land, spec)
+        assert land.true_rate(rebuilt, steps) == pytest.approx(land.true_rate(config, steps), rel=1e-12, nan_ok=True)
+        # Optuna: the same values are a point of the distributions the peers sample from.
+        trial = optuna.trial.FixedTrial(values)
+        assert space.to_config(space.suggest_values(trial)) == space.to_config(values)
+        # ConfigSpace (SMAC3, DEHB): a valid configuration that maps back to the same values.
+        cs_mod = pytest.importorskip("ConfigSpace")
+        cs = space.config_space()
+        configuration = cs_mod.Configuration(cs, values=space.to_config_space_values(values))
+        _same_config(space.to_config(space.from_config_space(dict(configuration))), space.to_config(values))
+
+
+def _same_config(a: dict, b: dict) -> None:
+    """Equal, floats to 1e-6 (ConfigSpace keeps floats to a fixed precision)."""
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], float):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key
+        else:
+            assert a[key] == b[key], key
+
+
+def test_joint_space_turns_kl_off_and_reaches_the_chains_token_bound() -> None:
+    from benchmarks.joint import FairJointSpace
+    from benchmarks.run import demo_spec
+    from spaces import limits as L
+
+    space = FairJointSpace(demo_spec("default"))
+    assert space.by_name["use_kl"].choices == (False, True)
+    assert space.to_config({**space.params_for(demo_spec("default").baseline_config()), "use_kl": False})[L.USE_KL_LOSS] is False
+    # The chain's token stage at memory fraction 0.9 reaches 100,000; the baseline's 0.6 only 83,000.
+    assert space.by_name["token_budget"].high == 100_000
+
+
+def test_median_curve_reaches_the_median_final_by_its_end() -> None:
+    from benchmarks.run import median_curve_hours
+
+    runs = [[(0.0, 1.0), (100.0, 2.0)], [(0.0, 1.0), (50.0, 1.5), (300.0, 2.5)], [(0.0, 1.0), (200.0, 1.8)]]
+    # median of the finals (2.0, 2.5, 1.8) is 2.0; the median curve is 1.5 at 100, 1.8 at 200, 2.0 at 300
+    assert median_curve_hours(runs, 2.0) == 300.0
+    assert median_curve_hours(runs, 1.5) == 100.0
+    assert median_curve_hours(runs, 1.0) == 0.0
+    assert math.isinf(median_curve_hours(runs, 2.1))
+
+
+def test_every_shipped_landscape_builds_its_study_and_names_its_split() -> None:
+    from benchmarks.run import TUNE_SPLIT, demo_spec
+    from launchers.simulator import load_landscape, shipped_landscapes
+
+    names = shipped_landscapes()
+    assert set(TUNE_SPLIT) < set(names) and len(set(names) - set(TUNE_SPLIT)) >= 6
+    for name in names:
+        spec = demo_spec(name)
+        land = load_landscape(name)
+        assert land.data.get("description")
+        rate = land.true_rate(spec.baseline_config(), spec.probe.steps)
+        assert math.isfinite(rate) and rate > 0, name  # the study's baseline runs in every world
+    assert demo_spec("ppo_lam").algorithm.value == "ppo"
+    assert [s.space for s in demo_spec("ppo_lam").stages][-2:] == ["lam", "polish"]

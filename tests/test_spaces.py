@@ -306,12 +306,16 @@ def test_polish_tunes_mini_batch_and_lr_together_within_the_baselines_bounds() -
     space = build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain,
                         options={}, baseline=GRPO_BASE)
     configs = sample(space, chain, n=40)
-    assert all(set(c) == {L.MINI_BATCH, L.LR} for c in configs)  # KL is off in the chain: left off
+    # KL is off in the chain: the polish may turn it on (with a larger lr it may pay), or not
+    assert all(set(c) - {L.KL_LOSS_COEF} == {L.MINI_BATCH, L.LR, L.USE_KL_LOSS} for c in configs)
+    assert {c[L.USE_KL_LOSS] for c in configs} == {False, True}
+    assert all(0.0005 <= c[L.KL_LOSS_COEF] <= 0.01 for c in configs if c[L.USE_KL_LOSS])
+    assert all(L.KL_LOSS_COEF not in c for c in configs if not c[L.USE_KL_LOSS])
     minis = {c[L.MINI_BATCH] for c in configs}
     assert min(minis) >= 384 and max(minis) <= 640  # ±25% of the baseline's 512, not of 384
     assert max(minis) > 480
     assert all(5e-7 <= c[L.LR] <= 5e-6 for c in configs)
-    assert space.incumbent_params(chain) == {"mini_batch": 384, "lr": 2e-6}
+    assert space.incumbent_params(chain) == {"mini_batch": 384, "lr": 2e-6, "use_kl": False}
     points = space.starting_points(chain, 4)
     assert len(points) == 4 and len({tuple(sorted(p.items())) for p in points}) == 4
     # coupled moves: a larger mini-batch goes with a larger lr

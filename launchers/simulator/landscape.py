@@ -212,6 +212,8 @@ class Landscape:
         if adv == "gae":
             lam_value = float(g("algorithm.lam"))
             ceiling -= _f(lam, "bias_penalty") * max(0.0, 1.0 - lam_value) / 0.05
+            # Optional: a high λ's variance hurts the critic (an interior λ optimum).
+            ceiling -= float(lam.get("variance_penalty", 0.0)) * max(0.0, lam_value - _f(lam, "ref")) / _f(lam, "step")
         r0 = _f(rw, "r0")
         ceiling = max(r0 + 0.02, ceiling)
         steps_to_converge = t_mid * 9.0 ** (1.0 / steepness) + max(0.0, warmup) / 2.0
@@ -224,6 +226,10 @@ class Landscape:
             reward_sd *= math.sqrt(max(0.05, var_scale))
         if instability > unstable_above:
             reward_sd *= 1.0 + 0.5 * (instability / unstable_above - 1.0)
+        # Optional heteroscedastic noise: growing with lr and with updates per step.
+        noise = self._s("noise")
+        reward_sd *= (lr / _f(lrs, "ref")) ** float(noise.get("lr_exponent", 0.0))
+        reward_sd *= (updates / ref_updates) ** float(noise.get("updates_exponent", 0.0))
 
         phases, tokens, util = self._step_phases(config, progress=0.0)
         step_time = sum(phases.values())
