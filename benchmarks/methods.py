@@ -90,7 +90,7 @@ class _RecordingConsole(Console):
     def trial_finished(self, study: Any, number: int, role: str, overrides: dict[str, Any], **kwargs: Any) -> None:
         super().trial_finished(study, number, role, overrides, **kwargs)
         self.trials.append((gpu_hours(self.launcher), role, merge(self.base, overrides), kwargs.get("eta")))
-        if kwargs.get("state") == "pruned":  # the driver's run id (search.driver._start_asked)
+        if kwargs.get("state") == "pruned":  # the driver's run id (search.trials.TrialRunner._start_asked)
             self.stopped_early.add(f"{study.study_name}.t{number:04d}")
 
 
