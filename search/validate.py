@@ -82,6 +82,11 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
         except SpaceError as e:
             problems.append(str(e))
             continue
+        steps = spec.stage_probe_steps(stage, speed_only=space.speed_only)
+        warmup = spec.probe.speed_warmup_steps if space.speed_only else spec.probe.warmup_steps
+        if steps <= warmup:
+            problems.append(f"{where}.probe_steps: must be more than the warm-up its probes leave out ({warmup} steps), "
+                            f"but the stage's probes have {steps} steps: none would be scored. Lengthen them.")
         lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
         lines += [f"  {text}" for text in space.explain()]
         for config in sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
@@ -93,9 +98,13 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
 
         if verl_check.verl_available():
             lines.append(f"checking {len(configs)} configs with verl {verl_check.verl_version()}'s own config and validation")
-            for label, config in configs:
-                for p in verl_check.validate_with_verl(config):
-                    problems.append(f"{label}: verl rejects the config: {p}")
+            # One Hydra initialisation for all of them; the baseline first: every stage's
+            # configs hold it, so its problems would repeat once per stage.
+            with verl_check.VerlValidator() as validator:
+                for label, config in configs:
+                    problems += [f"{label}: verl rejects the config: {p}" for p in validator.validate(config)]
+                    if problems and label == "baseline":
+                        break
         else:
             lines.append("verl is not installed here: checked with verl-sweep's rules only")
     return sorted(set(problems), key=problems.index), lines

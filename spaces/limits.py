@@ -222,6 +222,12 @@ def valid_mini_batches(
     config: Mapping[str, Any], hardware: HardwareFacts, *, low: int, high: int
 ) -> Limit:
     """Every valid ``ppo_mini_batch_size`` in ``[low, high]``."""
+    train_batch = setting(config, TRAIN_BATCH)
+    if isinstance(train_batch, int) and not isinstance(train_batch, bool):
+        high = min(high, train_batch)  # a mini-batch is part of the train batch
+    if high - low > 1 << 21:
+        raise SpaceError(f"{MINI_BATCH}: the range [{low}, {high}] must span at most {1 << 21:,} sizes, "
+                         "but it spans more. Start from a mini-batch of at most 1,048,576.")
     values = [m for m in range(max(1, low), high + 1) if mini_batch_problem(m, config, hardware) is None]
     n = _int_setting(config, ROLLOUT_N)
     dp = data_parallel_ranks(config, hardware)
