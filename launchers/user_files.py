@@ -166,8 +166,9 @@ def parse_yaml(text: str, *, source: str, what: str, max_depth: int = MAX_DEPTH,
     """YAML ``text`` → Python data (safe tags only, no duplicate keys, bounded shape)."""
     import yaml
 
-    loader = _yaml_loader()(text)
+    loader = None
     try:
+        loader = _yaml_loader()(text)  # its reader refuses control characters here already
         node = loader.get_single_node()
         if node is None:
             return None
@@ -190,7 +191,8 @@ def parse_yaml(text: str, *, source: str, what: str, max_depth: int = MAX_DEPTH,
             raise
         raise UserFileError(f"{source}: not valid YAML: {' '.join(str(e).split())[:200]}.") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml(path: Path | str, *, what: str, max_bytes: int = MAX_BYTES) -> Any:

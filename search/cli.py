@@ -192,10 +192,16 @@ def _launcher_options(spec, kind: str, *, announce: bool = False) -> dict[str, A
             del options[name]
         if announce:
             print(f"--launcher {kind}: leaving out the study's {spec.launcher.kind} options {', '.join(unknown)} "
-                  f"({kind} takes {', '.join(sorted(parameters))}).", file=sys.stderr)
+                  f"({kind} takes {', '.join(sorted(parameters))}).")
     elif unknown:
         raise BadInputError(f"launcher.options: the {kind} launcher takes {', '.join(sorted(parameters))}, but got "
                             f"{', '.join(repr(k) for k in unknown)}. Check the spelling (README: study-file reference).")
+    missing = sorted(name for name, p in parameters.items()
+                     if p.default is p.empty and name not in options and name != "max_concurrent")
+    if missing:
+        raise BadInputError(f"launcher.options: the {kind} launcher needs {', '.join(missing)}, but the study "
+                            f"does not set {'it' if len(missing) == 1 else 'them'}. Add launcher.options."
+                            f"{missing[0]} to the study file (README: study-file reference).")
     for name, value in options.items():
         problem = _option_type_problem(name, value, parameters[name].annotation)
         if problem:
@@ -226,9 +232,15 @@ def _check_study(spec) -> tuple[list[str], list[str]]:  # type: ignore[no-untype
     """``validate``'s checks, which ``run`` makes too before it stores anything: the rules and
     bounds, verl's compose and validation of the baseline and each stage's configs, the
     launcher's options. Returns (problems, report lines)."""
+    from search.storage import check_url
     from search.validate import validate_study
 
     problems, lines = validate_study(spec)
+    if spec.storage:
+        try:
+            check_url(spec.storage)
+        except BadInputError as e:
+            problems.append(f"storage: {e}")
     return problems + _launcher_problems(spec), lines
 
 
@@ -279,11 +291,12 @@ def run(
 
         spec = load_study(study_file)  # before any heavy import or database access
         from search.driver import save_spec
-        from search.storage import check_url, open_storage
+        from search.storage import open_storage, preflight
 
         if launcher is not None and launcher not in ("sim", "local", "ray", "replay"):
             raise BadInputError(f"--launcher must be one of sim, local, ray, replay, but got {launcher!r}.")
-        url = check_url(storage or spec.storage_url())
+        url = storage or spec.storage_url()
+        preflight(url)
         # Exactly validate's checks, before a database exists: a definition verl would refuse
         # must not be stored (its stored definition would then refuse the corrected file).
         problems, _ = _check_study(spec)

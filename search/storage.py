@@ -183,6 +183,22 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
             "connect_args": {"connect_timeout": 10, "application_name": "verl-sweep"}}
 
 
+def preflight(url: str, *, create: bool = True) -> None:
+    """The checks of :func:`open_storage` that need no connection, creating nothing: ``run``
+    makes them before it builds its launcher (which creates the runs directory)."""
+    check_url(url)
+    if not _is_sqlite(url):
+        return
+    path = _sqlite_path(url)
+    _check_sqlite_file(path, create=create)
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if create and not existing.is_dir():
+        raise BadInputError(f"cannot create the directory of the study database {path.parent}: {existing} is not "
+                            "a directory. Pass another --storage.")
+
+
 def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "optuna.storages.RDBStorage":
     """Open (and, for SQLite with ``create``, create) the database at ``url``; BadInputError
     for a URL or file that is not a study database. Without ``create`` no schema is created
