@@ -72,7 +72,8 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
     lines: list[str] = []
     base = spec.baseline_config()
     facts = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
-    problems += [f"baseline: {p}" for p in check_config(base, **facts)]
+    base_rules = check_config(base, **facts)
+    problems += [f"baseline: {p}" for p in base_rules]
     problems += baseline_problems(spec, base)
     configs: list[tuple[str, Config]] = [("baseline", base)]
     for index, stage in enumerate(spec.stages):
@@ -91,6 +92,8 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
         lines += [f"  {text}" for text in space.explain()]
         for config in sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
             for p in check_config(config, **facts):
+                if p in base_rules:
+                    continue  # the baseline's own problem, reported once
                 problems.append(f"{where} ({stage.name}) would produce a config that breaks a rule: {p}")
             configs.append((stage.name, config))
     if with_verl and not problems:
