@@ -98,7 +98,31 @@ def check_url(url: str) -> str:
     return url
 
 
-def _check_sqlite_file(path: Path, *, create: bool) -> bool:
+def _check_writable(path: Path) -> None:
+    """A command that writes (run, resume, worker) refuses a database it cannot write, with
+    SQLite's own reason: Optuna would report the first failed write as "invalid data in the
+    commit, e.g. exceeding max length"."""
+    import sqlite3
+
+    for target in (path, path.parent):  # SQLite writes its journal beside the file
+        if not os.access(target, os.W_OK):
+            raise BadInputError(f"the study database {path} cannot be written here ({target} is read-only); this "
+                                "command writes to it. Make the file and its directory writable, or pass another "
+                                "--storage.")
+    try:
+        conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+        try:  # a write rolled back: SQLite itself says whether it could write (a read-only mount)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE verl_sweep_write_check (x)")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise BadInputError(f"the study database {path} cannot be written here ({e}); this command writes to "
+                            "it. Make the file and its directory writable, or pass another --storage.") from None
+
+
+def _check_sqlite_file(path: Path, *, create: bool, writable: bool = False) -> bool:
     """Checks of a SQLite study file before SQLAlchemy opens it; True when it already holds
     Optuna's tables. A file that is no SQLite database, or one that holds other tables but no
     study, is refused: verl-sweep writes Optuna's tables only into a new (or empty) file."""
@@ -139,6 +163,8 @@ def _check_sqlite_file(path: Path, *, create: bool) -> bool:
         raise BadInputError(f"{path} must be a usable SQLite database, but reading it failed ({e}). "
                             "Pass the study's database, or a new file name to start one.") from None
     if _OPTUNA_TABLES <= tables:
+        if writable:
+            _check_writable(path)
         return True
     if tables or not create:
         listed = f"; its tables: {', '.join(sorted(tables)[:5])}" if tables else ""
@@ -190,7 +216,7 @@ def preflight(url: str, *, create: bool = True) -> None:
     if not _is_sqlite(url):
         return
     path = _sqlite_path(url)
-    _check_sqlite_file(path, create=create)
+    _check_sqlite_file(path, create=create, writable=True)
     existing = path.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -223,7 +249,7 @@ def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "o
     lock: Any = None
     if _is_sqlite(url):
         path = _sqlite_path(url)
-        exists = _check_sqlite_file(path, create=create)
+        exists = _check_sqlite_file(path, create=create, writable=not readonly)
         if create:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -693,3 +693,25 @@ def test_a_server_that_accepts_but_never_answers_fails_in_under_30_s(tmp_path: P
     line = _one_line(result, rf"cannot reach the study database postgresql://u:\*\*\*@127\.0\.0\.1:{port}/db")
     assert "hunter2" not in line
     assert elapsed < 30, elapsed
+
+
+def test_a_database_that_cannot_be_written(study_db: Path, tmp_path: Path) -> None:
+    """Class 4: resume and run on a read-only database say so (not Optuna's "exceeding max
+    length"); status still reads it. An immutable file is read-only even to root."""
+    import shutil
+    import subprocess
+
+    db = tmp_path / "tiny.db"
+    shutil.copy(study_db, db)
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not permitted here")
+    try:
+        before = _fingerprint(db)
+        url = f"sqlite:///{db}"
+        _one_line(cli("resume", "tiny", "--storage", url, cwd=tmp_path), r"the study database .*tiny\.db cannot be written here \(.*(read-only|readonly)")
+        path = write_study(tmp_path, _tiny(), "tiny.yaml")
+        _one_line(cli("run", str(path), "--storage", url, cwd=tmp_path), r"cannot be written here")
+        assert cli("status", "tiny", "--storage", url, cwd=tmp_path).returncode == 0
+        assert _fingerprint(db) == before
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], capture_output=True)
