@@ -163,8 +163,12 @@ def _option_type_problem(name: str, value: Any, annotation: Any) -> str | None:
     if value is None and optional:
         return None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if text == "int" and not (number and float(value).is_integer()):
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if text == "int" and not integer:
         return f"launcher.options.{name}: must be an integer, but got {value!r}"
+    if text == "list[int]" and not (isinstance(value, list)
+                                    and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        return f"launcher.options.{name}: must be a list of integers, but got {value!r}"
     if text == "float" and not number:
         return f"launcher.options.{name}: must be a number, but got {value!r}"
     if text == "str" and not isinstance(value, str):
@@ -549,7 +553,10 @@ def report(
 
         _check_output(output)
         opened, spec = _open_study(name, storage, readonly=True)
-        write_report(opened, spec, output)
+        try:
+            write_report(opened, spec, output)
+        except OSError as e:
+            raise BadInputError(f"-o {output}: cannot write it ({e.strerror or e}). Pick another path.") from None
         print(f"wrote {output}")
 
     _guard(action)

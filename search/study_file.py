@@ -427,6 +427,12 @@ def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
 def spec_from_dict(data: dict[str, Any]) -> StudySpec:
     data = dict(data)
     source_dir = data.pop("source_dir", None)
-    spec = StudySpec.model_validate(data)
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as e:  # stored by a version of verl-sweep with other rules
+        problems = "; ".join(describe_error(err) for err in e.errors()[:3])
+        raise BadInputError(f"the stored definition of study {data.get('name')!r} does not pass this version's "
+                            f"checks ({problems}). Run it with the verl-sweep that created it, or start a new "
+                            "study from a corrected file.") from None
     return spec.model_copy(update={"source_dir": Path(source_dir) if source_dir else None})
 

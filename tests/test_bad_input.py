@@ -566,6 +566,8 @@ def test_storage_urls_and_files_every_command(study_db: Path, tmp_path: Path) ->
         (["export", "tiny", "--storage", f"sqlite:///{study_db}", "-o", f"{a_file}/best.yaml"], r"-o .*: cannot create it, .*a-file is not a directory"),
         (["report", "tiny", "--storage", f"sqlite:///{study_db}", "-o", str(tmp_path)], r"-o .*: must name a file, but it is a directory"),
         (["report", "tiny", "--storage", f"sqlite:///{study_db}", "-o", f"{a_file}/r.html"], r"is not a directory"),
+        (["export", "tiny", "--storage", f"sqlite:///{study_db}", "-o", "/proc/verl-sweep-best.yaml"], r"-o /proc/verl-sweep-best\.yaml: cannot write"),
+        (["report", "tiny", "--storage", f"sqlite:///{study_db}", "-o", "/proc/verl-sweep.html"], r"-o /proc/verl-sweep\.html: cannot write"),
     ]
     for args, message in cases:
         line = _one_line(cli(*args, cwd=tmp_path), message)
