@@ -239,13 +239,15 @@ def _check_study(spec) -> tuple[list[str], list[str]]:  # type: ignore[no-untype
     from search.storage import check_url
     from search.validate import validate_study
 
-    problems, lines = validate_study(spec)
+    early = _launcher_problems(spec)
     if spec.storage:
         try:
             check_url(spec.storage)
         except BadInputError as e:
-            problems.append(f"storage: {e}")
-    return problems + _launcher_problems(spec), lines
+            early.append(f"storage: {e}")
+    # verl's checks (seconds) only for a file that passes the others, as within validate_study
+    problems, lines = validate_study(spec, with_verl=not early)
+    return problems + early, lines
 
 
 def _make_runner(spec, storage, launcher, quiet: bool = False, leave_at_end: bool = False):  # type: ignore[no-untyped-def]

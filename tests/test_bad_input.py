@@ -639,6 +639,22 @@ def test_runs_directory_that_is_a_file(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.db"))
 
 
+def test_runs_directory_that_cannot_be_written(tmp_path: Path) -> None:
+    """Class 5: a `runs` that cannot be written (immutable: read-only even to root)."""
+    import subprocess
+
+    path = write_study(tmp_path, _tiny(), "tiny.yaml")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if subprocess.run(["chattr", "+i", str(runs)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not permitted here")
+    try:
+        _one_line(cli("run", str(path), cwd=tmp_path), r"the runs directory .*runs/tiny cannot be created: .*runs is not writable")
+    finally:
+        subprocess.run(["chattr", "-i", str(runs)], capture_output=True)
+    assert not list(tmp_path.glob("*.db")) and not list(runs.iterdir())
+
+
 def test_a_console_that_cannot_show_eta(study_db: Path, tmp_path: Path) -> None:
     """Class 5: PYTHONIOENCODING=ascii (or a C locale): escapes, not a UnicodeEncodeError."""
     env = {"PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
