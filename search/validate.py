@@ -12,8 +12,8 @@ from spaces.overrides import Config, merge
 
 logger = logging.getLogger(__name__)
 
-#: how many configs per stage are sampled for verl's own validation
-N_SAMPLES_PER_STAGE = 4
+#: how many configs per stage are sampled for verl's own validation (besides its two extremes)
+N_SAMPLES_PER_STAGE = 2
 
 
 def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Config]:
@@ -28,6 +28,41 @@ def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Conf
         configs.append(merge(base, space.suggest(trial, base)))
         study.tell(trial, 0.0)
     return configs
+
+
+def extreme_configs(space: Any, base: Config) -> list[Config]:
+    """The space's corners: every parameter at its low end, then every one at its high end
+    (the first and last choice of a categorical). Parameters that only some draws suggest
+    are left to the samples."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    space.suggest(trial, base)
+    distributions = dict(trial.distributions)
+    study.tell(trial, 0.0)
+    configs = []
+    for end in (0, -1):
+        params = {name: _end(distribution, end) for name, distribution in distributions.items()}
+        try:
+            configs.append(merge(base, space.suggest(optuna.trial.FixedTrial(params), base)))
+        except (KeyError, ValueError):  # a parameter this corner needs that the first draw did not
+            continue
+    return configs
+
+
+def _end(distribution: Any, end: int) -> Any:
+    import optuna.distributions as d
+
+    if isinstance(distribution, d.CategoricalDistribution):
+        return distribution.choices[end]
+    if end == 0:
+        return distribution.low
+    step = getattr(distribution, "step", None)
+    if step:  # the last value on the grid
+        return distribution.low + ((distribution.high - distribution.low) // step) * step
+    return distribution.high
 
 
 #: baseline keys held to the method's safe bounds (the KL key is checked where it is switched on)
@@ -90,7 +125,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
                             f"but the stage's probes have {steps} steps: none would be scored. Lengthen them.")
         lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
         lines += [f"  {text}" for text in space.explain()]
-        for config in sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
+        for config in extreme_configs(space, base) + sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
             for p in check_config(config, **facts):
                 if p in base_rules:
                     continue  # the baseline's own problem, reported once
