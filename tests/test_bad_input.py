@@ -366,6 +366,10 @@ NUMBER_CASES: list[tuple[str, Change, str]] = [
     ("bool seed", _set("seeds", [True, 2]), r"seeds\[0\]: must be an integer, but got True"),
     ("bool repeats", _set("probe/incumbent_repeats", True), r"probe\.incumbent_repeats: must be an integer, but got True"),
     ("float trials", _set("stages/0/budget/max_trials", 2.5), r"max_trials: must be an integer, but got 2\.5"),
+    ("non-numeric lr", lambda d: d["baseline"].update({"actor_rollout_ref.actor.optim.lr": "abc"}),
+     r"baseline: actor_rollout_ref\.actor\.optim\.lr='abc': must be a number"),
+    ("wrong-kind micro-batch", lambda d: d["baseline"].update({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": []}),
+     r"baseline: actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu=\[\]: must be an integer"),
     ("string GPUs", _set("hardware/gpus_per_node", "8"), r"hardware\.gpus_per_node: must be an integer, but got '8'"),
     ("bool memory", _set("hardware/gpu_memory_gb", True), r"hardware\.gpu_memory_gb: must be a number, but got True"),
     ("infinite time scale", lambda d: d["launcher"]["options"].update(time_scale=float("inf")),
@@ -415,10 +419,12 @@ VERL_CASES: list[tuple[str, Change, str]] = [
     # class 3: what verl refuses is refused by run before it stores anything, as by validate
     ("typo'd key", lambda d: d["baseline"].update({"actor_rollout_ref.actor.ppo_mini_batch_sizee": 256}),
      r"baseline: verl rejects the config: verl compose: Could not override 'actor_rollout_ref\.actor\.ppo_mini_batch_sizee'"),
-    ("non-numeric lr", lambda d: d["baseline"].update({"actor_rollout_ref.actor.optim.lr": "abc"}),
-     r"baseline: verl rejects the config: actor_rollout_ref\.actor\.optim\.lr: must be a number \(verl's default is 1e-06\), but got 'abc'"),
-    ("string where verl has a boolean", lambda d: d["baseline"].update({"actor_rollout_ref.actor.use_kl_loss": "yes"}),
-     r"actor_rollout_ref\.actor\.use_kl_loss: must be true or false \(verl's default is False\), but got 'yes'"),
+    # (lr, use_kl_loss and the other keys verl-sweep's own rules compute with are checked
+    # before verl: see NUMBER_CASES; verl's defaults give every other key its kind)
+    ("non-numeric clip ratio", lambda d: d["baseline"].update({"actor_rollout_ref.actor.clip_ratio": "abc"}),
+     r"baseline: verl rejects the config: actor_rollout_ref\.actor\.clip_ratio: must be a number \(verl's default is 0\.2\), but got 'abc'"),
+    ("string where verl has a boolean", lambda d: d["baseline"].update({"actor_rollout_ref.actor.use_torch_compile": "yes"}),
+     r"actor_rollout_ref\.actor\.use_torch_compile: must be true or false \(verl's default is True\), but got 'yes'"),
 ]
 
 
