@@ -111,6 +111,22 @@ class RunState:
     message: str = ""
 
 
+#: environment variables no probe may see: the study database's URL holds its password, and
+#: verl and wandb log the environment they run in
+PRIVATE_ENV = frozenset({"VERL_SWEEP_STORAGE"})
+
+
+def probe_environment(*layers: Mapping[str, str]) -> dict[str, str]:
+    """A probe's environment: ``layers`` merged (later wins) without :data:`PRIVATE_ENV`.
+    Every launcher builds the environment it hands a probe with this function."""
+    env: dict[str, str] = {}
+    for layer in layers:
+        env.update(layer)
+    for name in PRIVATE_ENV:
+        env.pop(name, None)
+    return env
+
+
 def write_spec(run_dir: Path, spec: RunSpec, extra: Mapping[str, Any] | None = None) -> None:
     """Record the spec in the run directory (``spec.json``) for people and for re-attaching."""
     payload = {

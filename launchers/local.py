@@ -40,6 +40,7 @@ from launchers.base import (
     RunSpec,
     RunState,
     RunStatus,
+    probe_environment,
     write_spec,
 )
 
@@ -285,10 +286,7 @@ class LocalLauncher(Launcher):
         ]
         overrides = merge_overrides(spec.overrides, pins)
         argv = [*self.command, *overrides]
-        env = dict(os.environ)
-        env.update(self.extra_env)
-        env.update(spec.env)
-        env.update(self._probe_env(spec, run_dir))
+        env = probe_environment(os.environ, self.extra_env, spec.env, self._probe_env(spec, run_dir))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so CUDA's numbering is NVML's
         # Ray's workers retitle themselves (``ray::IDLE``) with setproctitle, which by default

@@ -35,6 +35,7 @@ from launchers.base import (
     RunSpec,
     RunState,
     RunStatus,
+    probe_environment,
     write_spec,
 )
 from launchers.local import merge_overrides, probe_pins, stderr_tail
@@ -162,7 +163,7 @@ class RayJobLauncher(Launcher):
         if self.gpus_per_probe is not None:
             pins.append(f"trainer.n_gpus_per_node={self.gpus_per_probe}")
         argv = [*self.command, *merge_overrides(spec.overrides, pins)]
-        env_vars = {**self.extra_env, **dict(spec.env)}
+        env_vars = probe_environment(self.extra_env, spec.env)
         started_at = self.clock()
         try:
             self.client().submit_job(

@@ -90,14 +90,18 @@ class ReplayLauncher(Launcher):
             raise LauncherError(f"gpus_per_probe must be >= 1, but got {gpus_per_probe}.")
         if poll_advance_s < 0:
             raise LauncherError(f"poll_advance_s must be >= 0, but got {poll_advance_s}. It is virtual seconds per poll.")
-        from launchers.simulator import load_landscape
+        from launchers.simulator import LandscapeError, load_landscape
 
+        try:  # before the runs directory exists: a bad landscape is bad input
+            world = load_landscape(landscape)
+        except LandscapeError as e:
+            raise LauncherError(f"launcher.options.landscape: {e}") from None
         self._now = 0.0
         super().__init__(root_dir, clock=self._virtual_now)
         self._max_concurrent = max_concurrent
         self.gpus_per_probe = gpus_per_probe
         self.landscape_name = landscape
-        self.landscape = load_landscape(landscape)
+        self.landscape = world
         # None: the landscape's own start-up time (what the simulator process sleeps).
         self.startup_s = startup_s
         self.poll_advance_s = float(poll_advance_s)

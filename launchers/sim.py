@@ -60,9 +60,13 @@ class SimLauncher(LocalLauncher):
             raise LauncherError(f"time_scale must be a number > 0, but got {time_scale!r}. "
                                 "It is simulated seconds per real second.")
         try:  # here, not in each probe: a misspelled landscape fails the launch, not every run
-            load_landscape(landscape)
+            world = load_landscape(landscape)
+            world.expected(world.baseline)  # a file of the wrong shape fails here, not in every probe
         except LandscapeError as e:
             raise LauncherError(f"launcher.options.landscape: {e}") from None
+        except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as e:
+            raise LauncherError(f"launcher.options.landscape: {landscape} must be a landscape like the shipped ones, "
+                                f"but computing its baseline failed ({type(e).__name__}: {e}).") from None
         self.time_scale = float(time_scale)
         self.landscape = landscape
         super().__init__(

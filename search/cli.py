@@ -64,6 +64,15 @@ def _guard(action: Callable[[], Any]) -> Any:
         resume = f"verl-sweep resume {_study_args}".strip()
         print(f"stopped (Ctrl-C); running trials were queued again. Continue with `{resume}`.", file=sys.stderr)
         raise typer.Exit(130)
+    except OSError as e:  # the machine, not the input: a full disk, a lost mount
+        _fail(SweepError(f"{e.strerror or type(e).__name__}{f': {e.filename}' if e.filename else ''} "
+                         "(a fault of this machine, not of the input; --debug shows where)."))
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback without --debug
+        if _debug:
+            raise
+        text = " ".join(str(e).split())[:300]
+        _fail(SweepError(f"unexpected {type(e).__name__}: {text} (a bug in verl-sweep: run again with --debug "
+                         "and report the traceback)."))
 
 
 def _setup(debug: bool) -> None:
@@ -84,7 +93,7 @@ def _remember_study(name: str, url: str) -> None:
     _study_args = name if default_storage_for(name) == url else f"{name} --storage {_masked(url)}"
 
 
-def _open_study(name: str, storage: Optional[str]):  # type: ignore[no-untyped-def]
+def _open_study(name: str, storage: Optional[str], *, readonly: bool = False):  # type: ignore[no-untyped-def]
     from search.driver import load_spec
     from search.storage import default_storage_for, open_storage
 
@@ -94,7 +103,7 @@ def _open_study(name: str, storage: Optional[str]):  # type: ignore[no-untyped-d
             f"no database found for study {name!r} (looked for {name}.db and studies/{name}.db). "
             "Pass --storage URL."
         )
-    opened = open_storage(url, create=False)
+    opened = open_storage(url, create=False, readonly=readonly)
     spec = load_spec(opened, name)
     _remember_study(name, url)
     return opened, spec
@@ -107,16 +116,100 @@ def _make_launcher(spec, kind: Optional[str] = None, runs_dir: Optional[Path] = 
 
     kind = kind or spec.launcher.kind
     runs_dir = runs_dir or (spec.source_dir or Path.cwd()) / "runs" / spec.name
+    options = _launcher_options(spec, kind, announce=True)
+    _check_runs_dir(runs_dir)
     try:
-        return make_launcher(kind, runs_dir, **_launcher_options(spec, kind))
+        return make_launcher(kind, runs_dir, **options)
     except LauncherError as e:
         raise BadInputError(str(e)) from None
-    except TypeError as e:
-        raise BadInputError(f"launcher.options: {e}. See the README's study-file reference.") from None
+    except OSError as e:
+        raise BadInputError(f"the runs directory {runs_dir} cannot be created ({e.strerror or e}). Run from a "
+                            "directory where runs/ can be written.") from None
 
 
-def _launcher_options(spec, kind: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _check_runs_dir(runs_dir: Path) -> None:
+    """Where each probe gets its directory: a ``runs`` that is a file, or not writable, is
+    refused before anything is stored."""
+    existing = runs_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BadInputError(f"the runs directory {runs_dir} cannot be created: {existing} is not a directory. "
+                            "Move it away, or run the study from another directory.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise BadInputError(f"the runs directory {runs_dir} cannot be created: {existing} is not writable. "
+                            "Run the study from a directory you can write.")
+
+
+#: constructor arguments that are not study options (the CLI or the launcher supplies them)
+_NOT_OPTIONS = {"self", "root_dir", "clock"}
+
+
+def _launcher_parameters(kind: str) -> dict[str, Any]:
+    import inspect
+
+    from launchers import LAUNCHERS
+
+    return {name: p for name, p in inspect.signature(LAUNCHERS[kind].__init__).parameters.items()
+            if name not in _NOT_OPTIONS and p.kind is p.KEYWORD_ONLY}
+
+
+def _option_type_problem(name: str, value: Any, annotation: Any) -> str | None:
+    """A value of the wrong type for a launcher option whose type is a plain scalar (the
+    launcher checks ranges itself); never Python's signature text."""
+    text = str(annotation).replace(" ", "")
+    optional = text.endswith("|None")
+    text = text.removesuffix("|None")
+    if value is None and optional:
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if text == "int" and not integer:
+        return f"launcher.options.{name}: must be an integer, but got {value!r}"
+    if text == "list[int]" and not (isinstance(value, list)
+                                    and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        return f"launcher.options.{name}: must be a list of integers, but got {value!r}"
+    if text == "float" and not number:
+        return f"launcher.options.{name}: must be a number, but got {value!r}"
+    if text == "str" and not isinstance(value, str):
+        return f"launcher.options.{name}: must be a string, but got {value!r}"
+    if text == "bool" and not isinstance(value, bool):
+        return f"launcher.options.{name}: must be true or false, but got {value!r}"
+    return None
+
+
+def _launcher_options(spec, kind: str, *, announce: bool = False) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The study's launcher options for ``kind``. A ``--launcher`` of another kind than the
+    file's drops the options that kind does not take (``announce``: saying which); an option
+    the kind does not take, or of the wrong type, is refused in one line naming the options it
+    takes."""
+    from launchers import LAUNCHERS
+
+    if kind not in LAUNCHERS:
+        raise BadInputError(f"launcher kind must be one of {', '.join(sorted(LAUNCHERS))}, but got {kind!r}. "
+                            "Pick one of those.")
+    parameters = _launcher_parameters(kind)
     options = dict(spec.launcher.options)
+    unknown = sorted(k for k in options if k not in parameters)
+    if unknown and kind != spec.launcher.kind:
+        for name in unknown:
+            del options[name]
+        if announce:
+            print(f"--launcher {kind}: leaving out the study's {spec.launcher.kind} options {', '.join(unknown)} "
+                  f"({kind} takes {', '.join(sorted(parameters))}).")
+    elif unknown:
+        raise BadInputError(f"launcher.options: the {kind} launcher takes {', '.join(sorted(parameters))}, but got "
+                            f"{', '.join(repr(k) for k in unknown)}. Check the spelling (README: study-file reference).")
+    missing = sorted(name for name, p in parameters.items()
+                     if p.default is p.empty and name not in options and name != "max_concurrent")
+    if missing:
+        raise BadInputError(f"launcher.options: the {kind} launcher needs {', '.join(missing)}, but the study "
+                            f"does not set {'it' if len(missing) == 1 else 'them'}. Add launcher.options."
+                            f"{missing[0]} to the study file (README: study-file reference).")
+    for name, value in options.items():
+        problem = _option_type_problem(name, value, parameters[name].annotation)
+        if problem:
+            raise BadInputError(f"{problem}. See the README's study-file reference.")
     if kind in ("sim", "ray", "replay"):  # local's slots come from its GPUs
         options.setdefault("max_concurrent", spec.launcher.max_concurrent)
     return options
@@ -126,24 +219,35 @@ def _launcher_problems(spec) -> list[str]:  # type: ignore[no-untyped-def]
     """What the study's launcher would refuse at ``run``. sim and replay are built (no
     hardware needed); local and ray need the machine they run on, so only the names of
     their options are checked here."""
-    import inspect
     import tempfile
 
-    from launchers import LAUNCHERS
-
     kind = spec.launcher.kind
-    if kind in ("sim", "replay"):
-        with tempfile.TemporaryDirectory(prefix="vs-validate-") as tmp:
-            try:
-                _make_launcher(spec, runs_dir=Path(tmp)).close()
-            except BadInputError as e:
-                return [str(e)]
-        return []
     try:
-        inspect.signature(LAUNCHERS[kind]).bind(Path("runs"), **_launcher_options(spec, kind))
-    except (KeyError, TypeError) as e:
-        return [f"launcher.options: {e}. See the README's study-file reference."]
+        _launcher_options(spec, kind)
+        if kind in ("sim", "replay"):
+            with tempfile.TemporaryDirectory(prefix="vs-validate-") as tmp:
+                _make_launcher(spec, runs_dir=Path(tmp)).close()
+    except BadInputError as e:
+        return [str(e)]
     return []
+
+
+def _check_study(spec) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
+    """``validate``'s checks, which ``run`` makes too before it stores anything: the rules and
+    bounds, verl's compose and validation of the baseline and each stage's configs, the
+    launcher's options. Returns (problems, report lines)."""
+    from search.storage import check_url
+    from search.validate import validate_study
+
+    early = _launcher_problems(spec)
+    if spec.storage:
+        try:
+            check_url(spec.storage)
+        except BadInputError as e:
+            early.append(f"storage: {e}")
+    # verl's checks (seconds) only for a file that passes the others, as within validate_study
+    problems, lines = validate_study(spec, with_verl=not early)
+    return problems + early, lines
 
 
 def _make_runner(spec, storage, launcher, quiet: bool = False, leave_at_end: bool = False):  # type: ignore[no-untyped-def]
@@ -193,19 +297,18 @@ def run(
 
         spec = load_study(study_file)  # before any heavy import or database access
         from search.driver import save_spec
-        from search.storage import open_storage
-        from search.validate import validate_study
-
-        problems, _ = validate_study(spec, with_verl=False)  # bounds and rules, before a database exists
-        if problems:
-            raise BadInputError("\n".join(problems))
+        from search.storage import open_storage, preflight
 
         if launcher is not None and launcher not in ("sim", "local", "ray", "replay"):
             raise BadInputError(f"--launcher must be one of sim, local, ray, replay, but got {launcher!r}.")
-        # The launcher first: a study whose options cannot work must not be stored (its
-        # stored definition would then refuse the corrected file).
-        built = _make_launcher(spec, launcher)
         url = storage or spec.storage_url()
+        preflight(url)
+        # Exactly validate's checks, before a database exists: a definition verl would refuse
+        # must not be stored (its stored definition would then refuse the corrected file).
+        problems, _ = _check_study(spec)
+        if problems:
+            raise BadInputError("\n".join(problems))
+        built = _make_launcher(spec, launcher)
         opened = open_storage(url)
         updated = save_spec(opened, spec)
         if updated:
@@ -298,7 +401,7 @@ def status(
     def action() -> None:
         from search.status import study_status
 
-        opened, spec = _open_study(name, storage)
+        opened, spec = _open_study(name, storage, readonly=True)
         data = study_status(opened, spec)
         if as_json:
             print(json.dumps(data, indent=2, default=str))
@@ -413,7 +516,8 @@ def export(
 
         if fmt not in exporter.FORMATS:
             raise BadInputError(f"--format must be one of {', '.join(exporter.FORMATS)}, but got {fmt!r}.")
-        opened, spec = _open_study(name, storage)
+        _check_output(output, export=True)
+        opened, spec = _open_study(name, storage, readonly=True)
         results = finished_results(opened, spec)
         if not results:
             raise BadInputError(f"study {name!r} has no finished stage yet; nothing to export.")
@@ -429,8 +533,7 @@ def export(
         if output is None:
             sys.stdout.write(text)
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text)
+            _write_output(output, text)
             print(f"wrote {output}")
 
     _guard(action)
@@ -450,8 +553,12 @@ def report(
     def action() -> None:
         from search.report import write_report
 
-        opened, spec = _open_study(name, storage)
-        write_report(opened, spec, output)
+        _check_output(output)
+        opened, spec = _open_study(name, storage, readonly=True)
+        try:
+            write_report(opened, spec, output)
+        except OSError as e:
+            raise BadInputError(f"-o {output}: cannot write it ({e.strerror or e}). Pick another path.") from None
         print(f"wrote {output}")
 
     _guard(action)
@@ -467,11 +574,9 @@ def validate(
 
     def action() -> None:
         from search.study_file import load_study
-        from search.validate import validate_study
 
         spec = load_study(study_file)
-        problems, lines = validate_study(spec)
-        problems += _launcher_problems(spec)
+        problems, lines = _check_study(spec)
         for line in lines:
             print(line)
         if problems:
@@ -481,14 +586,51 @@ def validate(
     _guard(action)
 
 
+def _check_output(output: Optional[Path], *, export: bool = False) -> None:
+    """``-o`` must name a file that can be written, checked before the database is opened."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise BadInputError(f"-o {output}: must name a file, but it is a directory. Add a file name, "
+                            f"e.g. -o {output / ('best.yaml' if export else 'report.html')}.")
+    parent = output.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInputError(f"-o {output}: cannot create it, {parent} is not a directory. Pick another path.")
+    if not os.access(parent, os.W_OK | os.X_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise BadInputError(f"-o {output}: cannot write there (permission denied). Pick another path.")
+
+
+def _write_output(output: Path, text: str) -> None:
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise BadInputError(f"-o {output}: cannot write it ({e.strerror or e}). Pick another path.") from None
+
+
 def _masked(url: str) -> str:
     from search.storage import mask_url
 
     return mask_url(url)
 
 
+def _tolerant_streams() -> None:
+    """A console that cannot show η or → (PYTHONIOENCODING=ascii, a C locale) gets an escape
+    instead of a UnicodeEncodeError in the middle of a command."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change any more
+                pass
+
+
 def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    _tolerant_streams()
     app()
 
 

@@ -29,12 +29,148 @@ T = TypeVar("T")
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 120
 
-_PASSWORD = re.compile(r"(?P<head>://[^:/@]+:)(?P<password>[^@]*)(?P<tail>@)")
+# The password runs to the LAST '@' (one with an unencoded '@' or '/' in it is still masked
+# whole); the user name may itself hold an unencoded '@'.
+_PASSWORD = re.compile(r"(?P<head>://[^:/]*:)(?P<password>.*)(?P<tail>@[^@]*)$", re.DOTALL)
 
 
 def mask_url(url: str) -> str:
     """``postgresql://user:secret@host/db`` → ``postgresql://user:***@host/db``."""
     return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
+
+
+#: the schemes a study database may have (SQLAlchemy's, with an optional +driver)
+_SCHEMES = ("sqlite", "postgresql")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+#: the tables every Optuna storage has; a database without them holds no study
+_OPTUNA_TABLES = {"studies", "version_info", "trials"}
+#: seconds after which open_storage starts no new attempt at a server that does not answer
+#: (each attempt waits up to the driver's connect_timeout, 10 s): a dead address fails in
+#: about 20 s (it took 32.6 s with three attempts)
+OPEN_DEADLINE_S = 12.0
+
+
+def _is_sqlite(url: str) -> bool:
+    return url.split("://", 1)[0].split("+", 1)[0].lower() == "sqlite"
+
+
+def _sqlite_path(url: str) -> Path:
+    return Path(url.split("://", 1)[1][1:])
+
+
+def check_url(url: str) -> str:
+    """``url`` when verl-sweep can open it, else BadInputError naming what is wrong (the
+    password masked). Refused: no scheme, a scheme other than sqlite or postgresql, an
+    in-memory SQLite (nothing could resume its study), a SQLite URL with a host, user or query."""
+    shown = mask_url(url)
+    if "://" not in url:
+        raise BadInputError(
+            f"--storage must be a database URL like sqlite:///path/study.db or "
+            f"postgresql://user@host/db, but got {shown!r}."
+        )
+    scheme, rest = url.split("://", 1)
+    base = scheme.split("+", 1)[0].lower()
+    if base == "postgres":
+        raise BadInputError(f"a database URL must start with postgresql://, but got {shown!r} "
+                            "(SQLAlchemy does not know postgres://). Write postgresql://.")
+    if base not in _SCHEMES:
+        raise BadInputError(f"a database URL must start with sqlite:/// or postgresql://, but got {shown!r}. "
+                            "verl-sweep stores studies in SQLite (one machine) or PostgreSQL (a cluster).")
+    if base == "sqlite":
+        path = rest[1:]
+        if rest in ("", "/") or path == ":memory:" or "mode=memory" in rest or path.startswith("file::memory:"):
+            raise BadInputError(f"the study database must be a file, but {shown!r} is in memory: nothing could "
+                                "resume the study. Use sqlite:///NAME.db.")
+        if not rest.startswith("/"):
+            what = "a user or password" if "@" in rest.split("/", 1)[0] else "a host"
+            raise BadInputError(f"a SQLite URL must be sqlite:///relative/path.db or sqlite:////absolute/path.db, "
+                                f"but {shown!r} has {what} after sqlite://. Drop it.")
+        if "?" in path:
+            raise BadInputError(f"a SQLite URL must name just the file, but {shown!r} has a query ('?…'). Drop it.")
+    else:
+        import sqlalchemy
+
+        try:
+            sqlalchemy.engine.make_url(url)
+        except (sqlalchemy.exc.ArgumentError, ValueError) as e:
+            raise BadInputError(f"the database URL {shown!r} cannot be parsed ({mask_url(str(e))}). "
+                                "Write it as postgresql://user:password@host:port/db.") from None
+    return url
+
+
+def _check_writable(path: Path) -> None:
+    """A command that writes (run, resume, worker) refuses a database it cannot write, with
+    SQLite's own reason: Optuna would report the first failed write as "invalid data in the
+    commit, e.g. exceeding max length"."""
+    import sqlite3
+
+    for target in (path, path.parent):  # SQLite writes its journal beside the file
+        if not os.access(target, os.W_OK):
+            raise BadInputError(f"the study database {path} cannot be written here ({target} is read-only); this "
+                                "command writes to it. Make the file and its directory writable, or pass another "
+                                "--storage.")
+    try:
+        conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+        try:  # a write rolled back: SQLite itself says whether it could write (a read-only mount)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE verl_sweep_write_check (x)")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise BadInputError(f"the study database {path} cannot be written here ({e}); this command writes to "
+                            "it. Make the file and its directory writable, or pass another --storage.") from None
+
+
+def _check_sqlite_file(path: Path, *, create: bool, writable: bool = False) -> bool:
+    """Checks of a SQLite study file before SQLAlchemy opens it; True when it already holds
+    Optuna's tables. A file that is no SQLite database, or one that holds other tables but no
+    study, is refused: verl-sweep writes Optuna's tables only into a new (or empty) file."""
+    import sqlite3
+    from urllib.parse import quote
+
+    if not path.exists():
+        if not create:
+            hint = ("; sqlite:/// takes a relative path, an absolute one needs four slashes: "
+                    f"sqlite:////{path}" if not path.is_absolute() and Path("/", path).exists() else "")
+            raise BadInputError(
+                f"no study database at {path}{hint}. Pass --storage with the URL the study was run with."
+            )
+        return False
+    if not path.is_file():
+        raise BadInputError(f"the study database must be a regular file, but {path} is not (a directory or a "
+                            "device). Pass another --storage.")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError as e:
+        raise BadInputError(f"cannot read the study database {path} ({e.strerror or e}).") from None
+    if not head:
+        if create:
+            return False  # an empty file is a new SQLite database
+        raise BadInputError(f"the study database {path} is empty: no study was ever stored there. "
+                            "Pass the --storage the study was run with.")
+    if head != _SQLITE_MAGIC:
+        raise BadInputError(f"{path} must be a SQLite database, but it is not (it has no SQLite header). "
+                            "Pass the study's database, or a new file name to start one.")
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=60)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise BadInputError(f"{path} must be a usable SQLite database, but reading it failed ({e}). "
+                            "Pass the study's database, or a new file name to start one.") from None
+    if _OPTUNA_TABLES <= tables:
+        if writable:
+            _check_writable(path)
+        return True
+    if tables or not create:
+        listed = f"; its tables: {', '.join(sorted(tables)[:5])}" if tables else ""
+        raise BadInputError(f"{path} holds no verl-sweep studies (it has no Optuna tables{listed}). "
+                            "Pass the study's database, or a new file name to start one.")
+    return False
 
 
 def default_storage_for(name: str) -> str | None:
@@ -73,11 +209,33 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
             "connect_args": {"connect_timeout": 10, "application_name": "verl-sweep"}}
 
 
-def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorage":
-    """Open (and, for SQLite with ``create``, create) the database at ``url``."""
+def preflight(url: str, *, create: bool = True) -> None:
+    """The checks of :func:`open_storage` that need no connection, creating nothing: ``run``
+    makes them before it builds its launcher (which creates the runs directory)."""
+    check_url(url)
+    if not _is_sqlite(url):
+        return
+    path = _sqlite_path(url)
+    _check_sqlite_file(path, create=create, writable=True)
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if create and not existing.is_dir():
+        raise BadInputError(f"cannot create the directory of the study database {path.parent}: {existing} is not "
+                            "a directory. Pass another --storage.")
+
+
+def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "optuna.storages.RDBStorage":
+    """Open (and, for SQLite with ``create``, create) the database at ``url``; BadInputError
+    for a URL or file that is not a study database. Without ``create`` no schema is created
+    or migrated (an unrelated database stays as it was); ``readonly`` (status, export,
+    report) opens a SQLite file in SQLite's read-only mode."""
+    import contextlib
     import warnings
 
     import optuna
+    import sqlalchemy
+
     from search._optuna_forks import storage_class
     from search.liveness import requeue_stale_trial
 
@@ -86,47 +244,110 @@ def open_storage(url: str, *, create: bool = True) -> "optuna.storages.RDBStorag
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
-    if "://" not in url:
-        raise BadInputError(
-            f"--storage must be a database URL like sqlite:///path/study.db or "
-            f"postgresql://user@host/db, but got {mask_url(url)!r}."
-        )
-    if url.startswith("sqlite:///") and not create:
-        path = Path(url[len("sqlite:///"):])
-        if not path.exists():
-            hint = ("; sqlite:/// takes a relative path, an absolute one needs four slashes: "
-                    f"sqlite:////{path}" if not path.is_absolute() and Path("/", path).exists() else "")
-            raise BadInputError(
-                f"no study database at {path}{hint}. Pass --storage with the URL the study was run with."
-            )
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    check_url(url)
+    shown = mask_url(url)
+    lock: Any = None
+    if _is_sqlite(url):
+        path = _sqlite_path(url)
+        exists = _check_sqlite_file(path, create=create, writable=not readonly)
+        if create:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise BadInputError(f"cannot create the directory of the study database {path.parent} "
+                                    f"({e.strerror or e}). Pass another --storage.") from None
+            if not exists:
+                # Two `run`s creating one new file at once would race creating the schema.
+                lock = _DirectoryLock(path.parent)
+        elif readonly:
+            # SQLite's own read-only mode: nothing this process does can change the file.
+            from urllib.parse import quote
+
+            url = f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
+    elif not create:
+        _check_server_tables(url)
     try:
-        return with_retries(
-            lambda: storage_class()(
-                url,
-                engine_kwargs=_engine_kwargs(url),
-                heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                grace_period=GRACE_PERIOD_S,
-                heartbeat_stale_trial_callback=requeue_stale_trial,
-            ),
-            what=f"open the study database {mask_url(url)}",
-            attempts=3,
-        )
+        with lock or contextlib.nullcontext():
+            return with_retries(
+                lambda: storage_class()(
+                    url,
+                    engine_kwargs=_engine_kwargs(url),
+                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=GRACE_PERIOD_S,
+                    heartbeat_stale_trial_callback=requeue_stale_trial,
+                    # an existing study database is used as it is: no schema created or migrated
+                    skip_table_creation=not create,
+                ),
+                what=f"open the study database {shown}",
+                attempts=3,
+                max_total_s=OPEN_DEADLINE_S,
+            )
     except ImportError as e:
         raise BadInputError(
-            f"the database driver for {mask_url(url).split(':')[0]} is not installed ({e}). "
+            f"the database driver for {shown.split(':')[0]} is not installed ({e}). "
             "Install it, e.g. pip install 'verl-sweep[postgres]'."
         ) from None
     except StorageError as e:
         # Never reached it at all: a wrong URL, a server that is down, bad credentials.
         cause = describe_db_error(e)
+        if "readonly" in cause or "read-only" in cause:
+            raise BadInputError(f"the study database {shown} is read-only here ({cause}). This command "
+                                "writes to it: make the file and its directory writable.") from None
         raise BadInputError(
-            f"cannot reach the study database {mask_url(url)}: {cause}{'' if cause.endswith(('.', '?')) else '.'} "
+            f"cannot reach the study database {shown}: {cause}{'' if cause.endswith(('.', '?')) else '.'} "
             "Check the URL and that the server is running."
         ) from None
     except optuna.exceptions.OptunaError as e:  # e.g. schema version mismatch
-        raise StorageError(f"cannot use the study database {mask_url(url)}: {e}") from e
+        raise StorageError(f"cannot use the study database {shown}: {describe_db_error(e)}") from None
+    except sqlalchemy.exc.SQLAlchemyError as e:  # not transient: e.g. a file that is no database
+        raise BadInputError(f"cannot use the study database {shown}: {describe_db_error(e)}. "
+                            "Pass the study's database, or a new file name to start one.") from None
+
+
+class _DirectoryLock:
+    """An exclusive flock on a directory while a new SQLite file gets its schema (on the
+    directory, not the file: SQLite's own POSIX locks on the file must not be disturbed)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fd: int | None = None
+
+    def __enter__(self) -> "_DirectoryLock":
+        import fcntl
+
+        try:
+            self._fd = os.open(self.directory, os.O_RDONLY)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: Optuna's own retries remain
+            logger.debug("cannot lock %s", self.directory, exc_info=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def _check_server_tables(url: str) -> None:
+    """A command that opens an existing study on a server must find Optuna's tables there
+    (and creates none): an unrelated or empty database is refused in one line."""
+    import sqlalchemy
+
+    connect_args = _engine_kwargs(url)["connect_args"]
+    engine = sqlalchemy.create_engine(url, connect_args=connect_args, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        tables = set(with_retries(lambda: sqlalchemy.inspect(engine).get_table_names(),
+                                  what=f"open the study database {mask_url(url)}", attempts=3,
+                                  max_total_s=OPEN_DEADLINE_S))
+    except StorageError as e:
+        cause = describe_db_error(e)
+        raise BadInputError(f"cannot reach the study database {mask_url(url)}: {cause}"
+                            f"{'' if cause.endswith(('.', '?')) else '.'} Check the URL and that the server is running.") from None
+    finally:
+        engine.dispose()
+    if not _OPTUNA_TABLES <= tables:
+        raise BadInputError(f"the database {mask_url(url)} holds no verl-sweep studies (it has no Optuna tables). "
+                            "Pass the --storage the study was run with.")
 
 
 def reset_connections(storage: Any) -> None:
@@ -170,18 +391,22 @@ def with_retries(
     attempts: int = 8,
     first_delay_s: float = 0.5,
     max_delay_s: float = 15.0,
+    max_total_s: float | None = None,
     storage: Any = None,
 ) -> T:
     """Run a database action, retrying with exponential backoff while the server is away
-    (a PostgreSQL restart takes seconds). Raises StorageError with the real cause."""
+    (a PostgreSQL restart takes seconds); no new attempt starts ``max_total_s`` after the
+    first. Raises StorageError with the real cause."""
     delay = first_delay_s
+    started = time.monotonic()
     for attempt in range(1, attempts + 1):
         try:
             return action()
         except Exception as e:  # noqa: BLE001 - classified below
             if not is_transient(e):
                 raise
-            if attempt == attempts:
+            late = max_total_s is not None and time.monotonic() + delay - started > max_total_s
+            if attempt == attempts or late:
                 raise StorageError(f"could not {what}: {describe_db_error(e)}") from e
             logger.info("database error (%s), retry %d in %.1fs", describe_db_error(e), attempt, delay)
             if storage is not None:

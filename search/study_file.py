@@ -2,27 +2,67 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from launchers.user_files import UserFileError, load_json, parse_yaml, read_user_text
 from search.errors import BadInputError
+from search.storage import mask_url
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.overrides import OverrideError, check_key, format_value, merge
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 MAX_FILE_BYTES = 1_000_000
+# Strict types: YAML already types its values, so `true` is no integer and "3" no number
+# (pydantic's lax mode would take both). StrictFloat still takes an integer.
+Int = StrictInt
+Float = StrictFloat
+
+
+def _plain_problem(value: Any) -> str | None:
+    """Why a free-form value (launcher options, space params) cannot be stored and read back
+    as it was written, or None: a non-finite number (JSON stores it as null, and the study could
+    then never be resumed) or an integer beyond 64 bits."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"must be a finite number, but got {item}"
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**63 - 1:
+            return f"must fit in 64 bits, but got {_short(item)}"
+        if isinstance(item, dict):
+            stack.extend(item.values())
+            if not all(isinstance(k, str) for k in item):
+                return f"keys must be strings, but got {_short(next(k for k in item if not isinstance(k, str)))}"
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif not isinstance(item, (str, int, float, bool, type(None))):
+            return f"must be a number, string, list or mapping, but got {type(item).__name__}"
+    return None
+
+
+def _check_plain(values: dict[str, Any]) -> dict[str, Any]:
+    for key, value in values.items():
+        problem = _plain_problem(value)
+        if problem:
+            raise ValueError(f"{key}: {problem}")
+    return values
 
 
 class _Strict(BaseModel):
@@ -31,14 +71,16 @@ class _Strict(BaseModel):
 
 class LauncherSection(_Strict):
     kind: Literal["sim", "local", "ray", "replay"] = "sim"
-    max_concurrent: int = Field(default=2, ge=1, le=1024)
+    max_concurrent: Int = Field(default=2, ge=1, le=1024)
     #: passed to the launcher's constructor (e.g. time_scale, landscape, address, gpu_ids)
     options: dict[str, Any] = Field(default_factory=dict)
 
+    _check_options = field_validator("options")(_check_plain)
+
 
 class Budget(_Strict):
-    max_trials: int = Field(ge=1, le=100_000)
-    max_wall_clock_s: float | None = Field(default=None, gt=0, le=1e9)
+    max_trials: Int = Field(ge=1, le=100_000)
+    max_wall_clock_s: Float | None = Field(default=None, gt=0, le=1e9)
 
 
 class StopRule(_Strict):
@@ -46,17 +88,17 @@ class StopRule(_Strict):
     best so far (the incumbent at first) by more than ``tolerance`` in η — the method's
     "η stable in 0.98-1.02: done"."""
 
-    stable_trials: int = Field(default=4, ge=1, le=10_000)
-    tolerance: float = Field(default=0.02, gt=0, lt=1)
+    stable_trials: Int = Field(default=4, ge=1, le=10_000)
+    tolerance: Float = Field(default=0.02, gt=0, lt=1)
 
 
 class SamplerSettings(_Strict):
     name: Literal["tpe", "random", "gp", "grid"] = "tpe"
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    n_startup_trials: int = Field(default=3, ge=0, le=10_000)
+    seed: Int | None = Field(default=None, ge=0, le=2**31 - 1)
+    n_startup_trials: Int = Field(default=3, ge=0, le=10_000)
     #: TPE only: model the parameters jointly (grouped by which ones a trial has), so
     #: coupled knobs such as TP × memory fraction are learned together
-    multivariate: bool = False
+    multivariate: StrictBool = False
 
     @model_validator(mode="after")
     def _multivariate_is_tpe(self) -> "SamplerSettings":
@@ -72,25 +114,25 @@ class PrunerSettings(_Strict):
     # median/percentile/Wilcoxon rules are available too (benchmarks/compare_pruners.py).
     name: Literal["none", "incumbent", "median", "patient", "wilcoxon"] = "incumbent"
     #: report intermediate values every this many steps
-    interval_steps: int = Field(default=25, ge=1, le=100_000)
+    interval_steps: Int = Field(default=25, ge=1, le=100_000)
     #: no pruning before this step. Curves differ in shape early (KL on starts slower and
     #: ends higher): at 50-75 steps the incumbent pruner stopped every KL candidate of the
     #: kl_edge landscape, true η up to 1.28; from 100 it keeps them.
-    warmup_steps: int = Field(default=100, ge=0, le=100_000)
+    warmup_steps: Int = Field(default=100, ge=0, le=100_000)
     #: trials that must finish before pruning starts (median, patient)
-    n_startup_trials: int = Field(default=2, ge=0, le=10_000)
+    n_startup_trials: Int = Field(default=2, ge=0, le=10_000)
     #: reports in a row below the bar before a trial is stopped (incumbent, patient)
-    patience: int = Field(default=2, ge=1, le=1000)
+    patience: Int = Field(default=2, ge=1, le=1000)
     #: incumbent: how far below the incumbent's running rate counts as "clearly below". At
     #: 100-125 steps paired KL-on candidates ran 0-3% below the incumbent and ended 3-23%
     #: above it (kl_edge): with no margin the pruner stopped all five of them.
-    margin: float = Field(default=0.03, ge=0, lt=1)
-    percentile: float = Field(default=25.0, gt=0, lt=100)
+    margin: Float = Field(default=0.03, ge=0, lt=1)
+    percentile: Float = Field(default=25.0, gt=0, lt=100)
 
 
 class StageSettings(_Strict):
-    name: str = Field(pattern=NAME_PATTERN)
-    space: str = Field(description="Space kind: systems, mini_batch, kl, token_budget, lr, lam, polish.")
+    name: StrictStr = Field(pattern=NAME_PATTERN)
+    space: StrictStr = Field(description="Space kind: systems, mini_batch, kl, token_budget, lr, lam, polish.")
     params: dict[str, Any] = Field(default_factory=dict)
     budget: Budget
     stop: StopRule = Field(default_factory=StopRule)
@@ -98,34 +140,46 @@ class StageSettings(_Strict):
     pruner: PrunerSettings = Field(default_factory=PrunerSettings)
     #: before a winner is declared, the top this-many candidates are re-run on fresh seeds
     #: and the winner is chosen on the mean (0: no re-runs)
-    confirm_top: int = Field(default=3, ge=0, le=100)
+    confirm_top: Int = Field(default=3, ge=0, le=100)
     #: a leader whose η interval still reaches the tolerance (a gain the runs so far can
     #: neither confirm nor rule out) is re-run on further fresh seeds, up to this many runs
-    confirm_max_runs: int = Field(default=3, ge=2, le=100)
+    confirm_max_runs: Int = Field(default=3, ge=2, le=100)
     #: probe length for this stage (default: the study's probe.steps)
-    probe_steps: int | None = Field(default=None, ge=2, le=10_000_000)
+    probe_steps: Int | None = Field(default=None, ge=2, le=10_000_000)
+
+    _check_params = field_validator("params")(_check_plain)
 
 
 class ProbeSettings(_Strict):
-    steps: int = Field(default=500, ge=2, le=10_000_000)
+    steps: Int = Field(default=500, ge=2, le=10_000_000)
     #: steps at the start that the score leaves out (engine warm-up)
-    warmup_steps: int = Field(default=0, ge=0, le=10_000_000)
+    warmup_steps: Int = Field(default=0, ge=0, le=10_000_000)
     #: probe length for speed-only stages (token budget, systems), scored on throughput
-    speed_steps: int = Field(default=30, ge=2, le=10_000_000)
+    speed_steps: Int = Field(default=30, ge=2, le=10_000_000)
     #: steps at the start of a speed-only probe left out of its throughput (warm-up)
-    speed_warmup_steps: int = Field(default=3, ge=0, le=10_000_000)
+    speed_warmup_steps: Int = Field(default=3, ge=0, le=10_000_000)
     #: how often the incumbent of each stage is run (paired seeds with candidates)
-    incumbent_repeats: int = Field(default=2, ge=1, le=100)
+    incumbent_repeats: Int = Field(default=2, ge=1, le=100)
     #: a probe that writes no new metrics for this long (simulated seconds on the
     #: simulator) is stopped as hung
-    hang_timeout_s: float = Field(default=1800.0, gt=0, le=1e9)
+    hang_timeout_s: Float = Field(default=1800.0, gt=0, le=1e9)
     #: retries of a probe lost to infrastructure (NCCL timeout, dead worker, hang)
-    max_retries: int = Field(default=2, ge=0, le=100)
+    max_retries: Int = Field(default=2, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _warmup_inside_probe(self) -> "ProbeSettings":
+        # A probe scored only on steps after its warm-up: no step left, no score.
+        for warmup, steps in (("warmup_steps", "steps"), ("speed_warmup_steps", "speed_steps")):
+            if getattr(self, warmup) >= getattr(self, steps):
+                raise ValueError(f"probe.{warmup}: must be < probe.{steps} ({getattr(self, steps)}), but got "
+                                 f"{getattr(self, warmup)}: the score leaves the warm-up steps out, so no step "
+                                 "would be scored. Lower it or lengthen the probe.")
+        return self
 
 
 class StudySpec(_Strict):
-    name: str = Field(pattern=NAME_PATTERN)
-    storage: str | None = None
+    name: StrictStr = Field(pattern=NAME_PATTERN)
+    storage: StrictStr | None = None
     launcher: LauncherSection = Field(default_factory=LauncherSection)
     model: ModelFacts
     hardware: HardwareFacts
@@ -135,7 +189,7 @@ class StudySpec(_Strict):
     #: at a far larger lr, say); ``validate`` lists each one it lets through
     unsafe_baseline: list[str] = Field(default_factory=list)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
-    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6], min_length=1)
+    seeds: list[Int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6], min_length=1)
     stages: list[StageSettings] = Field(default_factory=list)
     #: where the study file lives (set by the loader; storage and paths are relative to it)
     source_dir: Path | None = Field(default=None, exclude=True)
@@ -230,27 +284,6 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
 # -- loading ---------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader (no Python tags) that also refuses duplicate keys instead of keeping the last."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
-)
-
-
 def _field_path(loc: tuple[Any, ...]) -> str:
     path = ""
     for part in loc:
@@ -313,8 +346,39 @@ def describe_error(error: Any) -> str:
     if kind == "value_error":
         message = str(ctx.get("error", error["msg"]))
         # A check across fields (after the model) names its own field path.
+        if message.startswith(f"{path}.") or message.startswith(f"{path}["):
+            return message
         return message if not error["loc"] and re.match(r"[\w\[\]]+(\.[\w\[\]]+)*: ", message) else f"{path}: {message}"
     return f"{path}: {error['msg']}, but got {_short(value)}"
+
+
+#: what a model's config.json may fill in (the file's own names are the study's)
+_CONFIG_JSON_FIELDS = ("hidden_size", "num_attention_heads")
+
+
+def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[dict[str, Any], set[str]]:
+    """The study with ``model.config_json`` read (through the one user-file reader) and the
+    sizes it has filled in where the file leaves them out, so that they are validated like
+    values written in the file. Returns the data and the fields taken from config.json."""
+    model = data.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("config_json"), str):
+        return data, set()
+    path = Path(model["config_json"])
+    if source_dir is not None and not path.is_absolute():
+        path = source_dir / path
+    model = {**model, "config_json": str(path)}
+    missing = [k for k in _CONFIG_JSON_FIELDS if model.get(k) is None]
+    if missing:
+        try:
+            config = load_json(path, what="model config.json")
+        except UserFileError as e:
+            raise BadInputError(f"model.config_json: {e}") from None
+        if not isinstance(config, dict):
+            raise BadInputError(f"model.config_json: {path} must hold a JSON object, but got {type(config).__name__}.")
+        for key in missing:
+            if key in config:
+                model[key] = config[key]
+    return {**data, "model": model}, {f"model.{k}" for k in missing if k in model}
 
 
 def parse_study(data: Any, *, source_dir: Path | None = None) -> StudySpec:
@@ -324,14 +388,19 @@ def parse_study(data: Any, *, source_dir: Path | None = None) -> StudySpec:
             f"a study file must be a YAML mapping, but got {type(data).__name__}. "
             "See studies/demo.yaml for an example."
         )
-    if "model" in data and isinstance(data["model"], dict) and source_dir is not None:
-        config_json = data["model"].get("config_json")
-        if isinstance(config_json, str) and not Path(config_json).is_absolute():
-            data = {**data, "model": {**data["model"], "config_json": str(source_dir / config_json)}}
+    data, from_json = _with_config_json(data, source_dir)
     try:
         spec = StudySpec.model_validate(data)
     except ValidationError as e:
-        raise BadInputError("\n".join(describe_error(err) for err in e.errors())) from None
+        lines = []
+        for err in e.errors():
+            line = describe_error(err)
+            if _field_path(tuple(err["loc"])) in from_json:
+                line += " (read from model.config_json)"
+            lines.append(line)
+        raise BadInputError("\n".join(lines)) from None
+    except RecursionError:  # a value nested deeper than the checks can walk
+        raise BadInputError("a study file's values must not be nested this deeply.") from None
     return spec.model_copy(update={"source_dir": source_dir})
 
 
@@ -339,22 +408,10 @@ def load_study(path: Path | str) -> StudySpec:
     """Read and validate a study file. Creates nothing; raises BadInputError on any problem."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise BadInputError(f"{path}: a study file must be under 1 MB, but it is larger.")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInputError(f"{path}: no such study file. Check the path.") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{path}: cannot read the study file ({e}).") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        where = ""
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise BadInputError(f"{path}: not valid YAML{where}: {problem}.") from None
+        text = read_user_text(path, what="study file", max_bytes=MAX_FILE_BYTES)
+        data = parse_yaml(text, source=str(path), what="study file")
+    except UserFileError as e:
+        raise BadInputError(str(e)) from None
     try:
         return parse_study(data, source_dir=path.resolve().parent)
     except BadInputError as e:
@@ -364,6 +421,8 @@ def load_study(path: Path | str) -> StudySpec:
 def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
     """A JSON-safe form of the study, stored in the database so that resume needs no file."""
     data = spec.model_dump(mode="json", exclude={"source_dir"})
+    if data.get("storage"):  # a password is never stored (resume takes --storage or the file's)
+        data["storage"] = mask_url(data["storage"])
     data["source_dir"] = str(spec.source_dir) if spec.source_dir else None
     return data
 
@@ -371,6 +430,12 @@ def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
 def spec_from_dict(data: dict[str, Any]) -> StudySpec:
     data = dict(data)
     source_dir = data.pop("source_dir", None)
-    spec = StudySpec.model_validate(data)
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as e:  # stored by a version of verl-sweep with other rules
+        problems = "; ".join(describe_error(err) for err in e.errors()[:3])
+        raise BadInputError(f"the stored definition of study {data.get('name')!r} does not pass this version's "
+                            f"checks ({problems}). Run it with the verl-sweep that created it, or start a new "
+                            "study from a corrected file.") from None
     return spec.model_copy(update={"source_dir": Path(source_dir) if source_dir else None})
 

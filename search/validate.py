@@ -12,8 +12,8 @@ from spaces.overrides import Config, merge
 
 logger = logging.getLogger(__name__)
 
-#: how many configs per stage are sampled for verl's own validation
-N_SAMPLES_PER_STAGE = 4
+#: how many configs per stage are sampled for verl's own validation (besides its two extremes)
+N_SAMPLES_PER_STAGE = 2
 
 
 def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Config]:
@@ -28,6 +28,41 @@ def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Conf
         configs.append(merge(base, space.suggest(trial, base)))
         study.tell(trial, 0.0)
     return configs
+
+
+def extreme_configs(space: Any, base: Config) -> list[Config]:
+    """The space's corners: every parameter at its low end, then every one at its high end
+    (the first and last choice of a categorical). Parameters that only some draws suggest
+    are left to the samples."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    space.suggest(trial, base)
+    distributions = dict(trial.distributions)
+    study.tell(trial, 0.0)
+    configs = []
+    for end in (0, -1):
+        params = {name: _end(distribution, end) for name, distribution in distributions.items()}
+        try:
+            configs.append(merge(base, space.suggest(optuna.trial.FixedTrial(params), base)))
+        except (KeyError, ValueError):  # a parameter this corner needs that the first draw did not
+            continue
+    return configs
+
+
+def _end(distribution: Any, end: int) -> Any:
+    import optuna.distributions as d
+
+    if isinstance(distribution, d.CategoricalDistribution):
+        return distribution.choices[end]
+    if end == 0:
+        return distribution.low
+    step = getattr(distribution, "step", None)
+    if step:  # the last value on the grid
+        return distribution.low + ((distribution.high - distribution.low) // step) * step
+    return distribution.high
 
 
 #: baseline keys held to the method's safe bounds (the KL key is checked where it is switched on)
@@ -85,13 +120,14 @@ def probe_length_problems(spec: StudySpec, stage: Any, where: str, *, speed_only
 
     steps = spec.stage_probe_steps(stage, speed_only=speed_only)
     need = MIN_SPEED_STEPS if speed_only else MIN_SCORED_STEPS
-    scored = steps - spec.probe.warmup_steps
+    warmup = spec.probe.speed_warmup_steps if speed_only else spec.probe.warmup_steps
+    scored = steps - warmup
     if scored >= need:
         return []
     field = "probe.speed_steps" if speed_only else "probe.steps"
-    return [f"{where} ({stage.name}): a probe must score at least {need} steps after probe.warmup_steps "
-            f"({spec.probe.warmup_steps}), but {field} = {steps} leaves {max(scored, 0)}. "
-            f"Raise {field} (or the stage's probe_steps) to at least {spec.probe.warmup_steps + need}."]
+    return [f"{where} ({stage.name}): a probe must score at least {need} steps after its warm-up "
+            f"({warmup}), but {field} = {steps} leaves {max(scored, 0)}. "
+            f"Raise {field} (or the stage's probe_steps) to at least {warmup + need}."]
 
 
 def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:
@@ -100,7 +136,12 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
     lines: list[str] = []
     base = spec.baseline_config()
     facts: dict[str, Any] = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
-    problems += [f"baseline: {p}" for p in check_config(base, **facts)]
+    base_rules = check_config(base, **facts)
+    problems += [f"baseline: {p}" for p in base_rules]
+    from spaces.limits import type_problems
+
+    if type_problems(base):  # the spaces compute with these values too: nothing more to check
+        return problems, lines
     problems += baseline_problems(spec, base)
     configs: list[tuple[str, Config]] = [("baseline", base)]
     for index, stage in enumerate(spec.stages):
@@ -110,11 +151,13 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
         except SpaceError as e:
             problems.append(str(e))
             continue
-        problems += probe_length_problems(spec, stage, where, speed_only=bool(getattr(space, "speed_only", False)))
+        problems += probe_length_problems(spec, stage, where, speed_only=space.speed_only)
         lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
         lines += [f"  {text}" for text in space.explain()]
-        for config in sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
+        for config in extreme_configs(space, base) + sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
             for p in check_config(config, **facts):
+                if p in base_rules:
+                    continue  # the baseline's own problem, reported once
                 problems.append(f"{where} ({stage.name}) would produce a config that breaks a rule: {p}")
             configs.append((stage.name, config))
     if with_verl and not problems:
@@ -122,9 +165,13 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
 
         if verl_check.verl_available():
             lines.append(f"checking {len(configs)} configs with verl {verl_check.verl_version()}'s own config and validation")
-            for label, config in configs:
-                for p in verl_check.validate_with_verl(config):
-                    problems.append(f"{label}: verl rejects the config: {p}")
+            # One Hydra initialisation for all of them; the baseline first: every stage's
+            # configs hold it, so its problems would repeat once per stage.
+            with verl_check.VerlValidator() as validator:
+                for label, config in configs:
+                    problems += [f"{label}: verl rejects the config: {p}" for p in validator.validate(config)]
+                    if problems and label == "baseline":
+                        break
         else:
             lines.append("verl is not installed here: checked with verl-sweep's rules only")
     return sorted(set(problems), key=problems.index), lines

@@ -134,11 +134,21 @@ SAFE_BOUNDS: dict[str, ParamBound] = {
 }
 
 
+#: the largest mini-batch (prompts per update) a study may start from
+MAX_MINI_BATCH = 1 << 20
+
+
 def mini_batch_bound(baseline: int) -> ParamBound:
     """Baseline ±25% (BRIEF/method 'mini-batch baseline ±25%')."""
     if baseline < 1:
         raise SpaceError(
             f"actor_rollout_ref.actor.ppo_mini_batch_size must be ≥ 1, but got {baseline}. "
+            "Fix the base config."
+        )
+    if baseline > MAX_MINI_BATCH:
+        # The space enumerates every size in its range: no real run has a larger mini-batch.
+        raise SpaceError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size must be ≤ {MAX_MINI_BATCH:,}, but got {baseline}. "
             "Fix the base config."
         )
     return ParamBound(

@@ -7,10 +7,9 @@ reuses these models so there is one definition of each field.
 from __future__ import annotations
 
 import enum
-import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 
 class Algorithm(str, enum.Enum):
@@ -23,34 +22,24 @@ class Algorithm(str, enum.Enum):
 
 
 class ModelFacts(BaseModel):
-    """What the bounds need to know about the model (or read from a local HF config.json)."""
+    """What the bounds need to know about the model. ``config_json`` names a local HF
+    config.json; the study loader (``search/study_file.py``) reads it and fills in the sizes it
+    has before this model validates them, so they are held to the same types and bounds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: YAML and JSON type their values, so `true` or "4096" is no integer here.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     config_json: Path | None = Field(
         default=None, description="A local HF config.json to read hidden size and heads from."
     )
-    hidden_size: int | None = Field(default=None, ge=64, le=1_000_000)
-    num_attention_heads: int | None = Field(default=None, ge=1, le=10_000)
-    n_params_b: float = Field(gt=0, le=10_000, description="Parameter count in billions.")
-    max_prompt_length: int = Field(default=1024, ge=1, le=10_000_000)
-    max_response_length: int = Field(default=1024, ge=1, le=10_000_000)
+    hidden_size: StrictInt | None = Field(default=None, ge=64, le=1_000_000)
+    num_attention_heads: StrictInt | None = Field(default=None, ge=1, le=10_000)
+    n_params_b: StrictFloat = Field(gt=0, le=10_000, description="Parameter count in billions.")
+    max_prompt_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
+    max_response_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
 
     @model_validator(mode="after")
-    def _read_config_json(self) -> "ModelFacts":
-        if self.config_json is not None and (
-            self.hidden_size is None or self.num_attention_heads is None
-        ):
-            try:
-                data = json.loads(Path(self.config_json).read_text())
-            except (OSError, ValueError) as e:
-                raise ValueError(f"cannot read {self.config_json}: {e}") from e
-            object.__setattr__(self, "hidden_size", self.hidden_size or data.get("hidden_size"))
-            object.__setattr__(
-                self,
-                "num_attention_heads",
-                self.num_attention_heads or data.get("num_attention_heads"),
-            )
+    def _sizes_known(self) -> "ModelFacts":
         if self.hidden_size is None or self.num_attention_heads is None:
             raise ValueError(
                 "needs hidden_size and num_attention_heads, or a config_json that has them"
@@ -63,11 +52,11 @@ class ModelFacts(BaseModel):
 
 
 class HardwareFacts(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    gpus_per_node: int = Field(ge=1, le=64)
-    nodes: int = Field(default=1, ge=1, le=10_000)
-    gpu_memory_gb: float = Field(gt=0, le=10_000)
+    gpus_per_node: StrictInt = Field(ge=1, le=64)
+    nodes: StrictInt = Field(default=1, ge=1, le=10_000)
+    gpu_memory_gb: StrictFloat = Field(gt=0, le=10_000)
 
     @property
     def n_gpus(self) -> int:

@@ -222,6 +222,12 @@ def valid_mini_batches(
     config: Mapping[str, Any], hardware: HardwareFacts, *, low: int, high: int
 ) -> Limit:
     """Every valid ``ppo_mini_batch_size`` in ``[low, high]``."""
+    train_batch = setting(config, TRAIN_BATCH)
+    if isinstance(train_batch, int) and not isinstance(train_batch, bool):
+        high = min(high, train_batch)  # a mini-batch is part of the train batch
+    if high - low > 1 << 21:
+        raise SpaceError(f"{MINI_BATCH}: the range [{low}, {high}] must span at most {1 << 21:,} sizes, "
+                         "but it spans more. Start from a mini-batch of at most 1,048,576.")
     values = [m for m in range(max(1, low), high + 1) if mini_batch_problem(m, config, hardware) is None]
     n = _int_setting(config, ROLLOUT_N)
     dp = data_parallel_ranks(config, hardware)
@@ -286,6 +292,31 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: the keys the rules compute with, by the kind of value each must hold
+_INTEGER_KEYS = (TRAIN_BATCH, MINI_BATCH, MICRO_BATCH, ROLLOUT_N, ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_PP, TOKEN_BUDGET,
+                 KL_CTRL_HORIZON, ULYSSES, ULYSSES_LEGACY, MAX_TOKEN_LEN, N_GPUS_PER_NODE, NNODES, MAX_PROMPT,
+                 MAX_RESPONSE)
+_NUMBER_KEYS = (GPU_MEMORY, LR, LAM, KL_CTRL_COEF, KL_CTRL_TARGET)
+_BOOL_KEYS = (CHUNKED_PREFILL, USE_KL_IN_REWARD, USE_KL_LOSS, USE_REMOVE_PADDING, USE_DYNAMIC_BSZ,
+              GRADIENT_CHECKPOINTING, ACTIVATION_OFFLOAD, FORWARD_PREFETCH)
+_STRING_KEYS = (ROLLOUT_NAME, ADV_ESTIMATOR, KL_CTRL_TYPE, STRATEGY)
+
+
+def type_problems(config: Mapping[str, Any]) -> list[str]:
+    """Values of the wrong kind for the keys the rules (and the spaces) compute with: the
+    rules would otherwise raise on them. Checked first; [] when every set value has its kind."""
+    problems = []
+    for keys, fits, kind in ((_INTEGER_KEYS, _is_int, "an integer"),
+                             (_NUMBER_KEYS, lambda v: _is_int(v) or isinstance(v, float), "a number"),
+                             (_BOOL_KEYS, lambda v: isinstance(v, bool), "true or false"),
+                             (_STRING_KEYS, lambda v: isinstance(v, str), "a string")):
+        for key in keys:
+            value = get(config, key)
+            if value is not None and not fits(value):
+                problems.append(f"{key}={value!r}: must be {kind}")
+    return problems
+
+
 def check_config(
     config: Mapping[str, Any],
     *,
@@ -298,7 +329,9 @@ def check_config(
     Each message names the key, the value and the rule. Values the config leaves out take
     verl's defaults (:data:`VERL_DEFAULTS`).
     """
-    problems: list[str] = []
+    problems = type_problems(config)
+    if problems:
+        return problems  # the rules below compute with these values
     n_gpus = hardware.n_gpus
     gpn = get(config, N_GPUS_PER_NODE)
     if gpn is not None and int(gpn) != hardware.gpus_per_node:

@@ -50,6 +50,11 @@ def format_value(value: Any) -> str:
     if isinstance(value, str):
         if len(value) > _MAX_STRING or "\n" in value or "\x00" in value:
             raise OverrideError(f"string override must be one short line, but got {value[:40]!r}.")
+        if "${" in value:
+            # Hydra resolves an interpolation even inside quotes: ${oc.env:HOME} would read
+            # the probe's environment (the simulator takes it literally: two meanings).
+            raise OverrideError(f"string override must not contain '${{' (an OmegaConf interpolation, which verl "
+                                f"would resolve), but got {value[:40]!r}. Write the value itself.")
         if value == "" or _HYDRA_SPECIAL.search(value) or value.lower() in ("null", "true", "false"):
             # Quoted: Hydra takes the content literally, so commas or '=' cannot split it.
             escaped = value.replace("\\", "\\\\").replace("'", "\\'")

@@ -131,6 +131,7 @@ class VerlValidator:
 
     def __init__(self, *, config_name: str = "ppo_trainer") -> None:
         self.config_name = config_name
+        self._defaults: Any = None  # verl's config without overrides, composed on first use
         self._context: Any = None
         self._entered = False
 
@@ -179,7 +180,29 @@ class VerlValidator:
             cfg = compose(self.config_name, overrides=overrides)
         except Exception as e:
             return [f"verl compose: {_one_line(e)}"]
-        return _validate_composed(cfg)
+        return self._type_problems(config) + _validate_composed(cfg)
+
+    def _type_problems(self, config: Mapping[str, Any]) -> list[str]:
+        """Values whose kind differs from verl's default for the key: a string where verl has
+        a number (an lr of "abc" composes, and verl's checks do not look), a non-boolean where
+        it has a boolean. ``+key`` settings have no default and are not checked."""
+        from hydra import compose
+        from omegaconf import OmegaConf
+
+        if self._defaults is None:
+            self._defaults = compose(self.config_name, overrides=[])
+        problems = []
+        for key, value in sorted(config.items()):
+            if key.startswith("+") or value is None:
+                continue
+            default = OmegaConf.select(self._defaults, key, default=None, throw_on_missing=False)
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    problems.append(f"{key}: must be true or false (verl's default is {default}), but got {value!r}")
+            elif isinstance(default, (int, float)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    problems.append(f"{key}: must be a number (verl's default is {default}), but got {value!r}")
+        return problems
 
 
 def _validate_composed(cfg: Any) -> list[str]:
