@@ -124,10 +124,9 @@ def probe_length_problems(spec: StudySpec, stage: Any, where: str, *, speed_only
     scored = steps - warmup
     if scored >= need:
         return []
-    field = "probe.speed_steps" if speed_only else "probe.steps"
-    return [f"{where} ({stage.name}): a probe must score at least {need} steps after its warm-up "
-            f"({warmup}), but {field} = {steps} leaves {max(scored, 0)}. "
-            f"Raise {field} (or the stage's probe_steps) to at least {warmup + need}."]
+    field = f"{where}.probe_steps" if stage.probe_steps else ("probe.speed_steps" if speed_only else "probe.steps")
+    return [f"{field}: a probe of stage {stage.name} must score at least {need} steps after its warm-up "
+            f"({warmup}), but {steps} steps leave {max(scored, 0)}. Raise it to at least {warmup + need}."]
 
 
 def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:

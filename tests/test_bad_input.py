@@ -386,7 +386,11 @@ NUMBER_CASES: list[tuple[str, Change, str]] = [
     ("speed warm-up too long", _set("probe", {"steps": 40, "speed_steps": 5, "speed_warmup_steps": 9, "incumbent_repeats": 1}),
      r"probe\.speed_warmup_steps: must be < probe\.speed_steps \(5\)"),
     ("stage probes inside the warm-up", lambda d: (d["probe"].update(warmup_steps=20), d["stages"][0].update(probe_steps=10)),
-     r"stages\[0\]\.probe_steps: must be more than the warm-up its probes leave out \(20 steps\)"),
+     r"stages\[0\]\.probe_steps: a probe of stage \w+ must score at least 10 steps after its warm-up \(20\), "
+     r"but 10 steps leave 0"),
+    ("probes too short to score", _set("probe", {"steps": 8, "warmup_steps": 1, "incumbent_repeats": 1}),
+     r"probe\.steps: a probe of stage \w+ must score at least 10 steps after its warm-up \(1\), but 8 steps leave 7\. "
+     r"Raise it to at least 11"),
     # class 7: an option the kind does not take is named with the ones it does take
     ("option of another kind", lambda d: d["launcher"]["options"].update(gpu_ids=[0, 1]),
      r"launcher\.options: the sim launcher takes .*landscape.*time_scale, but got 'gpu_ids'"),
