@@ -4,7 +4,7 @@
 - the HPO peers (random, TPE, GP, BOHB-style, SMAC3, DEHB) are in :mod:`benchmarks.peers`,
   over :class:`benchmarks.joint.FairJointSpace` (the joint space these methods used before
   issue 27 always turned KL on and capped the token budget below the chain's bound).
-- ``manual``: the source's procedure (BRIEF §2), one parameter at a time, one probe at a
+- ``manual``: the source's procedure (docs/method.md §1), one parameter at a time, one probe at a
   time, on the same Probe and η code.
 
 Each returns a :class:`Trace`: the chosen config after every decision, with the GPU-hours
@@ -126,7 +126,7 @@ def _startup(launcher: ReplayLauncher) -> float:
 
 
 class ManualProcedure:
-    """BRIEF §2 automated faithfully: one probe at a time, one parameter at a time.
+    """docs/method.md §1 automated faithfully: one probe at a time, one parameter at a time.
 
     For each parameter in turn, starting from the current config: make the first move; a move
     whose η against the current config is > 1.05 is kept and the same move is made again;

@@ -7,7 +7,7 @@ Contract:
   busy. A slot frees as soon as ``poll`` sees the exit or ``cancel`` kills it.
 - Each run gets ``<root>/<run_id>/`` with ``spec.json``, ``process.json``, ``stdout.log``,
   ``stderr.log``, ``metrics.jsonl`` (verl's file logger), ``hydra/`` and, on real GPUs,
-  ``gpu_samples.jsonl``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins of BRIEF §4
+  ``gpu_samples.jsonl``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins of docs/method.md §3
   (appended after the caller's overrides, which lose any pinned key); a private Ray.
 - With NVML GPUs present, ``start`` refuses a slot whose GPUs have less than
   ``min_free_gpu_memory_gb`` free. With no GPU and no explicit ``gpu_ids``, construction
@@ -57,7 +57,7 @@ def override_key(item: str) -> str:
 
 
 def probe_pins(run_id: str, run_dir: Path, metrics_path: Path) -> list[str]:
-    """The overrides that make a probe clean and findable (BRIEF §4), shared by every launcher."""
+    """The overrides that make a probe clean and findable (docs/method.md §3), shared by every launcher."""
     return [
         "trainer.resume_mode=disable",
         "trainer.val_before_train=false",
@@ -326,7 +326,7 @@ class LocalLauncher(Launcher):
         return RunHandle.in_dir(spec.run_id, self.name, run_dir, external_id=str(record.pid), started_at=started_at)
 
     def _preflight(self, gpus: Sequence[int]) -> None:
-        """Refuse GPUs with too little free memory (BRIEF §2: never start below 5 GB free)."""
+        """Refuse GPUs with too little free memory (docs/method.md §1: never start below 5 GB free)."""
         for reading in gpu_mod.read_gpus(gpus):
             free_gb = reading.mem_free_mb / 1024.0
             if free_gb < self.min_free_gpu_memory_gb:

@@ -1,4 +1,4 @@
-"""The method's health screen (BRIEF §2, "three indicators") over a run's metrics so far.
+"""The method's health screen (docs/method.md §1, "three indicators") over a run's metrics so far.
 
 Called by the probe after every batch of new steps; returns the first problem found, or
 None. Checks, in order (the first hit wins; thresholds are keyword arguments):

@@ -1,6 +1,6 @@
 """Score a run: reward gain per second of training time, with a confidence interval.
 
-The method (BRIEF §2) compares configs by η = (ΔR₁/T₁) / (ΔR₀/T₀): reward gain per second of
+The method (docs/method.md §1) compares configs by η = (ΔR₁/T₁) / (ΔR₀/T₀): reward gain per second of
 training. What we measure, and why:
 
 * **Time** is the sum of ``timing_s/step`` over the scored steps: verl's step timer excludes

@@ -11,14 +11,11 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
 from search.errors import BadInputError, SweepError
-
-if TYPE_CHECKING:  # the CLI imports its heavy parts only where a command needs them
-    from objectives.utilisation import Finding
 
 app = typer.Typer(
     add_completion=False,
@@ -406,97 +403,11 @@ def status(
         if as_json:
             print(json.dumps(data, indent=2, default=str))
         else:
-            _print_status_table(data)
+            from search.console import print_status_table
+
+            print_status_table(data)
 
     _guard(action)
-
-
-def _print_status_table(data: dict[str, Any]) -> None:
-    from rich import box
-    from rich.console import Console as RichConsole
-    from rich.table import Table
-
-    from objectives.utilisation import findings
-
-    console = RichConsole(highlight=False)
-    # No vertical rules, and no number broken in two: in 80 columns a winner such as
-    # "lr=4.997e-06" stays whole, the counts and the winner wrap between words, and η's
-    # interval goes under η.
-    table = Table(title=f"study {data['study']} ({data['algorithm']})", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
-    for column in ("stage", "state", "trials", "GPU-h", "GPU-h\nsaved", "winner", "η [90% interval]"):
-        words = column in ("trials", "winner")
-        table.add_column(column, no_wrap=not words, min_width=12 if column == "winner" else None)
-    interval_apart = "\n" if console.width < 100 else " "
-    for stage in data["stages"]:
-        counts = stage.get("counts", {})
-        winner = stage.get("winner") or {}
-        eta = (f"{winner['eta']:.3f}{interval_apart}[{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]"
-               if winner else "—")
-        table.add_row(
-            stage["name"], stage["state"],
-            "\n".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
-            f"{stage.get('gpu_hours', 0.0):.1f}",
-            f"{stage.get('gpu_hours_saved', 0.0):.1f}",
-            _winner_cell(winner),
-            eta,
-        )
-    console.print(table)
-    # One line per trial, whatever the width: lines a user can grep.
-    for stage in data["stages"]:
-        if stage.get("winner"):
-            console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False, soft_wrap=True)
-        if stage.get("reasons"):
-            console.print("  trials not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
-                          markup=False, soft_wrap=True)
-        by_finding: dict[tuple[str, str], list[int]] = {}
-        for row in stage.get("trials", []):
-            if row["state"] in ("waiting", "skipped"):
-                continue
-            found = findings(row.get("gpu") or {})
-            console.print("  " + _trial_line(row, found), markup=False, soft_wrap=True)
-            for finding in found:
-                by_finding.setdefault((finding.name, finding.advice), []).append(row["number"])
-        # Once per stage, not on every trial line: on a big stage the same advice repeated.
-        for (what, advice), numbers in by_finding.items():
-            console.print(f"  GPU: {what} in trial{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
-                          + (f": {advice}" if advice else ""), markup=False, soft_wrap=True)
-
-
-def _winner_cell(winner: dict[str, Any]) -> str:
-    """The winner's changes, or only its trial number when they would not fit in a column (a
-    systems winner changes ~10 keys; its trial's line below the table lists them)."""
-    from search.console import format_params
-
-    if not winner:
-        return "—"
-    if winner.get("winner_trial") is None:
-        return "incumbent"
-    changes = format_params(winner.get("overrides", {}))
-    return changes if len(changes) <= 40 else f"trial {winner['winner_trial']} ({len(winner['overrides'])} changes)"
-
-
-def _trial_line(row: dict[str, Any], found: list[Finding]) -> str:
-    """One trial; ``found``: its GPU findings (their advice is printed once per stage)."""
-    from search.console import format_params
-
-    text = f"trial {row['number']} {row['role']} {row['state']}"
-    if row.get("eta") is not None:
-        low, high = row.get("eta_interval") or (row["eta"], row["eta"])
-        text += f" η {row['eta']:.3f} [{low:.3f}, {high:.3f}]"
-    text += f" ({format_params(row.get('params') or {})})"
-    if row.get("carried_from"):
-        text += f", the run of {row['carried_from']} carried over"
-    if row["state"] in ("pruned", "fail") and row.get("reason"):
-        text += f": {row['reason']}"
-    if row.get("owner"):
-        text += f", on {row['owner']}"
-    gpu = row.get("gpu")
-    if gpu:
-        text += (f" | GPU util {gpu.get('mean_util_pct')}%, idle {100 * (gpu.get('idle_fraction') or 0):.0f}%, "
-                 f"peak {gpu.get('peak_mem_gb')} GB"
-                 + (": " + "; ".join(f"{f.name} ({f.measured})" for f in found) if found else ""))
-    return text
 
 
 @app.command()

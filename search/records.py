@@ -14,7 +14,7 @@ import enum
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from objectives.score import Score
-from spaces.stages import FAILURE_KIND_ATTR, HARDWARE_ATTR
+from spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR
 
 if TYPE_CHECKING:
     import optuna

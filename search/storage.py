@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from search.errors import BadInputError, StorageError
+from search.masking import mask_url
 
 if TYPE_CHECKING:
     import optuna
@@ -31,14 +31,6 @@ GRACE_PERIOD_S = 120
 
 # The password runs to the LAST '@' (one with an unencoded '@' or '/' in it is still masked
 # whole); the user name may itself hold an unencoded '@'.
-_PASSWORD = re.compile(r"(?P<head>://[^:/]*:)(?P<password>.*)(?P<tail>@[^@]*)$", re.DOTALL)
-
-
-def mask_url(url: str) -> str:
-    """``postgresql://user:secret@host/db`` → ``postgresql://user:***@host/db``."""
-    return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
-
-
 #: the schemes a study database may have (SQLAlchemy's, with an optional +driver)
 _SCHEMES = ("sqlite", "postgresql")
 _SQLITE_MAGIC = b"SQLite format 3\x00"

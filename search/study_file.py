@@ -23,7 +23,7 @@ from pydantic import (
 
 from launchers.user_files import UserFileError, load_json, parse_yaml, read_user_text
 from search.errors import BadInputError
-from search.storage import mask_url
+from search.masking import mask_url
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.overrides import OverrideError, check_key, format_value, merge
 

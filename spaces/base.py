@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from spaces.overrides import Config
 
@@ -47,3 +47,18 @@ class Space(abc.ABC):
     def speed_only(self) -> bool:
         """True when the knobs change speed, not learning (scored on throughput)."""
         return False
+
+
+def check_options(options: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    if not isinstance(options, Mapping):
+        raise SpaceError(f"{where}: must be a mapping of parameter options, but got {options!r}. Use e.g. {{low: .., high: ..}}.")
+    allowed = sorted(allowed)
+    for key in options:
+        if key not in allowed:
+            raise SpaceError(
+                f"{where}.{key}: must be one of {allowed}, but got {key!r}. Remove or rename it."
+            )
+
+
+def where_or(where: str, default: str) -> str:
+    return where or default

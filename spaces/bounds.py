@@ -1,4 +1,4 @@
-"""The safe bounds of the tuning method (BRIEF §2), as data, each with the rule it comes from.
+"""The safe bounds of the tuning method (docs/method.md §1), as data, each with the rule it comes from.
 
 A study file may *narrow* a bound (``low``/``high``); widening it past the safe bound needs
 ``unsafe: true`` on that parameter and is logged as a warning. Everything else is a
@@ -117,7 +117,7 @@ def _fmt(value: float) -> str:
     return f"{value:g}"
 
 
-# The method's fixed ranges (BRIEF §2 table; §3 for the memory fraction; §2 health screen for
+# The method's fixed ranges (docs/method.md §1 table; §2 for the memory fraction; §1 health screen for
 # the adaptive controller's target).
 KL_COEF = ParamBound("kl", 0.0005, 0.01, True, "the method's KL range 0.0005-0.01")
 LR = ParamBound("lr", 5e-7, 5e-6, True, "the method's lr range 5e-7 - 5e-6")
@@ -139,7 +139,7 @@ MAX_MINI_BATCH = 1 << 20
 
 
 def mini_batch_bound(baseline: int) -> ParamBound:
-    """Baseline ±25% (BRIEF/method 'mini-batch baseline ±25%')."""
+    """Baseline ±25% (docs/method.md §1: 'mini-batch baseline ±25%')."""
     if baseline < 1:
         raise SpaceError(
             f"actor_rollout_ref.actor.ppo_mini_batch_size must be ≥ 1, but got {baseline}. "
@@ -162,7 +162,7 @@ def mini_batch_bound(baseline: int) -> ParamBound:
 
 
 def token_budget_bound(floor: int, ceiling: int, arithmetic: str) -> ParamBound:
-    """``[max(2048, prompt+response), memory bound]`` (BRIEF/method 'token budget ≤ memory')."""
+    """``[max(2048, prompt+response), memory bound]`` (docs/method.md §1: 'token budget ≤ memory')."""
     if floor > ceiling:
         raise SpaceError(
             f"token budget: the memory bound must be ≥ the floor max(2048, prompt+response) = "

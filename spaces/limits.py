@@ -2,7 +2,7 @@
 
 Each function returns a :class:`Limit`: the value and the lines of arithmetic behind it, so
 ``verl-sweep validate`` can show *why* a bound is what it is. :func:`check_config` runs the
-rules that verl itself only finds once the GPUs are allocated (BRIEF §4), on a CPU.
+rules that verl itself only finds once the GPUs are allocated (docs/method.md §3), on a CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from spaces.base import SpaceError
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.overrides import get
 
-# verl 0.9.1 config paths (BRIEF §4)
+# verl 0.9.1 config paths (docs/method.md §3)
 TRAIN_BATCH = "data.train_batch_size"
 MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size"
 MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
@@ -51,7 +51,7 @@ NNODES = "trainer.nnodes"
 MAX_PROMPT = "data.max_prompt_length"
 MAX_RESPONSE = "data.max_response_length"
 
-#: verl 0.9.1's values when the base config is silent (BRIEF §4)
+#: verl 0.9.1's values when the base config is silent (docs/method.md §3)
 VERL_DEFAULTS: dict[str, Any] = {
     TRAIN_BATCH: 1024,
     MINI_BATCH: 256,
@@ -94,8 +94,8 @@ KNOWN_ADV_ESTIMATORS = frozenset(
     }
 )
 ROLLOUT_NAMES = frozenset({"vllm", "sglang", "trtllm"})
-MAX_ULYSSES = 4  # BRIEF §2: min(4, GPUs); 8 saturated PCIe on 13B
-SEED_FRACTION = 0.65  # BRIEF §2 step 3
+MAX_ULYSSES = 4  # docs/method.md §2: min(4, GPUs); 8 saturated PCIe on 13B
+SEED_FRACTION = 0.65  # docs/method.md §1 step 3
 MIN_TOKEN_BUDGET = 2048
 
 
@@ -151,7 +151,7 @@ class TokenBudget:
 
 
 def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any]) -> TokenBudget:
-    """The safe range for ``rollout.max_num_batched_tokens`` (BRIEF §2 step 3)."""
+    """The safe range for ``rollout.max_num_batched_tokens`` (docs/method.md §1 step 3)."""
     hidden = int(model.hidden_size or 0)
     gb = hardware.gpu_memory_gb
     fraction = float(setting(config, GPU_MEMORY))
@@ -324,7 +324,7 @@ def check_config(
     hardware: HardwareFacts,
     algorithm: Algorithm,
 ) -> list[str]:
-    """Rules that verl only finds on the GPU (BRIEF §4); one message per problem, [] when fine.
+    """Rules that verl only finds on the GPU (docs/method.md §3); one message per problem, [] when fine.
 
     Each message names the key, the value and the rule. Values the config leaves out take
     verl's defaults (:data:`VERL_DEFAULTS`).

@@ -1,87 +1,34 @@
-"""The stage spaces of the method (BRIEF §2-3), registered by name in :data:`SPACES`.
+"""The stage spaces of the method (docs/method.md §1-2), registered by name in :data:`SPACES`.
 
 ``build_space(kind, ...)`` builds one from the study's facts, the base config and the stage's
 parameter options, checking every bound then (SpaceError names the study-file field). A
 space's ``suggest`` only returns values verl accepts: conditional parameters are asked only
 when they apply, so nothing is sampled and then rejected.
 
-Learning from OOM: the driver marks a trial that died of OOM with the user attrs
-``failure_kind="oom"`` and ``hardware=hardware_tag(hardware)`` (and
-``trial.set_constraint("oom", 1.0)``); every later ``suggest`` in that study keeps the
-memory-bound parameters below the smallest value that OOMed: the token budget always, the
-memory fraction for the same layout.
+Learning from OOM: see :mod:`spaces.oom`; the systems stage is :mod:`spaces.systems`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from spaces import bounds as B
 from spaces import limits as L
-from spaces.base import Space, SpaceError
+from spaces.base import Space, SpaceError, check_options, where_or
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
 from spaces.overrides import Config
+from spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
 
 if TYPE_CHECKING:
     import optuna
 
 logger = logging.getLogger(__name__)
 
-OOM_KIND = "oom"
-FAILURE_KIND_ATTR = "failure_kind"
-HARDWARE_ATTR = "hardware"
-
-
-def hardware_tag(hardware: HardwareFacts) -> str:
-    """Identifies the hardware an OOM happened on (OOM limits do not carry across GPUs)."""
-    return f"{hardware.nodes}x{hardware.gpus_per_node}x{hardware.gpu_memory_gb:g}GB"
-
-
-def oom_ceiling(
-    trials: Iterable["optuna.trial.FrozenTrial"], param: str, *, hardware: str | None = None
-) -> float | None:
-    """The smallest value of ``param`` among trials that died of OOM (on ``hardware``), or None.
-
-    Trials without a ``hardware`` attr count on every hardware (the cautious reading).
-    """
-    ceiling: float | None = None
-    for t in trials:
-        if t.user_attrs.get(FAILURE_KIND_ATTR) != OOM_KIND or param not in t.params:
-            continue
-        tag = t.user_attrs.get(HARDWARE_ATTR)
-        if hardware is not None and tag is not None and tag != hardware:
-            continue
-        value = t.params[param]
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            ceiling = value if ceiling is None else min(ceiling, value)
-    return ceiling
-
-
-def _study_trials(trial: "optuna.trial.BaseTrial") -> list["optuna.trial.FrozenTrial"]:
-    study = getattr(trial, "study", None)
-    if study is None:  # FixedTrial / FrozenTrial: no history to learn from
-        return []
-    own = getattr(trial, "number", None)
-    return [t for t in study.get_trials(deepcopy=False) if t.number != own]
-
-
-def _check_options(options: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
-    if not isinstance(options, Mapping):
-        raise SpaceError(f"{where}: must be a mapping of parameter options, but got {options!r}. Use e.g. {{low: .., high: ..}}.")
-    allowed = sorted(allowed)
-    for key in options:
-        if key not in allowed:
-            raise SpaceError(
-                f"{where}.{key}: must be one of {allowed}, but got {key!r}. Remove or rename it."
-            )
-
-
-def _where(where: str, default: str) -> str:
-    return where or default
-
+__all__ = ["FAILURE_KIND_ATTR", "HARDWARE_ATTR", "MAX_TOKEN_LEN_CHOICES", "OOM_KIND", "SPACES", "SystemsSpace",
+           "build_space", "hardware_tag", "oom_ceiling"]
 
 class _BoundedSpace(Space):
     """A space over one float/int parameter with a safe bound, optionally clamped by OOMs."""
@@ -99,7 +46,7 @@ class _BoundedSpace(Space):
         high = self.bound.high
         if not self.oom_clamped:
             return high
-        ceiling = oom_ceiling(_study_trials(trial), self.param, hardware=self.hardware_tag)
+        ceiling = oom_ceiling(study_trials(trial), self.param, hardware=self.hardware_tag)
         if ceiling is None or ceiling > high:
             return high
         # Strictly below the value that OOMed; never below the floor (which we must allow).
@@ -156,8 +103,8 @@ class MiniBatchSpace(Space):
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
-        where = _where(where, "mini_batch")
-        _check_options(options, self.OPTIONS, where)
+        where = where_or(where, "mini_batch")
+        check_options(options, self.OPTIONS, where)
         baseline = L.setting(base, L.MINI_BATCH)
         if isinstance(baseline, bool) or not isinstance(baseline, int):
             raise SpaceError(f"{L.MINI_BATCH}: must be an integer in the base config, but got {baseline!r}. Fix the base config.")
@@ -233,9 +180,9 @@ class KLSpace(Space):
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
-        where = _where(where, "kl")
+        where = where_or(where, "kl")
         allowed = self.OPTIONS if algorithm is Algorithm.PPO else B.BOUND_OPTIONS
-        _check_options(options, allowed, where)
+        check_options(options, allowed, where)
         self.algorithm = algorithm
         self.bound = B.KL_COEF.narrowed({k: options[k] for k in B.BOUND_OPTIONS if k in options}, where=where)
         self.switch_key, self.coef_key = L.kl_keys(algorithm)
@@ -251,7 +198,7 @@ class KLSpace(Space):
                 sub = options.get(name, {})
                 if not isinstance(sub, Mapping):
                     raise SpaceError(f"{where}.{name}: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
-                _check_options(sub, B.BOUND_OPTIONS, f"{where}.{name}")
+                check_options(sub, B.BOUND_OPTIONS, f"{where}.{name}")
                 setattr(self, attr, getattr(self, attr).narrowed(sub, where=f"{where}.{name}"))
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
@@ -320,8 +267,8 @@ class TokenBudgetSpace(_BoundedSpace):
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
-        where = _where(where, "token_budget")
-        _check_options(options, B.BOUND_OPTIONS, where)
+        where = where_or(where, "token_budget")
+        check_options(options, B.BOUND_OPTIONS, where)
         self.budget = L.token_budget(model, hardware, base)
         safe = B.token_budget_bound(self.budget.floor, self.budget.suggested_max, self.budget.lines[2])
         super().__init__(safe.narrowed(options, where=where), hardware=hardware, where=where)
@@ -351,8 +298,8 @@ class LRSpace(_BoundedSpace):
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
-        where = _where(where, "lr")
-        _check_options(options, B.BOUND_OPTIONS, where)
+        where = where_or(where, "lr")
+        check_options(options, B.BOUND_OPTIONS, where)
         super().__init__(B.LR.narrowed(options, where=where), hardware=hardware, where=where)
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
@@ -372,9 +319,9 @@ class LamSpace(_BoundedSpace):
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
-        where = _where(where, "lam")
+        where = where_or(where, "lam")
         L.require_gae(algorithm, where=where)
-        _check_options(options, B.BOUND_OPTIONS, where)
+        check_options(options, B.BOUND_OPTIONS, where)
         super().__init__(B.LAM.narrowed(options, where=where), hardware=hardware, where=where)
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
@@ -383,179 +330,6 @@ class LamSpace(_BoundedSpace):
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
         value = L.setting(base, self.key)
         return {self.param: float(value)} if self._in_bound(value) else None
-
-
-MAX_TOKEN_LEN_CHOICES = (2048, 4096, 8192, 16384, 32768)
-
-
-class SystemsSpace(Space):
-    """Stage 0: the parallel layout and memory knobs (BRIEF §3); speed only.
-
-    Conditional, so only valid combinations are asked: forward prefetch only under FSDP1, the
-    dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
-    limit × ulysses ≥ prompt + response always holds), rollout TP and Ulysses sizes only
-    among the values that fit the heads, the GPUs, the base's mini-batch and the token budget.
-    """
-
-    kind = "systems"
-    LISTS = (
-        "rollout_tp", "ulysses", "strategy", "forward_prefetch", "use_dynamic_bsz",
-        "ppo_max_token_len_per_gpu", "gradient_checkpointing", "activation_offload",
-    )
-    OPTIONS = frozenset({"gpu_memory_utilization", *LISTS})
-
-    def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
-                 base: Config, options: Mapping[str, Any], where: str = "") -> None:
-        where = _where(where, "systems")
-        _check_options(options, self.OPTIONS, where)
-        self.model, self.hardware = model, hardware
-        self.hardware_tag = hardware_tag(hardware)
-        sub = options.get("gpu_memory_utilization", {})
-        if not isinstance(sub, Mapping):
-            raise SpaceError(f"{where}.gpu_memory_utilization: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
-        _check_options(sub, B.BOUND_OPTIONS, f"{where}.gpu_memory_utilization")
-        self.memory = B.GPU_MEMORY_UTILIZATION.narrowed(sub, where=f"{where}.gpu_memory_utilization")
-        self.lines: list[str] = [f"systems: {L.GPU_MEMORY} — {self.memory.describe()}"]
-
-        # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and the vLLM
-        # pool holds the base's token budget within the memory range. On a tuned base (a
-        # systems stage after the token budget stage) the memory floor rises instead, so that
-        # every layout the space proposes still holds that budget.
-        dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
-        budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
-        floors: dict[int, float] = {}
-        for tp in L.rollout_tp_sizes(model, hardware).value:
-            floor = L.memory_fraction_for(model, hardware, budget, tp)
-            if hardware.n_gpus % (tp * dp_r * pp) == 0 and floor <= self.memory.high:
-                floors[tp] = floor
-        tps = list(floors)
-        if tps and max(floors.values()) > self.memory.low:
-            self.memory = dataclasses.replace(self.memory, low=max(floors.values()),
-                                              source=f"{self.memory.source}; floor holds token budget {budget:,}")
-        self.lines.append(
-            f"systems: rollout TP ∈ {tps} (divides GPUs/node and heads; TP·DP {dp_r}·PP {pp} divides "
-            f"{hardware.n_gpus} GPUs; pool at memory fraction {self.memory.low:g} ≥ token budget {budget:,})"
-        )
-        # Ulysses: valid sizes that keep the base's static mini-batch valid.
-        mini = L._int_setting(base, L.MINI_BATCH)
-        sps = [
-            s for s in L.ulysses_sizes(model, hardware).value
-            if L.mini_batch_problem(mini, {**base, L.ULYSSES: s, L.ULYSSES_LEGACY: s}, hardware) is None
-        ]
-        self.lines.append(f"systems: ulysses ∈ {sps} ({L.ulysses_sizes(model, hardware).lines[0]}; keeps mini-batch {mini} valid)")
-        defaults: dict[str, list[Any]] = {
-            "rollout_tp": tps,
-            "ulysses": sps,
-            "strategy": ["fsdp", "fsdp2"],
-            "forward_prefetch": [False, True],
-            "use_dynamic_bsz": [False, True],
-            "ppo_max_token_len_per_gpu": list(MAX_TOKEN_LEN_CHOICES),
-            "gradient_checkpointing": [True, False],
-            "activation_offload": [False, True],
-        }
-        self.choices: dict[str, list[Any]] = {}
-        for name in self.LISTS:
-            valid = defaults[name]
-            asked = options.get(name, valid)
-            if not isinstance(asked, list) or not asked:
-                raise SpaceError(f"{where}.{name}: must be a non-empty list, but got {asked!r}. List the values to try.")
-            for i, value in enumerate(asked):
-                if value not in valid or isinstance(value, bool) != isinstance(valid[0], bool):
-                    raise SpaceError(
-                        f"{where}.{name}[{i}]: must be one of {valid}, but got {value!r}. Pick from those."
-                    )
-            self.choices[name] = [v for v in valid if v in asked]
-        # Per Ulysses size, the dynamic-batch limits that cover the longest sequence.
-        self.token_lens = {
-            s: [t for t in self.choices["ppo_max_token_len_per_gpu"] if t * s >= model.max_seq_len]
-            for s in self.choices["ulysses"]
-        }
-        self.lines.append(
-            f"systems: with dynamic batching, ppo_max_token_len_per_gpu × ulysses ≥ {model.max_seq_len}: "
-            + ", ".join(f"ulysses {s}: {v}" for s, v in self.token_lens.items())
-        )
-        if True in self.choices["use_dynamic_bsz"] and not all(self.token_lens.values()):
-            raise SpaceError(
-                f"{where}.ppo_max_token_len_per_gpu: must hold a value ≥ {model.max_seq_len} ÷ ulysses "
-                f"for every ulysses size, but got {self.choices['ppo_max_token_len_per_gpu']}. Add a larger limit."
-            )
-
-    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
-        c = self.choices
-        config: Config = {L.ROLLOUT_TP: trial.suggest_categorical("rollout_tp", c["rollout_tp"])}
-        strategy = trial.suggest_categorical("strategy", c["strategy"])
-        config[L.STRATEGY] = strategy
-        # FSDP1-only option: asked only under fsdp, pinned off otherwise.
-        config[L.FORWARD_PREFETCH] = (
-            trial.suggest_categorical("forward_prefetch", c["forward_prefetch"]) if strategy == "fsdp" else False
-        )
-        sp = trial.suggest_categorical("ulysses", c["ulysses"])
-        config[L.ULYSSES] = sp
-        config[L.ULYSSES_LEGACY] = sp  # the ref policy follows the actor-level key
-        if sp > 1:
-            config[L.USE_REMOVE_PADDING] = True
-        dynamic = trial.suggest_categorical("use_dynamic_bsz", c["use_dynamic_bsz"])
-        config[L.USE_DYNAMIC_BSZ] = dynamic
-        if dynamic:
-            config[L.MAX_TOKEN_LEN] = trial.suggest_categorical(f"ppo_max_token_len_per_gpu_sp{sp}", self.token_lens[sp])
-        config[L.GRADIENT_CHECKPOINTING] = trial.suggest_categorical("gradient_checkpointing", c["gradient_checkpointing"])
-        config[L.ACTIVATION_OFFLOAD] = trial.suggest_categorical("activation_offload", c["activation_offload"])
-        # Asked last: its ceiling depends on the layout chosen above.
-        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.memory.low,
-                                                   self._memory_high(trial))
-        return config
-
-    def _memory_high(self, trial: "optuna.trial.BaseTrial") -> float:
-        """Below the smallest memory fraction that ran out of memory with this same layout
-        (every other knob equal). An OOM of another layout says nothing about the fraction:
-        it may come from training (a large token limit without checkpointing), and capping
-        every layout by it kept a study from ever trying the fractions that were fastest."""
-        def layout(params: Mapping[str, Any]) -> dict[str, Any]:
-            return {k: v for k, v in params.items() if k != "gpu_memory_utilization"}
-
-        mine = layout(trial.params)
-        same = [t for t in _study_trials(trial) if layout(t.params) == mine]
-        ceiling = oom_ceiling(same, "gpu_memory_utilization", hardware=self.hardware_tag)
-        if ceiling is not None and ceiling <= self.memory.high:
-            return max(self.memory.low, ceiling - 0.01)
-        return self.memory.high
-
-    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        c = self.choices
-        sp = L.ulysses_size(base)
-        params: dict[str, Any] = {
-            "rollout_tp": L.setting(base, L.ROLLOUT_TP),
-            "strategy": L.setting(base, L.STRATEGY),
-            "ulysses": sp,
-            "use_dynamic_bsz": bool(L.setting(base, L.USE_DYNAMIC_BSZ)),
-            "gradient_checkpointing": bool(L.setting(base, L.GRADIENT_CHECKPOINTING)),
-            "activation_offload": bool(L.setting(base, L.ACTIVATION_OFFLOAD)),
-        }
-        for name, value in params.items():
-            if value not in c[name]:
-                return None
-        memory = L.setting(base, L.GPU_MEMORY)
-        if not isinstance(memory, (int, float)) or not self.memory.contains(memory):
-            return None
-        params["gpu_memory_utilization"] = float(memory)
-        if params["strategy"] == "fsdp":
-            prefetch = bool(L.setting(base, L.FORWARD_PREFETCH))
-            if prefetch not in c["forward_prefetch"]:
-                return None
-            params["forward_prefetch"] = prefetch
-        if params["use_dynamic_bsz"]:
-            limit = L.setting(base, L.MAX_TOKEN_LEN)
-            if limit not in self.token_lens.get(sp, []):
-                return None
-            params[f"ppo_max_token_len_per_gpu_sp{sp}"] = limit
-        return params
-
-    def explain(self) -> list[str]:
-        return list(self.lines)
-
-    @property
-    def speed_only(self) -> bool:
-        return True
 
 
 class CompositeSpace(Space):
@@ -617,8 +391,8 @@ class PolishSpace(CompositeSpace):
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "",
                  baseline: Config | None = None) -> None:
-        where = _where(where, "polish")
-        _check_options(options, self.OPTIONS, where)
+        where = where_or(where, "polish")
+        check_options(options, self.OPTIONS, where)
         facts: dict[str, Any] = {"model": model, "hardware": hardware, "algorithm": algorithm}
         # The mini-batch bound is ±25% of the study's baseline, not of the chain's winner.
         origin = {**base, L.MINI_BATCH: L.setting(baseline or base, L.MINI_BATCH)}

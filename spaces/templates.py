@@ -1,4 +1,4 @@
-"""Parallel-layout templates (BRIEF §3) as base configs, by model size and GPU count.
+"""Parallel-layout templates (docs/method.md §2) as base configs, by model size and GPU count.
 
 ``template_for(model, hardware, algorithm)`` returns a :class:`Template`: flat verl overrides
 plus the reasons, already checked by :func:`spaces.limits.check_config` (a template that
@@ -7,7 +7,7 @@ merged *over* a template: the user's settings win.
 
 - ≤ 7B: FSDP; rollout TP 4 (or the largest valid ≤ 4), memory fraction 0.6; no rollout
   pipeline: verl 0.9.1 has ``rollout.pipeline_model_parallel_size`` but its RolloutConfig
-  rejects > 1 for vllm, sglang and trtllm (BRIEF §3's "pipeline 2" cannot be expressed),
+  rejects > 1 for vllm, sglang and trtllm (docs/method.md §2's "pipeline 2" cannot be expressed),
   dynamic batching with ``ppo_max_token_len_per_gpu`` 4096 (raised so that limit × ulysses
   covers prompt + response), gradient checkpointing, Ulysses min(4, GPUs) where valid.
 - 7B-32B: FSDP with parameter offload, rollout TP up to 8, same batching.
@@ -65,7 +65,7 @@ def _common(model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm) ->
 
 
 def template_for(model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm) -> Template:
-    """The BRIEF §3 layout for this model size and GPU count, checked by check_config."""
+    """The docs/method.md §2 layout for this model size and GPU count, checked by check_config."""
     config = _common(model, hardware, algorithm)
     lines: list[str] = []
     tps = L.rollout_tp_sizes(model, hardware).value

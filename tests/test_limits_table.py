@@ -109,7 +109,7 @@ def test_case_count() -> None:
 
 # Token budget arithmetic: (model, hardware, memory fraction, TP) → (seed, cap, bound, suggested)
 BUDGETS = [
-    # BRIEF §2: 7B hidden 4096 on an 80 GB A100 → 106,496 → 100,000 (when memory leaves room)
+    # docs/method.md §1: 7B hidden 4096 on an 80 GB A100 → 106,496 → 100,000 (when memory leaves room)
     (M7, H8x80, 0.9, 4, 106_496, 140_288, 106_496, 100_000),
     (M7, H8x80, 0.6, 4, 106_496, 91_136, 91_136, 91_000),  # the template's fraction caps it
     (M7, H8x80, 0.5, 2, 106_496, 67_584, 67_584, 67_000),  # verl's defaults

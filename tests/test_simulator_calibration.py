@@ -1,4 +1,4 @@
-"""The default landscape reproduces BRIEF §2's sensitivity table, measured from simulated runs.
+"""The default landscape reproduces docs/method.md §1's sensitivity table, measured from simulated runs.
 
 "Effect" as defined in ``launchers/simulator/landscape.py``: over a parameter's safe range,
 with everything else at the landscape's baseline, (max − min) / (2 · value at the baseline),

@@ -19,7 +19,7 @@ The model, in short (every constant lives in the landscape file):
   activations); pathological layouts hang until the NCCL timeout.
 
 Calibration "effect" of a parameter (``tests/test_simulator_calibration.py``): over its safe
-range (the table in BRIEF §2) with everything else at the landscape's baseline config,
+range (the table in docs/method.md §1) with everything else at the landscape's baseline config,
 effect = (max − min) / (2 · value at the baseline) of a measured quantity, each point the mean
 of 10 seeded runs. Quantities: steps to converge (first step where the 10-run mean reward,
 smoothed over 25 steps, reaches R0 + 0.9·(A − R0) of that config) for mini-batch, KL and lr;
@@ -36,78 +36,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from launchers.simulator.config import ConfigError, DEFAULTS, get
+from launchers.simulator.outcomes import Expectation, Failure, LandscapeError, StepRecord
+
+__all__ = ["Expectation", "Failure", "Landscape", "LandscapeError", "StepRecord", "load_landscape", "shipped_landscapes"]
 
 LANDSCAPE_DIR = Path(__file__).with_name("landscapes")
 GIB = 1024.0**3
-
-
-class LandscapeError(ValueError):
-    """A landscape file that cannot be used."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    """How a run fails: ``kind`` is ``oom`` or ``hang``; ``at_step`` is the step it dies in."""
-
-    kind: str
-    reason: str
-    at_step: int
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Expectation:
-    """Noise-free facts of one config (what a run would show without seeds).
-
-    ``step_time_s`` is the simulated seconds of step 1; phases are in ``phases_s``.
-    ``diverge_step`` is the step where a diverging run blows up (None when stable).
-    """
-
-    step_time_s: float
-    phases_s: Mapping[str, float]
-    tokens_per_step: float
-    throughput: float  # tokens/s/GPU at step 1
-    gpu_util: float  # percent, cluster mean
-    r0: float
-    ceiling: float
-    t_mid: float
-    steepness: float
-    steps_to_converge: float  # t where R reaches R0 + 0.9 (A - R0)
-    instability: float  # lr × updates-per-step, relative to the landscape's reference
-    unstable: bool
-    diverges: bool
-    diverge_step: int | None
-    failure: Failure | None
-    reward_sd: float
-    startup_s: float
-    steps_per_epoch: int
-    total_steps: int
-    n_gpus: int
-
-    @property
-    def oom(self) -> bool:
-        return self.failure is not None and self.failure.kind == "oom"
-
-    @property
-    def hang(self) -> bool:
-        return self.failure is not None and self.failure.kind == "hang"
-
-    def reward(self, step: float) -> float:
-        """Noise-free reward after ``step`` steps (before any divergence)."""
-        if step <= 0:
-            return self.r0
-        return self.r0 + (self.ceiling - self.r0) / (1.0 + (self.t_mid / step) ** self.steepness)
-
-
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
-    """One simulated training step: its metrics (NaN allowed) and its GPU picture."""
-
-    step: int
-    step_time_s: float
-    metrics: Mapping[str, float | int]
-    gpu_util: float
-    mem_used_gb: float
 
 
 def _f(section: Mapping[str, Any], key: str) -> float:

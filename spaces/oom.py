@@ -1,0 +1,51 @@
+"""Learning from OOM: the driver marks a trial that died of OOM with the user attrs
+``failure_kind="oom"`` and ``hardware=hardware_tag(hardware)`` (and
+``trial.set_constraint("oom", 1.0)``); every later ``suggest`` in that study keeps the
+memory-bound parameters below the smallest value that OOMed: the token budget always, the
+memory fraction for the same layout."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from spaces.facts import HardwareFacts
+
+if TYPE_CHECKING:
+    import optuna
+
+OOM_KIND = "oom"
+FAILURE_KIND_ATTR = "failure_kind"
+HARDWARE_ATTR = "hardware"
+
+
+def hardware_tag(hardware: HardwareFacts) -> str:
+    """Identifies the hardware an OOM happened on (OOM limits do not carry across GPUs)."""
+    return f"{hardware.nodes}x{hardware.gpus_per_node}x{hardware.gpu_memory_gb:g}GB"
+
+
+def oom_ceiling(
+    trials: Iterable["optuna.trial.FrozenTrial"], param: str, *, hardware: str | None = None
+) -> float | None:
+    """The smallest value of ``param`` among trials that died of OOM (on ``hardware``), or None.
+
+    Trials without a ``hardware`` attr count on every hardware (the cautious reading).
+    """
+    ceiling: float | None = None
+    for t in trials:
+        if t.user_attrs.get(FAILURE_KIND_ATTR) != OOM_KIND or param not in t.params:
+            continue
+        tag = t.user_attrs.get(HARDWARE_ATTR)
+        if hardware is not None and tag is not None and tag != hardware:
+            continue
+        value = t.params[param]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            ceiling = value if ceiling is None else min(ceiling, value)
+    return ceiling
+
+
+def study_trials(trial: "optuna.trial.BaseTrial") -> list["optuna.trial.FrozenTrial"]:
+    study = getattr(trial, "study", None)
+    if study is None:  # FixedTrial / FrozenTrial: no history to learn from
+        return []
+    own = getattr(trial, "number", None)
+    return [t for t in study.get_trials(deepcopy=False) if t.number != own]
