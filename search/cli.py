@@ -292,7 +292,12 @@ def run(
     def action() -> None:
         from search.study_file import load_study
 
-        spec = load_study(study_file)  # before any heavy import or database access
+        from search.validate import one_line
+
+        try:
+            spec = load_study(study_file)  # before any heavy import or database access
+        except BadInputError as e:  # one line (validate lists every problem)
+            raise BadInputError(one_line(str(e).splitlines(), study_file)) from None
         from search.driver import save_spec
         from search.storage import open_storage, preflight
 
@@ -304,7 +309,7 @@ def run(
         # must not be stored (its stored definition would then refuse the corrected file).
         problems, _ = _check_study(spec)
         if problems:
-            raise BadInputError("\n".join(problems))
+            raise BadInputError(one_line(problems, study_file))
         built = _make_launcher(spec, launcher)
         opened = open_storage(url)
         updated = save_spec(opened, spec)

@@ -241,16 +241,17 @@ def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "o
     lock: Any = None
     if _is_sqlite(url):
         path = _sqlite_path(url)
-        exists = _check_sqlite_file(path, create=create, writable=not readonly)
+        _check_sqlite_file(path, create=create, writable=not readonly)
         if create:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise BadInputError(f"cannot create the directory of the study database {path.parent} "
                                     f"({e.strerror or e}). Pass another --storage.") from None
-            if not exists:
-                # Two `run`s creating one new file at once would race creating the schema.
-                lock = _DirectoryLock(path.parent)
+            # Two `run`s creating one new file at once would race creating the schema, and a
+            # file another process has just created may not hold its schema yet: every
+            # opening that may create tables takes the directory's lock.
+            lock = _DirectoryLock(path.parent)
         elif readonly:
             # SQLite's own read-only mode: nothing this process does can change the file.
             from urllib.parse import quote

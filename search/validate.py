@@ -113,6 +113,14 @@ def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
     return problems
 
 
+def one_line(problems: list[str], study_file: object) -> str:
+    """What ``run`` says of a file it refuses: the first problem, and how many more there are
+    (``validate`` lists them all, one line each)."""
+    more = len(problems) - 1
+    return problems[0] + (f" (and {more} more problem{'s' * (more > 1)}: `verl-sweep validate {study_file}` "
+                          "lists them)" if more else "")
+
+
 def probe_length_problems(spec: StudySpec, stage: Any, where: str, *, speed_only: bool) -> list[str]:
     """A probe too short to be scored after its warm-up: every run of the stage would fail
     (on the H200, 8-step probes with 1 warm-up step all ended "cannot be scored")."""
