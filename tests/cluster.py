@@ -77,12 +77,22 @@ def wait_for_root(storage: str, name: str, timeout_s: float = 60) -> None:
 def all_trials(storage: str, name: str) -> dict[str, list[Any]]:
     import optuna
 
+    import sqlalchemy
+
     out = {}
-    # Names only: summaries read every study in the database (26 s on a server that holds
-    # 480 studies), far slower than the fault test's polling needs.
-    for study_name in optuna.get_all_study_names(storage):
-        if study_name.startswith(name + "."):
-            out[study_name] = optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
+    # One storage without a pool, disposed at once: the fault test polls this every second
+    # beside 6 workers, and a storage per study per poll left connections to the garbage
+    # collector ("too many clients already" from PostgreSQL once, in CI).
+    opened = optuna.storages.RDBStorage(storage, engine_kwargs={"poolclass": sqlalchemy.pool.NullPool},
+                                        skip_table_creation=True)
+    try:
+        # Names only: summaries read every study in the database (26 s on a server that holds
+        # 480 studies), far slower than the fault test's polling needs.
+        for study_name in optuna.get_all_study_names(opened):
+            if study_name.startswith(name + "."):
+                out[study_name] = optuna.load_study(study_name=study_name, storage=opened).get_trials(deepcopy=False)
+    finally:
+        opened.engine.dispose()
     return out
 
 

@@ -45,7 +45,7 @@ class TestReadOnceMultivariateTPESampler(RelativeSamplerTestCase):
         return lambda: ReadOnceTPESampler(n_startup_trials=0, constant_liar=True, multivariate=True)
 
 
-def test_another_optuna_version_gets_stock_optuna_and_one_log_line() -> None:
+def test_another_optuna_version_gets_stock_optuna_and_one_log_line(tmp_path: Path) -> None:
     code = (
         "import logging, optuna\n"
         "logging.basicConfig(level=logging.WARNING, format='%(name)s: %(message)s')\n"
@@ -53,7 +53,7 @@ def test_another_optuna_version_gets_stock_optuna_and_one_log_line() -> None:
         "from search import _optuna_forks\n"
         "from search.storage import open_storage\n"
         "sampler = _optuna_forks.tpe_sampler(seed=0)\n"
-        "storage = open_storage('sqlite:///:memory:')\n"
+        f"storage = open_storage('sqlite:///{tmp_path}/study.db')\n"  # in memory is refused
         "print(type(sampler).__name__, type(storage).__name__)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
