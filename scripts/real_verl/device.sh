@@ -5,6 +5,11 @@
 #   setup         join + check + unpack the site tree, build the tiny model/data, print versions
 #   start         GPU monitor, nvidia-smi snapshot, the study driver and the failure provocations
 #   killresume:S  S s after start: SIGKILL the driver, record what it left, then `resume`
+#   monitor       the GPU monitor alone
+#   resume        `resume` the study from the database an earlier lease brought back (the
+#                 study spans leases: $RESUME_DB, committed under docs/device-runs/)
+#   side          prune_sigterm.py: a candidate pruned, then SIGTERM to its driver (background)
+#   oom:D         the memory-fraction provocation, D s from now (background)
 #   follow:S      follow the study for up to S s (returns early when the driver exits)
 #   finish        status, report, export, real training from the export, evidence to $OUT
 set -uo pipefail
@@ -83,12 +88,34 @@ for phase in "$@"; do
     sleep 25
     { echo "# $(stamp) 25 s into resume"; marked; head -30 "$R/driver2.log"; } >> "$EV/killresume.txt"
     tail -25 "$EV/killresume.txt" ;;
+  monitor)
+    [ -f "$R/monitor.pid" ] || { setsid nohup python3 scripts/real_verl/gpu_monitor.py "$EV/gpu_monitor.jsonl" >"$R/monitor.log" 2>&1 < /dev/null & echo $! > "$R/monitor.pid"; } ;;
+  resume)
+    [ -f "$R/driver.pid" ] && { echo "driver started already"; continue; }
+    cp "${VS_STUDY_SRC:-studies/tiny-h200.yaml}" "$STUDY"
+    [ -f "$R/study/tiny-h200.db" ] || cp "${RESUME_DB:-docs/device-runs/2026-12-01-h200/tiny-h200.db}" "$R/study/tiny-h200.db"
+    { stamp; smi; } > "$EV/nvidia-smi-before-resume.txt"
+    vs status tiny-h200 --storage "$DB" > "$EV/status-before-resume.txt" 2>&1
+    date +%s > "$R/driver.started"
+    setsid nohup python3 -c "$VS_PY" resume tiny-h200 --storage "$DB" > "$R/driver-resume.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
+    sleep 5; head -12 "$R/driver-resume.log"; progress ;;
+  side)
+    [ -f "$R/side.pid" ] || { setsid nohup python3 scripts/real_verl/prune_sigterm.py "${VS_STUDY_SRC:-studies/tiny-h200.yaml}" "$R/side" "$EV/side" > "$R/side.log" 2>&1 < /dev/null & echo $! > "$R/side.pid"; } ;;
+  oom:*)
+    [ -f "$R/oom.pid" ] || { PROVOKE_DELAY_S=${phase#oom:} setsid nohup python3 scripts/real_verl/provoke.py "$STUDY" "$R/provoke-runs" "$EV/provoke-oom.json" oom_memory_fraction > "$EV/provoke-oom.log" 2>&1 < /dev/null & echo $! > "$R/oom.pid"; } ;;
   follow:*)
     end=$(( SECONDS + ${phase#follow:} ))
     while [ $SECONDS -lt $end ] && running; do sleep 20; progress; done
-    progress; tail -5 "$R/driver1.log"; echo ...; tail -15 "$R/driver2.log" 2>/dev/null; cat "$EV/provoke.log" 2>/dev/null ;;
+    progress; for f in "$R"/driver*.log; do echo "... $f"; grep -v '^    |' "$f" | tail -12; done
+    echo "... side"; grep -v '^    |' "$R/side/driver.log" 2>/dev/null | tail -8; tail -3 "$R/side.log" 2>/dev/null
+    cat "$EV"/provoke*.log 2>/dev/null ;;
   finish)
     running && echo "STUDY NOT FINISHED: exporting its best so far"
+    for p in side oom; do  # the background evidence: wait for it a while
+      for _ in $(seq 60); do [ -f "$R/$p.pid" ] && kill -0 "$(cat "$R/$p.pid")" 2>/dev/null || break; sleep 2; done
+    done
+    [ -d "$R/side" ] && { cp "$R/side"/*.db "$R/side"/*.yaml "$R/side/driver.log" "$EV/side/" 2>/dev/null; \
+      vs status tiny-h200-prune --storage "sqlite:///$R/side/tiny-h200-prune.db" > "$EV/side/status.txt" 2>&1; }
     { stamp; smi; echo; marked; } > "$EV/after-study.txt"
     vs status tiny-h200 --storage "$DB" > "$EV/status.txt" 2>&1; cat "$EV/status.txt"
     vs status tiny-h200 --storage "$DB" --json > "$EV/status.json" 2>&1
@@ -104,12 +131,12 @@ for phase in "$@"; do
       trainer.default_local_dir=$R/ckpt hydra.run.dir=$R/train_hydra > "$EV/train_from_export.log" 2>&1
     echo "train exit $?; steps $(wc -l < "$EV/train_from_export.metrics.jsonl" 2>/dev/null)"
     { stamp; smi; echo; marked; } > "$EV/after-train.txt"
-    cp "$R/driver1.log" "$R/driver2.log" "$EV/" 2>/dev/null
+    cp "$R"/driver*.log "$EV/" 2>/dev/null
     cp "$R/study/tiny-h200.db" "$EV/"
     gzip -f "$EV/train_from_export.log"
     # runs: everything but the big logs, whose ends are kept
-    (cd "$R" && tar -czf "$OUT/runs.tar.gz" --exclude='*.log' study/runs provoke-runs)
-    for f in "$R"/study/runs/*/*/std*.log "$R"/provoke-runs/*/std*.log; do
+    (cd "$R" && tar -czf "$OUT/runs.tar.gz" --exclude='std*.log' study/runs provoke-runs side/runs)
+    for f in "$R"/study/runs/*/*/std*.log "$R"/provoke-runs/*/std*.log "$R"/side/runs/*/*/std*.log; do
       [ -f "$f" ] && { d=$(dirname "$f"); mkdir -p "$R/logs/${d#$R/}"; tail -c 400000 "$f" > "$R/logs/${d#$R/}/$(basename "$f")"; }
     done
     (cd "$R" && tar -czf "$OUT/logs.tar.gz" logs)

@@ -2,12 +2,15 @@
 they were classified: each case is a probe of the tiny study's baseline with one override
 changed, started by the LocalLauncher and followed by objectives.probe.Probe.
 
-usage: python scripts/real_verl/provoke.py STUDY.yaml RUNS_DIR OUT.json
+usage: python scripts/real_verl/provoke.py STUDY.yaml RUNS_DIR OUT.json [CASE...]   (default: all)
+PROVOKE_DELAY_S=S waits S seconds first: a probe that dies while a neighbour on the GPU is in
+vLLM's start-up memory profiling makes that neighbour fail too.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,10 +35,12 @@ CASES = {
 
 def main() -> None:
     study_path, runs_dir, out_path = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    cases = {name: CASES[name] for name in sys.argv[4:]} or CASES
     spec = load_study(study_path)
-    launcher = LocalLauncher(runs_dir, probes_per_gpu=len(CASES), min_free_gpu_memory_gb=1.0)
+    time.sleep(float(os.environ.get("PROVOKE_DELAY_S", "0")))
+    launcher = LocalLauncher(runs_dir, probes_per_gpu=len(cases), min_free_gpu_memory_gb=1.0)
     probes = {}
-    for name, (change, _) in CASES.items():
+    for name, (change, _) in cases.items():
         config = merge(spec.baseline_config(), change, {"data.seed": 1})
         run_spec = RunSpec(run_id=name, overrides=tuple(to_overrides(config)), n_gpus=1)
         probe = Probe(launcher, run_spec, ProbeSettings(steps=spec.probe.steps, hang_timeout_s=600))
@@ -57,6 +62,7 @@ def main() -> None:
                     "reason": outcome.reason,
                     "seconds_to_fail": round(time.monotonic() - started, 1),
                     "stderr_tail_40": tail(probe.handle.stderr_path, n_lines=40),
+                    "worker_errors": tail(probe.handle.worker_errors_path, n_lines=60),
                 }
                 print(f"{name}: {outcome.state.value} {results[name]['failure_kind']} after "
                       f"{results[name]['seconds_to_fail']} s: {outcome.reason[:200]}", flush=True)
