@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from launchers import gpu as gpu_mod
+from objectives.failures import error_lines
 from launchers import process as proc_mod
 from launchers.base import (
     WORKER_ERRORS_FILE,
@@ -83,6 +84,31 @@ def merge_overrides(user: Sequence[str], pins: Sequence[str]) -> list[str]:
     return [*kept, *pins]
 
 
+#: Probes sharing a GPU start together, and vLLM's start-up profiling counts a neighbour's
+#: allocations as its own: on the H200, 4 of 12 probes started beside others died "No available
+#: memory for the cache blocks" or "Error in memory profiling" (docs/device-runs/2026-12-01-h200).
+#: A fixed KV cache size skips that profiling (vllm/v1/worker/gpu_worker.py,
+#: determine_available_memory). It is this share of the probe's memory fraction; the rest holds
+#: weights, activations and CUDA's context, which a model small enough to share a GPU keeps small.
+KV_CACHE_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+KV_CACHE_SHARE = 0.5
+MEMORY_FRACTION_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+VERL_DEFAULT_MEMORY_FRACTION = 0.5  # verl 0.9.1's rollout.yaml
+
+
+def shared_gpu_kv_pin(overrides: Sequence[str], gpu_memory_bytes: int) -> str | None:
+    """The fixed-KV-cache override for a probe that shares its GPU, or None when the caller
+    set the size already."""
+    fraction = VERL_DEFAULT_MEMORY_FRACTION
+    for item in overrides:
+        key = override_key(item)
+        if key == KV_CACHE_KEY:
+            return None
+        if key == MEMORY_FRACTION_KEY and "=" in item:
+            fraction = float(item.split("=", 1)[1])
+    return f"+{KV_CACHE_KEY}={int(gpu_memory_bytes * fraction * KV_CACHE_SHARE)}"
+
+
 def private_ray_dir(run_dir: Path) -> str:
     """A short per-run Ray temp dir: Ray's unix sockets live under it and paths must stay
     below ~107 bytes, so it cannot sit inside a deep run directory."""
@@ -91,8 +117,6 @@ def private_ray_dir(run_dir: Path) -> str:
     return os.path.join(base, f"vs-{digest}")
 
 
-#: a line of a Ray worker's log worth keeping when the run failed
-_ERROR_LINE = re.compile(r"Error\b|Exception\b|Traceback|out of memory|less than desired", re.IGNORECASE)
 
 
 def keep_worker_errors(run_dir: Path, *, max_lines: int = 60) -> Path | None:
@@ -114,7 +138,7 @@ def keep_worker_errors(run_dir: Path, *, max_lines: int = 60) -> Path | None:
                 lines = f.read().decode("utf-8", errors="replace").splitlines()
         except OSError:
             continue
-        kept += [f"({path.name}) {line.strip()}" for line in lines if _ERROR_LINE.search(line)]
+        kept += [f"({path.name}) {line}" for line in error_lines(lines)]
     if not kept:
         return None
     target = run_dir / WORKER_ERRORS_FILE
@@ -206,6 +230,12 @@ class LocalLauncher(Launcher):
     def _count_real_gpus(self) -> int:
         return gpu_mod.gpu_count()
 
+    def _gpu_memory_bytes(self, gpus: Sequence[int]) -> int | None:
+        """The smallest total memory of the slot's GPUs (None without NVML)."""
+        if not self._nvml:
+            return None
+        return int(min(r.mem_total_mb for r in gpu_mod.read_gpus(gpus)) * 2**20)
+
     def _probe_env(self, spec: RunSpec, run_dir: Path) -> dict[str, str]:
         """Extra environment for one probe (on top of os.environ, extra_env and spec.env)."""
         return {}
@@ -284,6 +314,10 @@ class LocalLauncher(Launcher):
             f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
             f"trainer.n_gpus_per_node={self.gpus_per_probe}",
         ]
+        memory = self._gpu_memory_bytes(gpus) if self.probes_per_gpu > 1 else None
+        kv_pin = None if memory is None else shared_gpu_kv_pin(spec.overrides, memory)
+        if kv_pin is not None:
+            pins.append(kv_pin)
         overrides = merge_overrides(spec.overrides, pins)
         argv = [*self.command, *overrides]
         env = probe_environment(os.environ, self.extra_env, spec.env, self._probe_env(spec, run_dir))

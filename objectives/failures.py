@@ -101,8 +101,13 @@ _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
 )
 
 #: what Ray and vLLM put before a forwarded line: colour codes, ``(TaskRunnerV1 pid=17756)``,
-#: ``(EngineCore pid=20304)``
-_LINE_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m|\((?:[\w.]+ )?pid=\d+[^)]*\)\s*)+", re.MULTILINE)
+#: ``(EngineCore pid=20304)``, vLLM's ``ERROR 12-01 18:41:08 [multiproc_executor.py:898]``,
+#: and the local launcher's ``(worker-<id>.err)`` naming the Ray worker log a line came from
+_LINE_PREFIX = re.compile(
+    r"^(?:\x1b\[[0-9;]*m\s*|\((?:[\w.]+ )?pid=\d+[^)]*\)\s*|\([\w.-]+\.err\)\s*"
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s*)+",
+    re.MULTILINE,
+)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -182,6 +187,24 @@ def _line_at(text: str, index: int) -> str:
     start = text.rfind("\n", 0, index) + 1
     end = text.find("\n", index)
     return text[start : end if end >= 0 else len(text)].strip()[:300]
+
+
+#: a log line worth keeping as evidence when a run failed
+_ERROR_LINE = re.compile(r"Error\b|Exception\b|Traceback|out of memory|less than desired", re.IGNORECASE)
+
+
+def error_lines(lines: list[str]) -> list[str]:
+    """The lines that may carry a failure's cause (stripped), in order."""
+    return [line.strip() for line in lines if _ERROR_LINE.search(line)]
+
+
+def failure_text(*, stderr: Path, stdout: Path, worker_errors: Path) -> str:
+    """What a failed run left to diagnose it by: the error lines its private Ray session's
+    workers logged (kept by the local launcher), then the error lines Ray forwarded to the
+    run's stdout (vLLM's engine workers log their exception there: on the H200 "less than
+    desired GPU memory utilization" was nowhere else), then the end of its stderr."""
+    forwarded = "\n".join(error_lines(tail(stdout, n_lines=400).splitlines())[-40:])
+    return "\n".join(filter(None, (tail(worker_errors, n_lines=60), forwarded, tail(stderr, n_lines=40))))
 
 
 def tail(path: Path | str, n_lines: int = 20, *, max_bytes: int = 1 << 20) -> str:

@@ -14,10 +14,17 @@ import time
 from typing import Any
 
 from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
-from objectives.failures import FailureKind, diagnose, tail
+from objectives.failures import FailureKind, diagnose, failure_text
 from objectives.health import HealthVerdict, screen
 from objectives.metrics import MetricsFollower, StepMetrics
-from objectives.score import Score, ScoreError, score_reward_rate, score_throughput
+from objectives.score import (
+    MIN_RUNNING_STEPS,
+    MIN_SCORED_STEPS,
+    Score,
+    ScoreError,
+    score_reward_rate,
+    score_throughput,
+)
 from objectives.utilisation import read_samples, summarise
 
 logger = logging.getLogger(__name__)
@@ -120,7 +127,7 @@ class Probe:
         its value, so by default the bootstrap is minimal (the interval is meaningless then);
         a score that is kept (a stopped run's) passes a real ``n_boot``."""
         try:
-            return self._score(self.steps, n_boot=n_boot, final=False)
+            return self._score(self.steps, n_boot=n_boot, final=False, min_steps=MIN_RUNNING_STEPS)
         except ScoreError:
             return None
 
@@ -163,10 +170,9 @@ class Probe:
             ):
                 self._outcome = self._scored_outcome()
                 return self._outcome
-            stderr = tail(self.handle.stderr_path, n_lines=40)
-            # The root cause from the run's own Ray workers first, where the launcher kept it:
-            # diagnose takes the most specific signature anywhere in the text.
-            stderr = "\n".join(filter(None, (tail(self.handle.worker_errors_path, n_lines=60), stderr)))
+            # diagnose takes the most specific signature anywhere in the text
+            stderr = failure_text(stderr=self.handle.stderr_path, stdout=self.handle.stdout_path,
+                                  worker_errors=self.handle.worker_errors_path)
             failure = diagnose(
                 stderr,
                 state.exit_code,
@@ -195,13 +201,14 @@ class Probe:
         )
         return self._outcome
 
-    def _score(self, steps: list[StepMetrics], *, n_boot: int = 500, final: bool = True) -> Score:
+    def _score(self, steps: list[StepMetrics], *, n_boot: int = 500, final: bool = True,
+               min_steps: int = MIN_SCORED_STEPS) -> Score:
         if self.settings.speed_only:
             return score_throughput(
                 steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus, n_boot=n_boot
             )
         return score_reward_rate(
-            steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=final, n_boot=n_boot
+            steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=final, n_boot=n_boot, min_steps=min_steps
         )
 
     def _scored_outcome(self) -> ProbeOutcome:

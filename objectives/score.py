@@ -56,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 #: a learning probe needs this many scored steps (after its warm-up) for a reward rate
 MIN_SCORED_STEPS = 10
+#: a running rate reported to the pruner needs only this many: it is compared with the
+#: incumbent's at the same step, not kept. With MIN_SCORED_STEPS an 11-step probe on the H200
+#: reported once, at its last step, and its pruner could never act.
+MIN_RUNNING_STEPS = 3
 #: a speed-only probe needs this many for a throughput
 MIN_SPEED_STEPS = 2
 

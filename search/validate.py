@@ -137,6 +137,35 @@ def probe_length_problems(spec: StudySpec, stage: Any, where: str, *, speed_only
             f"({warmup}), but {steps} steps leave {max(scored, 0)}. Raise it to at least {warmup + need}."]
 
 
+def first_prune_step(spec: StudySpec, stage: Any) -> int | None:
+    """The earliest step at which the stage's pruner can stop a candidate (None: no pruner).
+    It needs a running rate (MIN_RUNNING_STEPS scored steps after the probe's warm-up), a
+    report at or after its own warm-up, and ``patience`` reports in a row below the bar."""
+    from objectives.score import MIN_RUNNING_STEPS
+
+    pruner = stage.pruner
+    if pruner.name == "none":
+        return None
+    interval = pruner.interval_steps
+    earliest = max(pruner.warmup_steps, spec.probe.warmup_steps + MIN_RUNNING_STEPS)
+    first_report = -(-earliest // interval) * interval
+    patience = pruner.patience if pruner.name in ("incumbent", "patient") else 1
+    return first_report + (patience - 1) * interval
+
+
+def pruner_reach_warnings(spec: StudySpec, stage: Any, where: str, *, speed_only: bool) -> list[str]:
+    """A pruner that cannot act before the probe ends: it would cost nothing, and do nothing
+    (the H200's 11-step probes reported once, at their last step)."""
+    step = None if speed_only else first_prune_step(spec, stage)
+    steps = spec.stage_probe_steps(stage, speed_only=speed_only)
+    if step is None or step < steps:
+        return []
+    return [f"{where}.pruner: stage {stage.name}'s pruner can first stop a candidate at step {step} "
+            f"(warm-up {stage.pruner.warmup_steps}, a report every {stage.pruner.interval_steps}, "
+            f"patience {stage.pruner.patience}), but its probes end at step {steps}: it will never prune. "
+            "Lower pruner.warmup_steps or lengthen the probes."]
+
+
 def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:
     """Returns (problems, report lines). Problems are one line each; none means valid."""
     problems: list[str] = []
@@ -159,6 +188,8 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
             problems.append(str(e))
             continue
         problems += probe_length_problems(spec, stage, where, speed_only=space.speed_only)
+        for warning in pruner_reach_warnings(spec, stage, where, speed_only=space.speed_only):
+            logger.warning(warning)
         lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
         lines += [f"  {text}" for text in space.explain()]
         for config in extreme_configs(space, base) + sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):

@@ -17,7 +17,7 @@ from launchers import LAUNCHERS, make_launcher
 from launchers import gpu as gpu_mod
 from launchers import process as proc_mod
 from launchers.base import LauncherError, RunSpec, RunStatus
-from launchers.local import LocalLauncher, merge_overrides, private_ray_dir
+from launchers.local import KV_CACHE_KEY, LocalLauncher, merge_overrides, private_ray_dir
 from launchers.sim import SimClock, SimLauncher
 from launcher_contract import (
     FAKE_PROBE,
@@ -131,6 +131,44 @@ def test_pins_are_appended_and_win_over_caller_overrides(tmp_path: Path) -> None
 def test_merge_overrides_matches_keys_with_plus_prefixes() -> None:
     merged = merge_overrides(["+ray_kwargs.ray_init.address=auto", "a.b=1"], ["++ray_kwargs.ray_init.address=local"])
     assert merged == ["a.b=1", "++ray_kwargs.ray_init.address=local"]
+
+
+class _H200(LocalLauncher):
+    """Fake GPU ids with the H200's total memory (NVML's answer there: 143,771 MiB)."""
+
+    def _gpu_memory_bytes(self, gpus):  # type: ignore[no-untyped-def]
+        return 143_771 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("probes_per_gpu", "overrides", "pin"),
+    [
+        # the tiny study: 4 probes at a memory fraction of 0.1 -> half of 14.4 GB as KV cache
+        (4, ("actor_rollout_ref.rollout.gpu_memory_utilization=0.1",), f"+{KV_CACHE_KEY}={int(143_771 * 2**20 * 0.05)}"),
+        (2, (), f"+{KV_CACHE_KEY}={int(143_771 * 2**20 * 0.25)}"),  # verl's default fraction 0.5
+        (4, (f"+{KV_CACHE_KEY}=1000000000",), f"+{KV_CACHE_KEY}=1000000000"),  # the caller's size wins
+        (1, ("actor_rollout_ref.rollout.gpu_memory_utilization=0.1",), None),  # a GPU of its own: vLLM profiles
+    ],
+)
+def test_probes_sharing_a_gpu_get_a_fixed_kv_cache(tmp_path: Path, probes_per_gpu: int, overrides: tuple,
+                                                    pin: str | None) -> None:
+    launcher = _H200(tmp_path, gpu_ids=[0], probes_per_gpu=probes_per_gpu, command=FAKE_PROBE, kill_grace_s=1.0)
+    handle = launcher.start(RunSpec(run_id="kv", overrides=(*long_spec("x").overrides, *overrides)))
+    try:
+        argv = json.loads((handle.run_dir / "spec.json").read_text())["argv"]
+    finally:
+        launcher.cancel(handle)
+    assert [a for a in argv if KV_CACHE_KEY in a] == ([] if pin is None else [pin])
+
+
+def test_verl_composes_the_fixed_kv_cache_override() -> None:
+    from spaces.verl_check import validate_with_verl
+
+    from search.study_file import load_study
+
+    config = load_study(Path(__file__).parent.parent / "studies" / "tiny-h200.yaml").baseline_config()
+    assert validate_with_verl({**config, f"+{KV_CACHE_KEY}": int(143_771 * 2**20 * 0.05)}) == []
+    assert validate_with_verl({**config, KV_CACHE_KEY: 1}) != []  # without "+": not in verl's struct
 
 
 def _fake_probe_launcher(root: Path) -> LocalLauncher:

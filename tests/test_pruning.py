@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
+import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -77,3 +80,42 @@ def test_a_candidate_just_below_the_incumbent_runs_on_but_not_one_below_the_lead
         user_attrs={"role": "candidate", "seed": 11}, intermediate_values={s: 1.2 for s in STEPS},
     ))  # fmt: skip
     assert pruner.prune(study, _running(study, "candidate", {100: 1.15, 125: 1.15}))
+
+
+@pytest.mark.parametrize(
+    ("probe", "pruner", "first", "warned"),
+    [
+        # the demo: 500-step probes, pruning from step 100, a report every 25, patience 2
+        ({"steps": 500}, {}, 125, False),
+        # the H200's 11-step probes with the default pruner: it would never act
+        ({"steps": 11, "warmup_steps": 1}, {}, 125, True),
+        # its own pruner settings: a running rate from step 4, two reports in a row by step 5
+        ({"steps": 11, "warmup_steps": 1}, {"interval_steps": 1, "warmup_steps": 3}, 5, False),
+        # the probe's warm-up, not the pruner's, sets the first report
+        ({"steps": 40, "warmup_steps": 20}, {"interval_steps": 5, "warmup_steps": 0}, 30, False),
+        ({"steps": 40, "warmup_steps": 20}, {"interval_steps": 5, "warmup_steps": 0, "patience": 4}, 40, True),
+    ],
+)
+def test_validate_says_when_a_stage_pruner_can_never_act(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, probe: dict, pruner: dict, first: int, warned: bool
+) -> None:
+    from conftest import demo_data, write_study
+    from search.study_file import load_study
+    from search.validate import first_prune_step, validate_study
+
+    data = demo_data()
+    data["probe"] = {**data["probe"], **probe}
+    data["stages"] = [{"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "pruner": pruner}]
+    spec = load_study(write_study(tmp_path, data))
+    assert first_prune_step(spec, spec.stages[0]) == first
+    with caplog.at_level("WARNING", logger="search.validate"):
+        problems, _ = validate_study(spec, with_verl=False)
+    assert problems == []
+    said = [r.getMessage() for r in caplog.records if "never prune" in r.getMessage()]
+    assert bool(said) is warned
+    if warned:
+        assert said == [f"stages[0].pruner: stage lr's pruner can first stop a candidate at step {first} "
+                        f"(warm-up {spec.stages[0].pruner.warmup_steps}, a report every "
+                        f"{spec.stages[0].pruner.interval_steps}, patience {spec.stages[0].pruner.patience}), "
+                        f"but its probes end at step {probe['steps']}: it will never prune. "
+                        "Lower pruner.warmup_steps or lengthen the probes."]

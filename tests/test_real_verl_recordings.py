@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from objectives.failures import FailureKind, diagnose, tail
+from objectives.failures import FailureKind, diagnose, failure_text, tail
 from objectives.health import screen
 from objectives.metrics import MetricsFollower, parse_console_line, read_all
 from objectives.score import eta, score_reward_rate, score_throughput
@@ -144,3 +144,46 @@ def test_provocations_of_the_device_run_are_recorded() -> None:
     assert set(record) == {"oom_memory_fraction", "refused_tp2_on_1_gpu"}
     for case in record.values():
         assert case["state"] == "failed" and case["seconds_to_fail"] > 30
+
+
+@pytest.mark.parametrize(
+    ("run", "evidence"),
+    [
+        # memory fraction 1.0 (2nd lease): vLLM's reason reached only the probe's stdout, forwarded by Ray
+        ("run_memory_fraction_1.0", "ValueError: Free memory on device cuda:0 (102.1/139.8 GiB) on startup is less "
+                                    "than desired GPU memory utilization (1.0, 139.8 GiB)."),
+        # a baseline probe started beside 6 others on the GPU: their KV caches, allocated while
+        # it profiled, were counted as its own (why the local launcher now pins the KV cache size
+        # when probes share a GPU)
+        ("run_kv_cache_neighbours", "ValueError: No available memory for the cache blocks."),
+    ],
+)
+def test_a_real_failed_run_is_classified_by_every_log_it_left(run: str, evidence: str) -> None:
+    logs = DATA / run
+    text = failure_text(stderr=logs / "stderr.log", stdout=logs / "stdout.log", worker_errors=logs / "worker_errors.log")
+    failure = diagnose(text, 1, last_step=0, expected_steps=PROBE_STEPS)
+    assert failure is not None and failure.kind is FailureKind.OOM
+    assert failure.evidence.startswith(evidence)
+    # the probe's stderr alone says only that the engine did not start
+    alone = diagnose(tail(logs / "stderr.log", n_lines=40), 1, last_step=0, expected_steps=PROBE_STEPS)
+    assert alone is not None and alone.kind is FailureKind.ENGINE_START
+
+
+def test_a_real_11_step_probe_gives_its_pruner_a_running_rate_early() -> None:
+    """The 2nd lease's pruning studies: with 11-step probes no trial reported a running rate
+    at all (the candidate, lr 1.2e-6, ran all 11 steps unpruned); with 24-step probes the first
+    report came at step 11 (1 warm-up + 10 scored steps). A running rate now exists from the
+    4th step."""
+    from objectives.score import MIN_RUNNING_STEPS
+
+    steps = _probe("probe_baseline")
+    running = score_reward_rate(steps[:WARMUP + MIN_RUNNING_STEPS], warmup_steps=WARMUP, n_boot=2,
+                                min_steps=MIN_RUNNING_STEPS)
+    assert running.rate > 0  # the incumbent's reward rises from step 2 on
+    reports = {}
+    for run in ("side-11-step", "prune-24-step"):
+        db = DEVICE_RUN / "lease2" / run / "tiny-h200-prune.db"
+        study = optuna.load_study(study_name="tiny-h200-prune.lr", storage=f"sqlite:///{db}")
+        reports[run] = [sorted(t.intermediate_values) for t in study.trials]
+    assert reports["side-11-step"] == [[], [], []]
+    assert reports["prune-24-step"][0] == [11] and not any(reports["prune-24-step"][1:])

@@ -12,6 +12,7 @@ usage: python scripts/real_verl/prune_sigterm.py TINY_STUDY.yaml WORKDIR EVIDENC
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -26,12 +27,14 @@ import yaml
 NAME = "tiny-h200-prune"
 MARKER_ENV = "VERL_SWEEP_RUN_DIR"  # launchers.process.MARKER_ENV
 PRUNED = re.compile(r"pruned at step \d+")
-NO_PRUNE_AFTER_S = 480.0  # SIGTERM anyway: the tear-down evidence must not wait on the prune
+NO_PRUNE_AFTER_S = float(os.environ.get("SIGTERM_AFTER_S", "480"))  # SIGTERM then, pruned or not
 
 
 def derive_study(base: Path, workdir: Path) -> Path:
     spec = yaml.safe_load(base.read_text())
     spec["name"] = NAME
+    # The running rate needs MIN_SCORED_STEPS steps after the warm-up before a prune can act.
+    spec["probe"]["steps"] = int(os.environ.get("PRUNE_PROBE_STEPS", spec["probe"]["steps"]))
     spec["stages"] = [{
         "name": "lr", "space": "lr", "params": {"low": 1.0e-6, "high": 3.0e-6},
         "budget": {"max_trials": 3}, "pruner": {"interval_steps": 1, "warmup_steps": 3},
