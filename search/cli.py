@@ -209,8 +209,8 @@ def _launcher_options(spec, kind: str, *, announce: bool = False) -> dict[str, A
             raise BadInputError(f"{problem}. See the README's study-file reference.")
     if kind in ("sim", "ray", "replay"):  # local's slots come from its GPUs
         options.setdefault("max_concurrent", spec.launcher.max_concurrent)
-    if kind in ("sim", "replay"):  # fake GPUs: as many a probe as the study's hardware has
-        options.setdefault("gpus_per_probe", spec.hardware.n_gpus)
+    if kind in ("sim", "replay"):  # fake GPUs: as many a probe as a node of the study's hardware
+        options.setdefault("gpus_per_probe", spec.hardware.gpus_per_node)
     return options
 
 

@@ -425,3 +425,19 @@ def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(t
     kept = (tmp_path / "engine" / "worker_errors.log").read_text().splitlines()
     assert len(kept) == 2 and kept[0].startswith("(worker-5f3a57e5-01000000-20304.err) Traceback")  # once, not per link
     shutil.rmtree(private_ray_dir(tmp_path / "engine"))
+
+
+@pytest.mark.parametrize("kind", ["sim", "replay"])
+def test_a_fake_gpu_launcher_gives_a_probe_the_study_nodes_gpus(tmp_path: Path, kind: str) -> None:
+    """`--launcher sim` on a 1-GPU study ran its probes on 8 fake GPUs (trainer.n_gpus_per_node=8)."""
+    from conftest import demo_data, write_study
+    from search.cli import _launcher_options
+    from search.study_file import load_study
+
+    data = demo_data()
+    data["hardware"] = {**data["hardware"], "gpus_per_node": 2}
+    data["baseline"] = {**data.get("baseline", {}), "trainer.n_gpus_per_node": 2}
+    spec = load_study(write_study(tmp_path, data))
+    assert _launcher_options(spec, kind)["gpus_per_probe"] == 2
+    assert _launcher_options(spec.model_copy(update={"launcher": spec.launcher.model_copy(
+        update={"options": {"gpus_per_probe": 4}})}), kind)["gpus_per_probe"] == 4  # the study's own wins
