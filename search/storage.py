@@ -226,10 +226,6 @@ def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "o
     import warnings
 
     import optuna
-    import sqlalchemy
-
-    from search._optuna_forks import storage_class
-    from search.liveness import requeue_stale_trial
 
     # heartbeat_interval is "experimental" in Optuna 5.0, but it is what we rely on; and we
     # record heartbeats ourselves (ask/tell), which Optuna warns about on every ask.
@@ -238,43 +234,53 @@ def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "o
 
     check_url(url)
     shown = mask_url(url)
-    lock: Any = None
-    if _is_sqlite(url):
-        path = _sqlite_path(url)
-        _check_sqlite_file(path, create=create, writable=not readonly)
-        if create:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise BadInputError(f"cannot create the directory of the study database {path.parent} "
-                                    f"({e.strerror or e}). Pass another --storage.") from None
-            # Two `run`s creating one new file at once would race creating the schema, and a
-            # file another process has just created may not hold its schema yet: every
-            # opening that may create tables takes the directory's lock.
-            lock = _DirectoryLock(path.parent)
-        elif readonly:
-            # SQLite's own read-only mode: nothing this process does can change the file.
-            from urllib.parse import quote
+    with contextlib.ExitStack() as held:
+        if _is_sqlite(url):
+            path = _sqlite_path(url)
+            if create:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise BadInputError(f"cannot create the directory of the study database {path.parent} "
+                                        f"({e.strerror or e}). Pass another --storage.") from None
+                # Two `run`s creating one new file at once would race creating the schema,
+                # and a file another process is creating holds part of its schema only: an
+                # opening that may create tables checks and opens the file under the
+                # directory's lock.
+                held.enter_context(_DirectoryLock(path.parent))
+            _check_sqlite_file(path, create=create, writable=not readonly)
+            if readonly and not create:
+                # SQLite's own read-only mode: nothing this process does can change the file.
+                from urllib.parse import quote
 
-            url = f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
-    elif not create:
-        _check_server_tables(url)
+                url = f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
+        elif not create:
+            _check_server_tables(url)
+        return _open(url, shown, create=create)
+
+
+def _open(url: str, shown: str, *, create: bool) -> "optuna.storages.RDBStorage":
+    import optuna
+    import sqlalchemy
+
+    from search._optuna_forks import storage_class
+    from search.liveness import requeue_stale_trial
+
     try:
-        with lock or contextlib.nullcontext():
-            return with_retries(
-                lambda: storage_class()(
-                    url,
-                    engine_kwargs=_engine_kwargs(url),
-                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                    grace_period=GRACE_PERIOD_S,
-                    heartbeat_stale_trial_callback=requeue_stale_trial,
-                    # an existing study database is used as it is: no schema created or migrated
-                    skip_table_creation=not create,
-                ),
-                what=f"open the study database {shown}",
-                attempts=3,
-                max_total_s=OPEN_DEADLINE_S,
-            )
+        return with_retries(
+            lambda: storage_class()(
+                url,
+                engine_kwargs=_engine_kwargs(url),
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=GRACE_PERIOD_S,
+                heartbeat_stale_trial_callback=requeue_stale_trial,
+                # an existing study database is used as it is: no schema created or migrated
+                skip_table_creation=not create,
+            ),
+            what=f"open the study database {shown}",
+            attempts=3,
+            max_total_s=OPEN_DEADLINE_S,
+        )
     except ImportError as e:
         raise BadInputError(
             f"the database driver for {shown.split(':')[0]} is not installed ({e}). "
