@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from launchers import gpu as gpu_mod
-from objectives.failures import error_lines
+from objectives.failures import error_lines, tail
 from launchers import process as proc_mod
 from launchers.base import (
     WORKER_ERRORS_FILE,
@@ -121,21 +121,20 @@ def private_ray_dir(run_dir: Path) -> str:
 
 def keep_worker_errors(run_dir: Path, *, max_lines: int = 60) -> Path | None:
     """Copy the error lines of the run's private Ray session's worker logs
-    (``<ray dir>/session_*/logs/*.err``) into ``worker_errors.log`` in ``run_dir``; returns it,
-    or None when there were none. Ray forwards a worker's stderr to the driver only while the
-    driver lives, so a child process's last words (vLLM's engine workers) can be missing from
-    the run's stderr."""
+    (``<ray dir>/session_*/logs/*.err`` and ``*.out``) into ``worker_errors.log`` in
+    ``run_dir``; returns it, or None when there were none. Ray forwards a worker's output to
+    the driver only while the driver lives, so a child process's last words (vLLM's engine
+    workers log their exception to stdout) can be missing from the run's own logs."""
     seen: set[Path] = set()
     kept: list[str] = []
-    for path in sorted(Path(private_ray_dir(run_dir)).glob("session_*/logs/*.err")):
+    logs = Path(private_ray_dir(run_dir))
+    for path in sorted([*logs.glob("session_*/logs/*.err"), *logs.glob("session_*/logs/*.out")]):
         real = path.resolve()
         if real in seen:  # session_latest links to the session itself
             continue
         seen.add(real)
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 262_144))  # the end is where a failure is
-                lines = f.read().decode("utf-8", errors="replace").splitlines()
+        try:  # the end is where a failure is
+            lines = tail(path, n_lines=100_000, max_bytes=262_144).splitlines()
         except OSError:
             continue
         kept += [f"({path.name}) {line}" for line in error_lines(lines)]
@@ -149,11 +148,7 @@ def keep_worker_errors(run_dir: Path, *, max_lines: int = 60) -> Path | None:
 def stderr_tail(path: Path, *, n_lines: int = 3, max_chars: int = 600) -> str:
     """The last non-empty lines of a log file, for a one-line failure message."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 16384))
-            text = f.read().decode("utf-8", errors="replace")
+        text = tail(path, n_lines=n_lines + 20, max_bytes=16384)
     except OSError:
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]

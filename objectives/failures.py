@@ -102,9 +102,9 @@ _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
 
 #: what Ray and vLLM put before a forwarded line: colour codes, ``(TaskRunnerV1 pid=17756)``,
 #: ``(EngineCore pid=20304)``, vLLM's ``ERROR 12-01 18:41:08 [multiproc_executor.py:898]``,
-#: and the local launcher's ``(worker-<id>.err)`` naming the Ray worker log a line came from
+#: and the local launcher's ``(worker-<id>.err)`` / ``.out`` naming the Ray worker log a line came from
 _LINE_PREFIX = re.compile(
-    r"^(?:\x1b\[[0-9;]*m\s*|\((?:[\w.]+ )?pid=\d+[^)]*\)\s*|\([\w.-]+\.err\)\s*"
+    r"^(?:\x1b\[[0-9;]*m\s*|\((?:[\w.]+ )?pid=\d+[^)]*\)\s*|\([\w.-]+\.(?:err|out)\)\s*"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s*)+",
     re.MULTILINE,
 )

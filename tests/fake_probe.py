@@ -38,7 +38,9 @@ def main(argv: list[str]) -> int:
         logs = os.path.join(overrides["ray_kwargs.ray_init._temp_dir"], "session_2026-12-01_15-44-00", "logs")
         os.makedirs(logs, exist_ok=True)
         os.symlink(os.path.dirname(logs), os.path.join(os.path.dirname(os.path.dirname(logs)), "session_latest"))
-        with open(os.path.join(logs, "worker-5f3a57e5-01000000-20304.err"), "w") as f:
+        # vLLM's engine workers log their exception to stdout (.out); Ray's own errors go to .err
+        log = "worker-5f3a57e5-01000000-20304." + overrides.get("fake.worker_log", "err")
+        with open(os.path.join(logs, log), "w") as f:
             f.write("INFO starting\nTraceback (most recent call last):\n  File \"vllm/v1/worker/utils.py\"\n"
                     f"ValueError: {worker_error}\n")
         print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",

@@ -81,3 +81,19 @@ def test_tail_reads_only_the_end(tmp_path: Path) -> None:
     assert len(tail(path, n_lines=20).splitlines()) == 20
     with pytest.raises(ValueError, match="n_lines must be >= 1, but got 0"):
         tail(path, n_lines=0)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "\x1b[36m(vLLMHttpServer pid=12952)\x1b[0m (Worker pid=14399) ERROR 12-01 18:41:08 [multiproc_executor.py:898] "
+        "ValueError: Free memory on device cuda:0 (102.1/139.8 GiB) on startup is less than desired GPU memory "
+        "utilization (1.0, 139.8 GiB).",
+        "(worker-2f2bb83c-01000000-10451.out) (EngineCore pid=12445) ValueError: Free memory on device cuda:0 "
+        "(102.1/139.8 GiB) on startup is less than desired GPU memory utilization (1.0, 139.8 GiB).",
+    ],
+)
+def test_evidence_is_the_line_without_what_ray_vllm_and_the_launcher_put_before_it(line: str) -> None:
+    failure = diagnose(line, 1, last_step=0, expected_steps=10)
+    assert failure is not None and failure.kind is FailureKind.OOM
+    assert failure.evidence.startswith("ValueError: Free memory on device cuda:0")

@@ -403,7 +403,8 @@ def test_a_study_launcher_gets_the_study_files_max_concurrent(tmp_path: Path, ki
     assert launcher.max_concurrent == 3
 
 
-def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("log", ["err", "out"])
+def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(tmp_path: Path, log: str) -> None:
     """On the H200, a memory fraction of 1.0 left only "Engine core initialization failed" in
     the probe's stderr; vLLM's reason was in a Ray worker's log in the private Ray dir. The
     launcher keeps those lines, and the probe classifies the failure by them."""
@@ -413,7 +414,8 @@ def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(t
     reason = ("Free memory on device cuda:0 (139.42/139.81 GiB) on startup is less than desired GPU memory "
               "utilization (1.0, 139.81 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.")
     launcher = LocalLauncher(tmp_path, gpu_ids=[0], command=FAKE_PROBE, kill_grace_s=1.0)
-    spec = RunSpec(run_id="engine", overrides=(*long_spec("engine").overrides, f"+fake.worker_error={reason}"))
+    spec = RunSpec(run_id="engine", overrides=(*long_spec("engine").overrides, f"+fake.worker_error={reason}",
+                                               f"+fake.worker_log={log}"))
     probe = Probe(launcher, spec, ProbeSettings(steps=5))
     probe.start()
     deadline = time.monotonic() + 30
@@ -423,7 +425,7 @@ def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(t
     assert outcome.failure is FailureKind.OOM, outcome.reason
     assert "less than desired GPU memory utilization" in outcome.reason
     kept = (tmp_path / "engine" / "worker_errors.log").read_text().splitlines()
-    assert len(kept) == 2 and kept[0].startswith("(worker-5f3a57e5-01000000-20304.err) Traceback")  # once, not per link
+    assert len(kept) == 2 and kept[0].startswith(f"(worker-5f3a57e5-01000000-20304.{log}) Traceback")  # once, not per link
     shutil.rmtree(private_ray_dir(tmp_path / "engine"))
 
 
