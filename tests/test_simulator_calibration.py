@@ -195,3 +195,26 @@ def test_other_landscapes_have_other_optima(name: str) -> None:
         assert best(other, BUDGET, budgets) == 60000
         assert other.expected({**other.baseline, BUDGET: 70000}).oom
         assert not default.expected({**default.baseline, BUDGET: 100000}).oom
+
+
+def test_the_tiny_h200_world_matches_the_real_baseline_probes() -> None:
+    """scripts/real_verl/tiny_h200.landscape.yaml against what real verl did with the tiny
+    study's baseline on the H200 (tests/data/real-verl-0.9.1: two 11-step probes, seeds 1, 2)."""
+    from objectives.metrics import read_all
+    from search.study_file import load_study
+
+    root = Path(__file__).parent.parent
+    land = load_landscape(root / "scripts" / "real_verl" / "tiny_h200.landscape.yaml")
+    config = load_study(root / "studies" / "tiny-h200.yaml").baseline_config()
+    real = [read_all(root / "tests" / "data" / "real-verl-0.9.1" / f"{name}.metrics.jsonl")
+            for name in ("probe_baseline", "probe_baseline_seed2")]
+    real_curve = [sum(run[i].data["critic/score/mean"] for run in real) / len(real) for i in range(11)]
+    real_step_s = sorted(s.data["timing_s/step"] for run in real for s in run[1:])
+    simulated = [list(land.simulate({**config, "data.seed": seed, "trainer.total_training_steps": 11}))
+                 for seed in SEEDS]
+    sim_curve = [sum(run[i].metrics["critic/score/mean"] for run in simulated) / len(simulated) for i in range(11)]
+    assert max(abs(a - b) for a, b in zip(sim_curve, real_curve)) < 0.02, (sim_curve, real_curve)
+    sim_step_s = sorted(r.step_time_s for run in simulated for r in run[1:])
+    median = lambda xs: xs[len(xs) // 2]  # noqa: E731
+    assert abs(median(sim_step_s) / median(real_step_s) - 1) < 0.1
+    assert 159 <= land.expected(config).startup_s <= 254  # launch → step 1 measured on the H200

@@ -186,7 +186,10 @@ class Landscape:
             diverge_step=diverge_step,
             failure=failure,
             reward_sd=reward_sd,
-            startup_s=_f(self._s("timing"), "startup_s") * (_f(model, "n_params_b") / 7.0) ** 0.5,
+            # a fixed part (imports, engine start; the H200's toy: 159-254 s) and one growing
+            # with the model (the default world: none fixed, 120 s at 7B)
+            startup_s=float(self._s("timing").get("startup_fixed_s", 0.0))
+            + _f(self._s("timing"), "startup_s") * (_f(model, "n_params_b") / 7.0) ** 0.5,
             steps_per_epoch=per_epoch,
             total_steps=total_steps,
             n_gpus=n_gpus,
