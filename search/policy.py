@@ -34,6 +34,14 @@ EXTRA_RERUN_MIN_WAIT = 0.9
 #: landscapes' mini-batch, KL, lr and λ stages found were kept out in 6 of 10 stage decisions
 #: at η 1.03-1.09 over 3 runs.
 CLEAR_OF_INCUMBENT_RUNS = 3
+#: how a decision that kept the incumbent with no candidate above 1 + tolerance begins
+KEPT = "kept the incumbent"
+
+
+def found_nothing(result: StageResult) -> bool:
+    """The stage kept its incumbent and no candidate was even above 1 + tolerance (none left
+    undecided): the evidence ``stop_when_flat`` counts."""
+    return result.winner_trial is None and result.decision.startswith(KEPT)
 
 Trials = Sequence[TrialRecord]
 #: a candidate's η over its runs: (value, low, high, number of runs)
@@ -298,18 +306,18 @@ class StagePolicy:
         keep = StageResult(
             stage=stage.name, winner_trial=None, eta=1.0,
             eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
-            decision=f"kept the incumbent: no candidate beat it by more than {stage.stop.tolerance:.0%}",
+            decision=f"{KEPT}: no candidate beat it by more than {stage.stop.tolerance:.0%}",
             config=base, overrides={},
         )
         ranked, why_none = ranked_candidates(trials)
         if not ranked:
-            return dataclasses.replace(keep, decision=f"kept the incumbent: {why_none}")
+            return dataclasses.replace(keep, decision=f"{KEPT}: {why_none}")
         (value, low, high, n_runs), best = ranked[0]
         runs = "1 run" if n_runs == 1 else f"{n_runs} runs"
         threshold = self.threshold
         if value <= threshold:
             # "not above", not "within": on the H200 a candidate at η 0.859 read "is within 2%"
-            return dataclasses.replace(keep, decision=f"kept the incumbent: best η {value:.3f} (trial {best.number}, "
+            return dataclasses.replace(keep, decision=f"{KEPT}: best η {value:.3f} (trial {best.number}, "
                                                       f"{runs}) is not above 1 + {stage.stop.tolerance:.0%}")
         if not self.significant(low, n_runs):
             reaches = f"{threshold:.2f}" if low <= 1.0 else f"{threshold:.2f} (clear of 1 needs {CLEAR_OF_INCUMBENT_RUNS} runs)"

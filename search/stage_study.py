@@ -106,6 +106,26 @@ class StageStudy:
         study = optuna.load_study(study_name=name, storage=storage, sampler=build_sampler(stage, n), pruner=pruner)
         return cls(study, storage), False
 
+    @staticmethod
+    def record_skipped(storage: optuna.storages.RDBStorage, spec: StudySpec, stage: StageSettings, base: Config,
+                       result: StageResult) -> StageResult:
+        """Store ``result`` as the decision of a stage that runs no trial (the study stopped
+        early): its study is created with the base and the result, so status, export and every
+        resume or worker read it as decided. A result already stored wins."""
+        name = stage_study_name(spec, stage)
+        try:
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+        except optuna.exceptions.DuplicatedStudyError:
+            study = optuna.load_study(study_name=name, storage=storage)
+            stored = StageStudyAttrs.of(study.user_attrs).result
+            if stored is not None:
+                return stored
+        attrs = {**created_study_attrs(base=base, stage=stage.model_dump(mode="json"), probe_steps=spec.probe.steps),
+                 **initialized_attr(), **result_attr(result)}
+        for key, value in attrs.items():
+            study.set_user_attr(key, value)
+        return result
+
     def wait_initialized(self, timeout_s: float = 60.0) -> None:
         """Another worker created the stage: wait until it has queued the stage's first trials,
         or a fresh trial could take a place in the budget before them."""

@@ -191,6 +191,10 @@ class StudySpec(_Strict):
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     seeds: list[Int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6], min_length=1)
     stages: list[StageSettings] = Field(default_factory=list)
+    #: stop early on a world whose baseline is already near-optimal: once this many stages in
+    #: a row from the first kept the baseline with no candidate above 1 + tolerance (none left
+    #: undecided), the stages after them are skipped, each recorded with that reason (0: never)
+    stop_when_flat: Int = Field(default=0, ge=0, le=1000)
     #: where the study file lives (set by the loader; storage and paths are relative to it)
     source_dir: Path | None = Field(default=None, exclude=True)
 
