@@ -179,11 +179,24 @@ class StageStudy:
                 runs.setdefault(t.seed, t)
         return runs
 
+    @staticmethod
+    def decided_stage(storage: optuna.storages.BaseStorage, spec: StudySpec,
+                      stage: StageSettings) -> tuple[StageResult, list[TrialRecord]] | None:
+        """An earlier stage's stored result and its trials; None while it has none."""
+        try:
+            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
+        except KeyError:
+            return None
+        result = StageStudyAttrs.of(study.user_attrs).result
+        return None if result is None else (result, records(study.get_trials(deepcopy=False)))
+
     def enqueue_initial(self, spec: StudySpec, stage: StageSettings, space: Space, base: Config,
-                        carried: dict[int, TrialRecord]) -> list[TrialRecord]:
-        """The stage's first trials: the incumbent (repeated), starting points, a template.
-        An incumbent run the previous stage already made (``carried``) is copied, not re-run;
-        returns the copies."""
+                        carried: dict[int, TrialRecord],
+                        leaders: list[tuple[str, Config]] | None = None) -> list[TrialRecord]:
+        """The stage's first trials: the incumbent (repeated), earlier stages' undecided
+        leaders moved onto ``base`` (``leaders``: (stage name, overrides); only points of this
+        space other than the incumbent), starting points, a template. An incumbent run the
+        previous stage already made (``carried``) is copied, not re-run; returns the copies."""
         study = self.study
         params = space.incumbent_params(base) or {}
         scores: list[Score] = []
@@ -199,9 +212,17 @@ class StageStudy:
         copies = [t for t in records(study.get_trials(deepcopy=False)) if t.carried_from is not None]
         # The sampler's startup trials come from the space's starting points (the method's
         # first moves, or spread points), leaving at least one place for the sampler itself.
-        n_start = min(stage.sampler.n_startup_trials, stage.budget.max_trials - spec.probe.incumbent_repeats - 1)
+        room = stage.budget.max_trials - spec.probe.incumbent_repeats - 1
+        queued: list[dict[str, Any]] = []
+        for name, overrides in leaders or []:
+            point = space.incumbent_params(merge(base, overrides))
+            if point and point != params and point not in queued and len(queued) < room:
+                queued.append(point)
+                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin=f"leader of {name}"))
+        n_start = min(stage.sampler.n_startup_trials, room - len(queued))
         for point in space.starting_points(base, n_start):
-            self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin="start"))
+            if point not in queued:
+                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin="start"))
         if space.kind == "systems":
             # The source's layout for this model size and GPU count is the first candidate.
             template = template_for(spec.model, spec.hardware, spec.algorithm)
