@@ -36,8 +36,6 @@ class _BoundedSpace(Space):
     param: str = ""
     key: str = ""
     oom_clamped: bool = False
-    #: starting points include both ends of the bound: an optimum at a bound gets a probe at it
-    edges: bool = False
 
     def __init__(self, bound: B.ParamBound, *, hardware: HardwareFacts, where: str) -> None:
         self.bound = bound
@@ -82,7 +80,7 @@ class _BoundedSpace(Space):
         low, high = float(self.bound.low), float(self.bound.high)
         values = []
         for i in range(n):
-            q = i / (n - 1) if self.edges and n > 1 else (i + 0.5) / n
+            q = (i + 0.5) / n
             if self.bound.log:
                 v = math.exp(math.log(low) + q * (math.log(high) - math.log(low)))
             else:
@@ -297,9 +295,6 @@ class LRSpace(_BoundedSpace):
     kind = "lr"
     param = "lr"
     key = L.LR
-    #: issue 27: on 7 of the 10 shipped landscapes the best reachable config runs lr at the
-    #: 5e-6 bound, which the spread's points (0.5/n inside each end) never probed
-    edges = True
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
