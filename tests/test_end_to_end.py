@@ -56,7 +56,7 @@ def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_status_json_reports_every_stage(finished_demo: Path) -> None:
     status = _status(finished_demo)
-    assert [s["name"] for s in status["stages"]] == ["systems", "minibatch", "kl", "tokens", "lr", "polish"]
+    assert [s["name"] for s in status["stages"]] == ["systems", "tokens", "minibatch", "kl", "lr", "polish"]
     budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
     for stage in status["stages"]:
         assert stage["state"] == "finished"
