@@ -101,10 +101,18 @@ class StagePolicy:
 
     # -- the budget and the stop rule ---------------------------------------------------------
     def counted(self, trials: Trials) -> int:
-        """Trials that use the stage's search budget: all but failures that were queued again
-        and the confirmation re-runs (which come on top, at most ``confirm_top``)."""
+        """Trials that use the stage's search budget: all but failures that were queued again,
+        the confirmation re-runs (which come on top, at most ``confirm_top``) and the extra
+        incumbent runs carried from the previous stage."""
         requeued = requeued_numbers(trials)
-        return sum(1 for t in trials if t.number not in requeued and t.role not in (Role.RERUN, Role.SKIPPED))
+        return sum(1 for t in trials if t.number not in requeued and t.role not in (Role.RERUN, Role.SKIPPED)
+                   and not self.extra_incumbent_run(t))
+
+    def extra_incumbent_run(self, t: TrialRecord) -> bool:
+        """A run of the incumbent carried from the previous stage on a seed beyond the
+        incumbent's own (``StageStudy.enqueue_initial``): it costs this stage nothing."""
+        own = {self.spec.seeds[r % len(self.spec.seeds)] for r in range(self.spec.probe.incumbent_repeats)}
+        return t.role is Role.INCUMBENT and t.carried_from is not None and t.seed not in own
 
     def may_start(self, trials: Trials) -> bool:
         if any(t.state == TrialState.WAITING for t in trials):

@@ -196,7 +196,9 @@ class StageStudy:
         """The stage's first trials: the incumbent (repeated), earlier stages' undecided
         leaders moved onto ``base`` (``leaders``: (stage name, overrides); only points of this
         space other than the incumbent), starting points, a template. An incumbent run the
-        previous stage already made (``carried``) is copied, not re-run; returns the copies."""
+        previous stage already made (``carried``) is copied, not re-run, and its runs on other
+        seeds are copied as extra incumbent runs (``StagePolicy.counted`` leaves them out of
+        the budget); returns the copies."""
         study = self.study
         params = space.incumbent_params(base) or {}
         scores: list[Score] = []
@@ -209,6 +211,14 @@ class StageStudy:
                 self._add_carried(space, base, params, carried[seed], scores)
                 continue
             self.queue(params, Assignment(role=Role.INCUMBENT, seed=seed))
+        # The previous stage's other runs of this config (the winner's confirmations on fresh
+        # seeds) are incumbent runs too, outside the budget: a 2-run incumbent's spread kept
+        # the interval of every η from falling below ~1.2× a run's seed spread (issue 27).
+        incumbent_seeds = {spec.seeds[r % len(spec.seeds)] for r in range(spec.probe.incumbent_repeats)}
+        for seed in sorted(carried):
+            if seed not in incumbent_seeds and carried[seed].score is not None:
+                scores.append(carried[seed].score)  # type: ignore[arg-type]
+                self._add_carried(space, base, params, carried[seed], scores)
         copies = [t for t in records(study.get_trials(deepcopy=False)) if t.carried_from is not None]
         # The sampler's startup trials come from the space's starting points (the method's
         # first moves, or spread points), leaving at least one place for the sampler itself.
