@@ -88,7 +88,9 @@ def test_short_probe_stages_cost_under_15_percent(pruned: dict[str, Any]) -> Non
     by_name = {s["name"]: _gpu_s(s) for s in pruned["stages"]}
     share = (by_name["systems"] + by_name["tokens"]) / sum(by_name.values())
     print(f"stage 0 + stage 3 share of simulated GPU time: {share:.1%}")
-    assert share < 0.15
+    # Under 15% with a 30-layout systems sweep; issue 27 made it 80 layouts (with 30 the
+    # leader came in the last third and the layout held 3-7% of the best η): 22.6% here.
+    assert share < 0.25
 
 
 def test_every_probe_reports_utilisation_and_diagnosis(pruned: dict[str, Any]) -> None:
