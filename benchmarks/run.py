@@ -1,6 +1,6 @@
 """Does staged search reach a near-best config with less GPU time than the alternatives?
 
-    python -m benchmarks.run [--landscape FILE ...] [--split all|tune|report] [--methods a,b]
+    python -m benchmarks.run [--landscape FILE ...] [--split all|tune|report] [--methods a,b] [--reps-for gp=2]
                              [--reps N] [--quick] [--jobs 2] [--out DIR]
 
 Runs verl-sweep, the manual procedure (:mod:`benchmarks.methods`) and the HPO peers
@@ -433,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated subset of {','.join(METHODS)} (default: every one installed)")
     parser.add_argument("--reps", type=int, default=None, help="repetitions per landscape and method (default 10; 2 with --quick)")
+    parser.add_argument("--reps-for", action="append", default=[], metavar="METHOD=N",
+                        help="fewer (or more) repetitions for one method, e.g. gp=2 for the slowest peer (repeatable)")
     parser.add_argument("--budget", type=float, default=3000.0,
                         help="the peers' GPU-hour budget when verl-sweep is not run (else: its median spend)")
     parser.add_argument("--quick", action="store_true", help="1 landscape, 2 reps, small budgets (for tests)")
@@ -467,6 +469,12 @@ def main(argv: list[str] | None = None) -> int:
         report = [n for n in shipped if n not in TUNE_SPLIT]
         landscapes = {"all": tune + report, "tune": tune, "report": report}[args.split]
     reps = args.reps or (2 if args.quick else 10)
+    reps_of = {m: reps for m in methods}
+    for item in args.reps_for:
+        name, _, n = item.partition("=")
+        if name not in METHODS or not n.isdigit() or int(n) < 1:
+            parser.error(f"--reps-for must be METHOD=N with a method of {', '.join(METHODS)} and N >= 1, but got {item!r}")
+        reps_of[name] = int(n)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     names = {name: load_landscape(name).name for name in landscapes}
@@ -476,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def tasks_of(group: list[str], budget: dict[str, float]) -> list[tuple[str, str, int, bool, float]]:
         return [(name, m, rep, args.quick, budget.get(name, args.budget))
-                for name in landscapes for rep in range(reps) for m in group]  # fmt: skip
+                for name in landscapes for rep in range(max(reps_of[m] for m in group) if group else 0)
+                for m in group if rep < reps_of[m]]  # fmt: skip
 
     def budgets(done: list[dict[str, Any]]) -> dict[str, float]:
         # The peers' budget per landscape: the median GPU-hours verl-sweep spent in total.
@@ -527,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "command": "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M"), "landscapes": list(best), "reps": reps, "methods": methods,
+        "reps_per_method": reps_of,
         "split": {name: ("tune" if name in TUNE_SPLIT else "report") for name in best},
         "best": best, "budget_gpu_h": budget_h, "rows": rows, "acceptance": verdict, "runs": results,
         "overhead": overhead, "search_seconds": search_s, "total_seconds": time.perf_counter() - started,

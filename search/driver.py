@@ -25,8 +25,10 @@ from launchers.base import Launcher
 from search import _optuna_forks
 from search.console import Console
 from search.errors import SweepError
+from search.policy import found_nothing
 from search.records import StageResult
 from search.stage_loop import Context, StageLoop, Tick
+from search.stage_study import StageStudy
 from search.storage import describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec
 from search.study_root import load_spec, save_spec, stored_stage_result
@@ -86,9 +88,12 @@ class StudyRunner:
         """Run every stage not yet finished; returns the final config."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         base = self.spec.baseline_config()
+        flat = 0  # stages in a row from the first that found nothing (policy.found_nothing)
         for index, stage in enumerate(self.spec.stages):
             result = self.stage_result(stage)
-            if result is None:
+            if result is None and self.spec.stop_when_flat and flat >= self.spec.stop_when_flat:
+                result = self.skip_stage(stage, base, flat)
+            elif result is None:
                 result = self.run_stage(index, stage, base)
                 if result is None:
                     return base  # left before the end (leave_at_end): the others store the result
@@ -97,8 +102,25 @@ class StudyRunner:
                 ahead = self.take_ahead(index, base)
                 if ahead is not None and ahead.active:  # a stage waits for every run of it
                     raise SweepError(f"stage {stage.name} was decided while this worker still ran it")
+            flat = flat + 1 if flat == index and found_nothing(result) else flat
             base = result.config
         return base
+
+    def skip_stage(self, stage: StageSettings, base: Config, flat: int) -> StageResult:
+        """The study stops early (``stop_when_flat``): the stage keeps ``base`` without a
+        trial, and says why; runs this worker started ahead into it are closed as wasted."""
+        if self.ahead is not None:
+            ahead, self.ahead, self._following_ahead = self.ahead, None, False
+            ahead.vacate(why="the study stopped early: the stages before it found nothing")
+        result = StageResult(
+            stage=stage.name, winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
+            decision=f"skipped: the first {flat} stages kept the baseline with no candidate above 1 + tolerance "
+                     "(stop_when_flat)", config=base, overrides={},
+        )
+        result = with_retries(lambda: StageStudy.record_skipped(self.storage, self.spec, stage, base, result),
+                              what="store the stage result")
+        self.console.stage_finished(stage.name, result)
+        return result
 
     def stage_result(self, stage: StageSettings) -> StageResult | None:
         return stored_stage_result(self.storage, self.spec, stage)

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from objectives.probe import ProbeSettings
 from search import liveness
 from search.errors import BadInputError
-from search.policy import Rerun, StagePolicy
+from search.policy import Rerun, StagePolicy, found_nothing, ranked_candidates
 from search.records import Role, StageResult, TrialRecord
 from search.stage_study import StageClock, StageStudy
 from search.storage import HEARTBEAT_INTERVAL_S, with_retries
@@ -112,7 +112,8 @@ class StageLoop:
         carried: list[TrialRecord] = []
         if created:
             earlier = StageStudy.earlier_runs(ctx.storage, spec, index, base, policy.settings.steps)
-            carried = study.enqueue_initial(spec, stage, space, base, carried=earlier)
+            leaders = undecided_leaders(ctx, index) if space.takes_earlier_leaders else []
+            carried = study.enqueue_initial(spec, stage, space, base, carried=earlier, leaders=leaders)
             study.mark_initialized()
         loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of)
         if ahead_of is None:
@@ -249,6 +250,23 @@ def _vacated_note(console: Console) -> Callable[[str, str, str], None]:
         console.note(f"{name}: closed the runs started ahead ({why}); kept as {lost}")
 
     return note
+
+
+def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
+    """(stage name, overrides) of the leader of each stage before ``index`` that kept its
+    incumbent although the leader was above 1 + tolerance: a gain its runs could not decide."""
+    out: list[tuple[str, Config]] = []
+    for stage in ctx.spec.stages[:index]:
+        decided = StageStudy.decided_stage(ctx.storage, ctx.spec, stage)
+        if decided is None:
+            continue
+        result, trials = decided
+        if result.winner_trial is not None or found_nothing(result) or result.decision.startswith("skipped"):
+            continue
+        ranked, _ = ranked_candidates(trials)
+        if ranked and ranked[0][0][0] > 1 + stage.stop.tolerance:
+            out.append((stage.name, dict(ranked[0][1].overrides)))
+    return out
 
 
 def probe_settings(spec: StudySpec, stage: StageSettings, space: Space) -> ProbeSettings:

@@ -106,6 +106,26 @@ class StageStudy:
         study = optuna.load_study(study_name=name, storage=storage, sampler=build_sampler(stage, n), pruner=pruner)
         return cls(study, storage), False
 
+    @staticmethod
+    def record_skipped(storage: optuna.storages.RDBStorage, spec: StudySpec, stage: StageSettings, base: Config,
+                       result: StageResult) -> StageResult:
+        """Store ``result`` as the decision of a stage that runs no trial (the study stopped
+        early): its study is created with the base and the result, so status, export and every
+        resume or worker read it as decided. A result already stored wins."""
+        name = stage_study_name(spec, stage)
+        try:
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+        except optuna.exceptions.DuplicatedStudyError:
+            study = optuna.load_study(study_name=name, storage=storage)
+            stored = StageStudyAttrs.of(study.user_attrs).result
+            if stored is not None:
+                return stored
+        attrs = {**created_study_attrs(base=base, stage=stage.model_dump(mode="json"), probe_steps=spec.probe.steps),
+                 **initialized_attr(), **result_attr(result)}
+        for key, value in attrs.items():
+            study.set_user_attr(key, value)
+        return result
+
     def wait_initialized(self, timeout_s: float = 60.0) -> None:
         """Another worker created the stage: wait until it has queued the stage's first trials,
         or a fresh trial could take a place in the budget before them."""
@@ -159,11 +179,26 @@ class StageStudy:
                 runs.setdefault(t.seed, t)
         return runs
 
+    @staticmethod
+    def decided_stage(storage: optuna.storages.BaseStorage, spec: StudySpec,
+                      stage: StageSettings) -> tuple[StageResult, list[TrialRecord]] | None:
+        """An earlier stage's stored result and its trials; None while it has none."""
+        try:
+            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
+        except KeyError:
+            return None
+        result = StageStudyAttrs.of(study.user_attrs).result
+        return None if result is None else (result, records(study.get_trials(deepcopy=False)))
+
     def enqueue_initial(self, spec: StudySpec, stage: StageSettings, space: Space, base: Config,
-                        carried: dict[int, TrialRecord]) -> list[TrialRecord]:
-        """The stage's first trials: the incumbent (repeated), starting points, a template.
-        An incumbent run the previous stage already made (``carried``) is copied, not re-run;
-        returns the copies."""
+                        carried: dict[int, TrialRecord],
+                        leaders: list[tuple[str, Config]] | None = None) -> list[TrialRecord]:
+        """The stage's first trials: the incumbent (repeated), earlier stages' undecided
+        leaders moved onto ``base`` (``leaders``: (stage name, overrides); only points of this
+        space other than the incumbent), starting points, a template. An incumbent run the
+        previous stage already made (``carried``) is copied, not re-run, and its runs on other
+        seeds are copied as extra incumbent runs (``StagePolicy.counted`` leaves them out of
+        the budget); returns the copies."""
         study = self.study
         params = space.incumbent_params(base) or {}
         scores: list[Score] = []
@@ -176,12 +211,28 @@ class StageStudy:
                 self._add_carried(space, base, params, carried[seed], scores)
                 continue
             self.queue(params, Assignment(role=Role.INCUMBENT, seed=seed))
+        # The previous stage's other runs of this config (the winner's confirmations on fresh
+        # seeds) are incumbent runs too, outside the budget: a 2-run incumbent's spread kept
+        # the interval of every η from falling below ~1.2× a run's seed spread (issue 27).
+        incumbent_seeds = {spec.seeds[r % len(spec.seeds)] for r in range(spec.probe.incumbent_repeats)}
+        for seed in sorted(carried):
+            if seed not in incumbent_seeds and carried[seed].score is not None:
+                scores.append(carried[seed].score)  # type: ignore[arg-type]
+                self._add_carried(space, base, params, carried[seed], scores)
         copies = [t for t in records(study.get_trials(deepcopy=False)) if t.carried_from is not None]
         # The sampler's startup trials come from the space's starting points (the method's
         # first moves, or spread points), leaving at least one place for the sampler itself.
-        n_start = min(stage.sampler.n_startup_trials, stage.budget.max_trials - spec.probe.incumbent_repeats - 1)
+        room = stage.budget.max_trials - spec.probe.incumbent_repeats - 1
+        queued: list[dict[str, Any]] = []
+        for name, overrides in leaders or []:
+            point = space.incumbent_params(merge(base, overrides))
+            if point and point != params and point not in queued and len(queued) < room:
+                queued.append(point)
+                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin=f"leader of {name}"))
+        n_start = min(stage.sampler.n_startup_trials, room - len(queued))
         for point in space.starting_points(base, n_start):
-            self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin="start"))
+            if point not in queued:
+                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin="start"))
         if space.kind == "systems":
             # The source's layout for this model size and GPU count is the first candidate.
             template = template_for(spec.model, spec.hardware, spec.algorithm)

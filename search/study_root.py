@@ -44,7 +44,11 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str
             f"the database already has an Optuna study named {spec.name!r} that verl-sweep did not "
             "create. Pick another study name or another --storage."
         )
-    changed = [path for path in _differences(stored, data) if path != "source_dir"]  # where the file lies
+    try:  # a definition stored by an older version: compared with this version's defaults filled in
+        stored_now = spec_to_dict(spec_from_dict(stored))
+    except BadInputError:
+        stored_now = stored
+    changed = [path for path in _differences(stored_now, data) if path != "source_dir"]  # where the file lies
     refused = [path for path in changed if not _is_operational(path) and not _BUDGET.match(path)]
     if refused:
         shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")

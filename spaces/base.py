@@ -25,6 +25,9 @@ class Space(abc.ABC):
 
     #: registry name, e.g. "mini_batch"
     kind: str = ""
+    #: a stage of this space first tries the leaders that earlier stages could not decide
+    #: (above 1 + tolerance, interval reaching it), moved onto its own base (the polish stage)
+    takes_earlier_leaders: bool = False
 
     @abc.abstractmethod
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config: ...

@@ -156,3 +156,32 @@ def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path
     study.tell(retry, 1.05)
     fresh = study.ask()
     assert policy.over_budget(_trials(study), fresh.number)
+
+
+def test_a_leader_clear_of_the_incumbent_wins_once_it_has_three_runs(tmp_path: Path) -> None:
+    """Issue 27: η 1.06 whose interval clears the incumbent (η 1) but still reaches 1 + 2%
+    is undecided over 2 runs (it gets a third) and wins over 3; before, it was kept out."""
+    study = _scored_study(tmp_path)
+    policy = _policy(SPEC.stages[-2].model_copy(update={"confirm_max_runs": 5}))
+    for seed in (11, 12):
+        _scored(study, "incumbent", 1.0, seed)
+    _scored(study, "candidate", 1.06, 11)
+    leader = study.get_trials(deepcopy=False)[-1]
+    _scored(study, "rerun", 1.06, 13, rerun_of=leader.number)
+    base = SPEC.baseline_config()
+    two = policy.decide(_trials(study), base)
+    assert two.winner_trial is None and two.decision.startswith("no significant gain")
+    assert [t.number for t in policy.undecided_leader(_trials(study))] == [leader.number]
+    _scored(study, "rerun", 1.06, 14, rerun_of=leader.number)
+    three = policy.decide(_trials(study), base)
+    assert 1.0 < three.eta_low <= policy.threshold  # the new rule decided it, not the old one
+    assert three.winner_trial == leader.number
+    assert policy.undecided_leader(_trials(study)) == []  # decided: no fourth run
+
+
+def test_a_leader_whose_interval_reaches_the_incumbent_keeps_it() -> None:
+    policy = _policy()
+    assert not policy.significant(0.999, 5)
+    assert not policy.significant(1.01, 2)
+    assert policy.significant(1.01, 3)
+    assert policy.significant(1.03, 2)

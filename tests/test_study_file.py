@@ -68,8 +68,8 @@ def test_missing_file_is_bad_input(tmp_path: Path) -> None:
 
 
 def test_default_stages_follow_the_algorithm() -> None:
-    assert [s.name for s in default_stages(Algorithm.GRPO)] == ["systems", "minibatch", "kl", "tokens", "lr", "polish"]
-    assert [s.name for s in default_stages(Algorithm.PPO)] == ["systems", "minibatch", "kl", "tokens", "lr", "lam", "polish"]
+    assert [s.name for s in default_stages(Algorithm.GRPO)] == ["systems", "tokens", "minibatch", "kl", "lr", "polish"]
+    assert [s.name for s in default_stages(Algorithm.PPO)] == ["systems", "tokens", "minibatch", "kl", "lr", "lam", "polish"]
 
 
 def test_storage_defaults_to_sqlite_beside_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

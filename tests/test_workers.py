@@ -30,6 +30,14 @@ def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]
     run_ids = [t.user_attrs["run_id"] for ts in trials.values() for t in ts
                if "run_id" in t.user_attrs and "carried_from" not in t.user_attrs]  # a copy keeps its source's id
     assert len(run_ids) == len(set(run_ids)), "a run id was used twice"
+    # Incumbent runs carried from the stage before on seeds beyond the incumbent's own are
+    # outside the budget (issue 27).
+    import optuna
+
+    from search.records import SPEC_ATTR
+
+    spec = optuna.load_study(study_name=name, storage=url).user_attrs[SPEC_ATTR]
+    own = spec["seeds"][: spec["probe"]["incumbent_repeats"]]
     counts: collections.Counter[str] = collections.Counter()
     for study_name, stage_trials in trials.items():
         assert not [t.number for t in stage_trials if t.state in (TrialState.RUNNING, TrialState.WAITING)], study_name
@@ -39,7 +47,8 @@ def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]
         stage = study_name.split(".")[-1]
         requeued = {n for t in stage_trials for n in t.system_attrs.get("retry_history", [])}
         counted = [t for t in stage_trials if t.number not in requeued
-                   and t.user_attrs.get("role") not in ("rerun", "skipped")]
+                   and t.user_attrs.get("role") not in ("rerun", "skipped")
+                   and not ("carried_from" in t.user_attrs and t.user_attrs.get("seed") not in own)]
         assert len(counted) == budgets[stage], f"{study_name}: {len(counted)} counted trials, budget {budgets[stage]}"
         for t in stage_trials:
             counts[t.state.name.lower()] += 1

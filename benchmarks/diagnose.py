@@ -1,0 +1,98 @@
+"""Where does verl-sweep lose η on a landscape? Per-stage traces, scored on the noise-free model.
+
+    python -m benchmarks.diagnose LANDSCAPE [--reps 3] [--first-rep 0]
+
+For each repetition and stage: the true η (vs the study baseline, at the landscape's judged
+horizon) of the stage's base, of its choice, and of the best config it measured; the
+measured η of its choice; the GPU-hours it spent. Then where the gap to the best reachable η
+lies: (a) never visited (best measured < 95% of the best), (b) visited but not chosen (a
+stage measured a config above its choice by > 2%), (c) GPU-hours of stages that kept their
+incumbent, (d) the final choice below the best config measured anywhere. SIMULATED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from benchmarks import methods as M
+from benchmarks.run import _true_eta, demo_spec, reference, true_steps
+
+
+class _StageConsole(M._RecordingConsole):
+    def __init__(self, launcher: Any) -> None:
+        super().__init__(launcher)
+        self.stages: list[dict[str, Any]] = []
+        self._start_h = 0.0
+        self._start_trials = 0
+
+    def stage_finished(self, name: str, result: Any) -> None:
+        super().stage_finished(name, result)
+        h = M.gpu_hours(self.launcher)
+        self.stages.append({"name": name, "base": dict(self.base), "config": dict(result.config), "eta": result.eta,
+                            "decision": result.decision, "gpu_h": h - self._start_h,
+                            "trials": self.trials[self._start_trials:]})  # fmt: skip
+        self._start_h, self._start_trials = h, len(self.trials)
+
+
+def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:
+    from launchers.simulator import load_landscape
+
+    spec = demo_spec(landscape_name)
+    data = spec.model_dump(mode="json")
+    data["seeds"] = [s + 100 * rep for s in data["seeds"]]
+    for stage in data["stages"]:
+        stage["sampler"] = {**stage.get("sampler", {}), "seed": 1000 + rep}
+    spec = type(spec).model_validate(data)
+    landscape = load_landscape(landscape_name)
+    steps = true_steps(landscape, spec)
+    base_rate = landscape.true_rate(spec.baseline_config(), steps)
+    with tempfile.TemporaryDirectory(prefix="vs-diag-") as tmp:
+        launcher = M.replay_launcher(Path(tmp), landscape_name)
+        console = _StageConsole(launcher)
+        runner = M._TracingRunner(spec, M._storage(), launcher, console=console, build_space=M.build_space,
+                                  poll_interval_s=M.POLL_S)  # fmt: skip
+        runner.run()
+        launcher.close()
+    true = lambda c: _true_eta(landscape, c, base_rate, steps)  # noqa: E731
+    out = []
+    for s in console.stages:
+        measured = [(true(c), role, e) for _, role, c, e in s["trials"]]
+        out.append({"name": s["name"], "base": true(s["base"]), "chosen": true(s["config"]), "measured_eta": s["eta"],
+                    "best_seen": max([m[0] for m in measured] or [true(s["base"])]), "gpu_h": s["gpu_h"],
+                    "n": len(measured), "kept": s["config"] == s["base"], "decision": s["decision"],
+                    "config": s["config"]})  # fmt: skip
+    return {"rep": rep, "stages": out}
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("landscape")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--first-rep", type=int, default=0)
+    args = parser.parse_args()
+    best = reference(args.landscape, False)["best_eta"]
+    print(f"{args.landscape}: best reachable η {best:.3f} (SIMULATED)")
+    for rep in range(args.first_rep, args.first_rep + args.reps):
+        d = diagnose(args.landscape, rep)
+        print(f"-- rep {rep}")
+        print(f"   {'stage':<10} {'base':>6} {'chosen':>6} {'best seen':>9} {'meas η':>7} {'GPU-h':>6} {'n':>3}  decision")
+        for s in d["stages"]:
+            print(f"   {s['name']:<10} {s['base'] / best:>6.3f} {s['chosen'] / best:>6.3f} {s['best_seen'] / best:>9.3f} "
+                  f"{s['measured_eta']:>7.3f} {s['gpu_h']:>6.0f} {s['n']:>3}  {s['decision'][:90]}")  # fmt: skip
+        final = d["stages"][-1]
+        seen = max(s["best_seen"] for s in d["stages"])
+        print(f"   final {final['chosen'] / best:.3f} of best; best measured anywhere {seen / best:.3f}; "
+              f"kept-incumbent stages spent {sum(s['gpu_h'] for s in d['stages'] if s['kept']):.0f} of "
+              f"{sum(s['gpu_h'] for s in d['stages']):.0f} GPU-h")
+        print(f"   final config: { {k: v for k, v in final['config'].items() if 'path' not in k and 'files' not in k} }")
+
+
+if __name__ == "__main__":
+    main()
