@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import json
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -231,3 +232,40 @@ class Launcher(abc.ABC):
         run_dir = self.root_dir / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
+
+
+# -- reading a run's logs ------------------------------------------------------------------
+#: a log line worth keeping as evidence when a run failed
+_ERROR_LINE = re.compile(r"Error\b|Exception\b|Traceback|out of memory|less than desired", re.IGNORECASE)
+
+
+def error_lines(lines: list[str]) -> list[str]:
+    """The lines that may carry a failure's cause (stripped), in order."""
+    return [line.strip() for line in lines if _ERROR_LINE.search(line)]
+
+
+def tail(path: Path | str, n_lines: int = 20, *, max_bytes: int = 1 << 20) -> str:
+    """The last ``n_lines`` lines of a log file ("" when it does not exist).
+
+    Reads backwards in blocks so a multi-gigabyte stdout costs only its end; undecodable
+    bytes are replaced, never raised.
+    """
+    if n_lines < 1:
+        raise ValueError(f"n_lines must be >= 1, but got {n_lines}. Pass e.g. 20.")
+    path = Path(path)
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return ""
+    with handle:
+        handle.seek(0, os.SEEK_END)
+        end = handle.tell()
+        data = b""
+        pos = end
+        while pos > 0 and data.count(b"\n") <= n_lines and end - pos < max_bytes:
+            step = min(8192, pos)
+            pos -= step
+            handle.seek(pos)
+            data = handle.read(step) + data
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-n_lines:])

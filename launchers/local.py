@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from launchers import gpu as gpu_mod
-from objectives.failures import error_lines, tail
 from launchers import process as proc_mod
 from launchers.base import (
     WORKER_ERRORS_FILE,
+    error_lines,
+    tail,
     Clock,
     Launcher,
     LauncherError,

@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import os
 import re
 import signal
 from pathlib import Path
+
+from launchers.base import error_lines, tail
 
 logger = logging.getLogger(__name__)
 
@@ -189,15 +190,6 @@ def _line_at(text: str, index: int) -> str:
     return text[start : end if end >= 0 else len(text)].strip()[:300]
 
 
-#: a log line worth keeping as evidence when a run failed
-_ERROR_LINE = re.compile(r"Error\b|Exception\b|Traceback|out of memory|less than desired", re.IGNORECASE)
-
-
-def error_lines(lines: list[str]) -> list[str]:
-    """The lines that may carry a failure's cause (stripped), in order."""
-    return [line.strip() for line in lines if _ERROR_LINE.search(line)]
-
-
 def failure_text(*, stderr: Path, stdout: Path, worker_errors: Path) -> str:
     """What a failed run left to diagnose it by: the error lines its private Ray session's
     workers logged (kept by the local launcher), then the error lines Ray forwarded to the
@@ -205,30 +197,3 @@ def failure_text(*, stderr: Path, stdout: Path, worker_errors: Path) -> str:
     desired GPU memory utilization" was nowhere else), then the end of its stderr."""
     forwarded = "\n".join(error_lines(tail(stdout, n_lines=400).splitlines())[-40:])
     return "\n".join(filter(None, (tail(worker_errors, n_lines=60), forwarded, tail(stderr, n_lines=40))))
-
-
-def tail(path: Path | str, n_lines: int = 20, *, max_bytes: int = 1 << 20) -> str:
-    """The last ``n_lines`` lines of a log file ("" when it does not exist).
-
-    Reads backwards in blocks so a multi-gigabyte stdout costs only its end; undecodable
-    bytes are replaced, never raised.
-    """
-    if n_lines < 1:
-        raise ValueError(f"n_lines must be >= 1, but got {n_lines}. Pass e.g. 20.")
-    path = Path(path)
-    try:
-        handle = path.open("rb")
-    except FileNotFoundError:
-        return ""
-    with handle:
-        handle.seek(0, os.SEEK_END)
-        end = handle.tell()
-        data = b""
-        pos = end
-        while pos > 0 and data.count(b"\n") <= n_lines and end - pos < max_bytes:
-            step = min(8192, pos)
-            pos -= step
-            handle.seek(pos)
-            data = handle.read(step) + data
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-n_lines:])

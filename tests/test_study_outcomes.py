@@ -84,7 +84,7 @@ def test_stage_0_finds_a_layout_at_least_as_fast_as_the_template(pruned: dict[st
         assert check_config(merge(base, trial["params"]), **facts) == [], trial
 
 
-def test_short_probe_stages_cost_under_15_percent(pruned: dict[str, Any]) -> None:
+def test_short_probe_stages_cost_under_a_quarter(pruned: dict[str, Any]) -> None:
     by_name = {s["name"]: _gpu_s(s) for s in pruned["stages"]}
     share = (by_name["systems"] + by_name["tokens"]) / sum(by_name.values())
     print(f"stage 0 + stage 3 share of simulated GPU time: {share:.1%}")
