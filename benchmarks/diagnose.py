@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import methods as M
-from benchmarks.run import _true_eta, demo_spec, reference, true_steps
+from benchmarks.run import _true_eta, reference, rep_spec, true_steps
 
 
 class _StageConsole(M._RecordingConsole):
@@ -42,12 +42,7 @@ class _StageConsole(M._RecordingConsole):
 def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:
     from launchers.simulator import load_landscape
 
-    spec = demo_spec(landscape_name)
-    data = spec.model_dump(mode="json")
-    data["seeds"] = [s + 100 * rep for s in data["seeds"]]
-    for stage in data["stages"]:
-        stage["sampler"] = {**stage.get("sampler", {}), "seed": 1000 + rep}
-    spec = type(spec).model_validate(data)
+    spec = rep_spec(landscape_name, rep)
     landscape = load_landscape(landscape_name)
     steps = true_steps(landscape, spec)
     base_rate = landscape.true_rate(spec.baseline_config(), steps)

@@ -82,6 +82,17 @@ def demo_spec(landscape: str, *, quick: bool = False) -> Any:
     return parse_study(data)
 
 
+def rep_spec(landscape: str, rep: int, *, quick: bool = False) -> Any:
+    """The demo study of repetition ``rep``: a different noise stream per repetition (seeds
+    shift by 100 × rep) and its own sampler seed."""
+    spec = demo_spec(landscape, quick=quick)
+    data = spec.model_dump(mode="json")
+    data["seeds"] = [s + 100 * rep for s in data["seeds"]]
+    for stage in data["stages"]:
+        stage["sampler"] = {**stage.get("sampler", {}), "seed": 1000 + rep}
+    return type(spec).model_validate(data)
+
+
 def true_steps(landscape: Any, spec: Any) -> int:
     """The horizon the choices are judged at: the probe's steps, unless the landscape says
     the 500-step rate misleads there (``benchmark.true_steps``: a slow start)."""
@@ -196,13 +207,7 @@ def run_one(task: tuple[str, str, int, bool, float]) -> dict[str, Any]:
     from benchmarks import methods as M
     from benchmarks.peers import run_peer
 
-    spec = demo_spec(landscape_name, quick=quick)
-    # A different noise stream per repetition: seeds shift by 100 × rep.
-    data = spec.model_dump(mode="json")
-    data["seeds"] = [s + 100 * rep for s in data["seeds"]]
-    for stage in data["stages"]:
-        stage["sampler"] = {**stage.get("sampler", {}), "seed": 1000 + rep}
-    spec = type(spec).model_validate(data)
+    spec = rep_spec(landscape_name, rep, quick=quick)
     landscape = load_landscape(landscape_name)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs-bench-") as tmp:

@@ -102,16 +102,22 @@ def _scored_study(tmp_path: Path) -> optuna.Study:
     return optuna.create_study(study_name="demo.polish", storage=storage, direction="maximize")
 
 
-def test_an_undecided_leader_is_rerun_until_its_interval_decides(tmp_path: Path) -> None:
-    """η 1.06 with a ±5% interval neither clears the 2% rule nor falls within it: the leader
-    gets one more fresh seed per pass, up to ``confirm_max_runs`` runs."""
-    study = _scored_study(tmp_path)
-    policy = _policy(SPEC.stages[-2].model_copy(update={"confirm_max_runs": 3}))
+def _leader_over_two_runs(study: optuna.Study) -> "optuna.trial.FrozenTrial":
+    """Two incumbent runs at η 1, and a candidate at η 1.06 with one re-run: the leader."""
     for seed in (11, 12):
         _scored(study, "incumbent", 1.0, seed)
     _scored(study, "candidate", 1.06, 11)
     leader = study.get_trials(deepcopy=False)[-1]
     _scored(study, "rerun", 1.06, 13, rerun_of=leader.number)
+    return leader
+
+
+def test_an_undecided_leader_is_rerun_until_its_interval_decides(tmp_path: Path) -> None:
+    """η 1.06 with a ±5% interval neither clears the 2% rule nor falls within it: the leader
+    gets one more fresh seed per pass, up to ``confirm_max_runs`` runs."""
+    study = _scored_study(tmp_path)
+    policy = _policy(SPEC.stages[-2].model_copy(update={"confirm_max_runs": 3}))
+    leader = _leader_over_two_runs(study)
     trials = _trials(study)
     assert [t.number for t in policy.undecided_leader(trials)] == [leader.number]
     (rerun,) = policy.confirmations(trials, extra=False, now=datetime.datetime.now())  # run 3
@@ -163,11 +169,7 @@ def test_a_leader_clear_of_the_incumbent_wins_once_it_has_three_runs(tmp_path: P
     is undecided over 2 runs (it gets a third) and wins over 3; before, it was kept out."""
     study = _scored_study(tmp_path)
     policy = _policy(SPEC.stages[-2].model_copy(update={"confirm_max_runs": 5}))
-    for seed in (11, 12):
-        _scored(study, "incumbent", 1.0, seed)
-    _scored(study, "candidate", 1.06, 11)
-    leader = study.get_trials(deepcopy=False)[-1]
-    _scored(study, "rerun", 1.06, 13, rerun_of=leader.number)
+    leader = _leader_over_two_runs(study)
     base = SPEC.baseline_config()
     two = policy.decide(_trials(study), base)
     assert two.winner_trial is None and two.decision.startswith("no significant gain")
