@@ -49,15 +49,22 @@ class IncumbentPruner(optuna.pruners.BasePruner):
                 and t.value is not None and t.number != trial.number]
         leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
         seed = seed_of(trial)
-        for step in steps[-self.patience:]:
-            # The margin applies to the incumbent: a candidate within it may be a slow starter
-            # (KL on) that ends above. The leader already beat the incumbent on a whole run.
-            incumbent = self._reference(incumbents, step, seed)
-            references = [r for r in (None if incumbent is None else incumbent * (1 - self.margin),
-                                      self._reference(leaders, step, seed)) if r is not None]
-            if not references or trial.intermediate_values[step] >= max(references):
-                return False
-        return True
+        bars = {step: self._bar(incumbents, leaders, step, seed) for step in steps}
+        # Probes that run side by side are a step or two apart: compare at the candidate's
+        # latest steps that a reference run has reached too, not only at its very latest.
+        compared = [step for step in steps if bars[step] is not None][-self.patience:]
+        return len(compared) == self.patience and all(
+            trial.intermediate_values[step] < bars[step] for step in compared)  # type: ignore[operator]
+
+    def _bar(self, incumbents: list["FrozenTrial"], leaders: list["FrozenTrial"], step: int,
+             seed: object) -> float | None:
+        """The value a candidate must reach at ``step`` to run on; None when no reference has it.
+        The margin applies to the incumbent: a candidate within it may be a slow starter (KL on)
+        that ends above. The leader already beat the incumbent on a whole run."""
+        incumbent = self._reference(incumbents, step, seed)
+        references = [r for r in (None if incumbent is None else incumbent * (1 - self.margin),
+                                  self._reference(leaders, step, seed)) if r is not None]
+        return max(references) if references else None
 
     @staticmethod
     def _reference(incumbents: list["FrozenTrial"], step: int, seed: object) -> float | None:

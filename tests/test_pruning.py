@@ -82,6 +82,17 @@ def test_a_candidate_just_below_the_incumbent_runs_on_but_not_one_below_the_lead
     assert pruner.prune(study, _running(study, "candidate", {100: 1.15, 125: 1.15}))
 
 
+def test_a_candidate_ahead_of_a_running_incumbent_is_compared_where_both_have_reported() -> None:
+    # Seen on the H200: probes sharing a GPU start together, and the candidate can be a step
+    # ahead of the incumbent, so at its latest step there is nothing to compare with yet.
+    pruner = IncumbentPruner(n_warmup_steps=3, patience=2)
+    study = optuna.create_study(direction="maximize")
+    _running(study, "incumbent", {3: 1.0, 4: 1.0, 5: 1.0})
+    assert not pruner.prune(study, _running(study, "candidate", {3: 0.1, 4: 1.0, 5: 0.1, 6: 0.1}))
+    assert pruner.prune(study, _running(study, "candidate", {3: 0.1, 4: 0.1, 5: 0.1, 6: 0.1}))
+    assert not pruner.prune(study, _running(study, "candidate", {3: 0.1, 6: 0.1, 7: 0.1}))  # one step in common
+
+
 @pytest.mark.parametrize(
     ("probe", "pruner", "first", "warned"),
     [

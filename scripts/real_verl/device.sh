@@ -9,7 +9,7 @@
 #   resume        `resume` the study from the database an earlier lease brought back (the
 #                 study spans leases: $RESUME_DB, committed under docs/device-runs/)
 #   side          prune_sigterm.py: a candidate pruned, then SIGTERM to its driver (background)
-#   side-wait:S   wait up to S s for it, then bring its evidence back ($OUT/side.tar.gz)
+#   side-wait:T   wait for it until T s into this call, then bring its evidence back ($OUT/side.tar.gz)
 #   oom:D         the memory-fraction provocation, D s from now (background)
 #   follow:S      follow the study for up to S s (returns early when the driver exits)
 #   finish        status, report, export, real training from the export, evidence to $OUT
@@ -103,13 +103,17 @@ for phase in "$@"; do
   side)
     [ -f "$R/side.pid" ] || { setsid nohup python3 scripts/real_verl/prune_sigterm.py "${VS_STUDY_SRC:-studies/tiny-h200.yaml}" "$R/side" "$EV/side" > "$R/side.log" 2>&1 < /dev/null & echo $! > "$R/side.pid"; } ;;
   side-wait:*)
-    end=$(( SECONDS + ${phase#side-wait:} ))
+    end=${phase#side-wait:}  # seconds since this call began: the evidence must be out before its limit
     while [ $SECONDS -lt $end ] && kill -0 "$(cat "$R/side.pid")" 2>/dev/null; do
       sleep 20; echo "$(stamp) $(grep -v '^    |' "$R/side/driver.log" 2>/dev/null | tail -1 | cut -c1-160)"
     done
     cp "$R/side"/*.db "$R/side"/*.yaml "$R/side/driver.log" "$EV/side/" 2>/dev/null
     cat "$EV/side/prune-sigterm.txt" 2>/dev/null | head -40
-    tar -C "$R" -czf "$OUT/side.tar.gz" --exclude='std*.log' evidence/side side/runs ;;
+    for f in "$R"/side/runs/*/*/std*.log; do  # the ends of the big logs, for a diagnosis
+      [ -f "$f" ] && { d=$(dirname "$f"); mkdir -p "$R/logs/${d#$R/}"; tail -c 300000 "$f" > "$R/logs/${d#$R/}/$(basename "$f").tail"; }
+    done
+    { stamp; smi; echo; marked; } > "$EV/side/after-side.txt"
+    tar -C "$R" -czf "$OUT/side.tar.gz" --exclude='std*.log' evidence side/runs $( [ -d "$R/logs" ] && echo logs ) ;;
   oom:*)
     [ -f "$R/oom.pid" ] || { PROVOKE_DELAY_S=${phase#oom:} setsid nohup python3 scripts/real_verl/provoke.py "$STUDY" "$R/provoke-runs" "$EV/provoke-oom.json" oom_memory_fraction > "$EV/provoke-oom.log" 2>&1 < /dev/null & echo $! > "$R/oom.pid"; } ;;
   follow:*)

@@ -27,12 +27,17 @@ import yaml
 NAME = "tiny-h200-prune"
 MARKER_ENV = "VERL_SWEEP_RUN_DIR"  # launchers.process.MARKER_ENV
 PRUNED = re.compile(r"pruned at step \d+")
+CALIBRATED_WORLD = Path(__file__).with_name("tiny_h200.landscape.yaml")
 NO_PRUNE_AFTER_S = float(os.environ.get("SIGTERM_AFTER_S", "480"))  # SIGTERM then, pruned or not
 
 
-def derive_study(base: Path, workdir: Path) -> Path:
+def derive_study(base: Path, workdir: Path, launcher: str | None) -> Path:
     spec = yaml.safe_load(base.read_text())
     spec["name"] = NAME
+    if launcher == "sim":  # a dry run on CPU, in the world calibrated to the real tiny runs
+        spec["launcher"] = {"kind": "sim", "options": {"landscape": str(CALIBRATED_WORLD), "time_scale": 20}}
+        # the simulator does not share a GPU between probes, so their memory-fraction bound is not shared
+        spec["unsafe_baseline"] = [*spec.get("unsafe_baseline", []), "actor_rollout_ref.rollout.gpu_memory_utilization"]
     # The running rate needs MIN_SCORED_STEPS steps after the warm-up before a prune can act.
     spec["probe"]["steps"] = int(os.environ.get("PRUNE_PROBE_STEPS", spec["probe"]["steps"]))
     spec["stages"] = [{
@@ -84,15 +89,15 @@ def main() -> None:
     base, workdir, evidence = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     workdir.mkdir(parents=True, exist_ok=True)
     evidence.mkdir(parents=True, exist_ok=True)
-    study = derive_study(base, workdir)
+    launcher_kind = sys.argv[4] if len(sys.argv) > 4 else None  # sim: a dry run here
+    study = derive_study(base, workdir, launcher_kind)
     run_root = workdir / "runs" / NAME
     log = workdir / "driver.log"
     code = 'import sys; sys.argv[0] = "verl-sweep"; from search.cli import main; main()'
-    launcher = ["--launcher", sys.argv[4]] if len(sys.argv) > 4 else []  # sim: a dry run here
     t0 = time.time()
     with open(log, "w") as out:
         driver = subprocess.Popen([sys.executable, "-c", code, "run", str(study), "--storage",
-                                   f"sqlite:///{workdir / NAME}.db", *launcher], stdout=out, stderr=subprocess.STDOUT,
+                                   f"sqlite:///{workdir / NAME}.db"], stdout=out, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
     shots: list[dict[str, Any]] = []
     last = snapshot("start", t0, run_root)
