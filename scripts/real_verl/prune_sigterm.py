@@ -42,7 +42,8 @@ def derive_study(base: Path, workdir: Path, launcher: str | None) -> Path:
     spec["probe"]["steps"] = int(os.environ.get("PRUNE_PROBE_STEPS", spec["probe"]["steps"]))
     spec["stages"] = [{
         "name": "lr", "space": "lr", "params": {"low": 1.0e-6, "high": 3.0e-6},
-        "budget": {"max_trials": 3}, "pruner": {"interval_steps": 1, "warmup_steps": 3},
+        "budget": {"max_trials": 3}, "pruner": {"interval_steps": 1, "warmup_steps": 3,
+                   "patience": int(os.environ.get("PRUNE_PATIENCE", "2"))},
     }]
     path = workdir / f"{NAME}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -118,11 +119,11 @@ def main() -> None:
     term_at = time.time()
     driver.send_signal(signal.SIGTERM)
     exited_after = None
-    for second in range(1, 41):
+    for second in range(1, 31):
         time.sleep(1.0)
         if exited_after is None and driver.poll() is not None:
             exited_after = round(time.time() - term_at, 1)
-        if second in (1, 3, 5, 10, 20, 40) or (exited_after is not None and second == int(exited_after) + 1):
+        if second in (1, 3, 5, 10, 20, 30) or (exited_after is not None and second == int(exited_after) + 1):
             shots.append(snapshot(f"{second} s after SIGTERM", t0, run_root))
     if driver.poll() is None:
         driver.kill()
