@@ -187,3 +187,48 @@ def test_a_real_11_step_probe_gives_its_pruner_a_running_rate_early() -> None:
         reports[run] = [sorted(t.intermediate_values) for t in study.trials]
     assert reports["side-11-step"] == [[], [], []]
     assert reports["prune-24-step"][0] == [11] and not any(reports["prune-24-step"][1:])
+
+
+def _running_rates(steps: list) -> dict[int, float]:
+    """The intermediate values a probe reports (objectives/probe.py running_score), step by step."""
+    from objectives.score import MIN_RUNNING_STEPS
+
+    return {k: score_reward_rate(steps[:k], warmup_steps=WARMUP, n_boot=2, fit_ceiling=False,
+                                 min_steps=MIN_RUNNING_STEPS).rate
+            for k in range(WARMUP + MIN_RUNNING_STEPS, len(steps) + 1)}
+
+
+def test_the_real_pruned_probe_is_pruned_when_replayed_a_step_ahead_of_its_incumbents() -> None:
+    """3rd lease: trial 2 (lr 1.3e-6, seed 1) beside two running incumbents (lr 1e-4, seeds 1
+    and 2), all three started together on the GPU. Its running rate at step 4 was 12× below
+    the same-seed incumbent's; it was pruned at its step 5, when the incumbents had not yet
+    reported step 5. Replayed here through the scorer and the stage's pruner, the candidate is
+    pruned at step 5 and a real incumbent run in its place is not."""
+    from search.pruning import IncumbentPruner
+
+    runs = {t: _running_rates(read_all(DATA / "pruned_probe" / f"{t}.metrics.jsonl")) for t in ("t0000", "t0001", "t0002")}
+    db = DEVICE_RUN / "lease3" / "prune" / "tiny-h200-prune.db"
+    stored = optuna.load_study(study_name="tiny-h200-prune.lr", storage=f"sqlite:///{db}").trials
+    # then SIGTERM to the driver: the incumbents stopped as failed, queued again for a resume
+    State = optuna.trial.TrialState
+    assert [t.state for t in stored] == [State.FAIL, State.FAIL, State.PRUNED, State.WAITING, State.WAITING]
+    for run, trial in zip(runs.values(), stored[:3], strict=True):  # the replay is what the device reported
+        assert all(math.isclose(run[s], v, rel_tol=1e-6) for s, v in trial.intermediate_values.items())
+
+    def candidate_pruned(candidate: dict[int, float], seed: int) -> bool:
+        study = optuna.create_study(direction="maximize")
+        for inc_seed, inc in ((1, runs["t0000"]), (2, runs["t0001"])):  # running, at step 4 only
+            trial = study.ask()
+            trial.set_user_attr("role", "incumbent")
+            trial.set_user_attr("seed", inc_seed)
+            trial.report(inc[4], 4)
+        trial = study.ask()
+        trial.set_user_attr("role", "candidate")
+        trial.set_user_attr("seed", seed)
+        for step in (4, 5):
+            trial.report(candidate[step], step)
+        frozen = study._storage.get_trial(trial._trial_id)
+        return IncumbentPruner(n_warmup_steps=3, patience=1).prune(study, frozen)
+
+    assert candidate_pruned(runs["t0002"], seed=1)
+    assert not candidate_pruned(runs["t0001"], seed=2)

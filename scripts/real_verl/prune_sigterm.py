@@ -11,6 +11,7 @@ usage: python scripts/real_verl/prune_sigterm.py TINY_STUDY.yaml WORKDIR EVIDENC
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -101,20 +102,22 @@ def main() -> None:
                                    f"sqlite:///{workdir / NAME}.db"], stdout=out, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
     shots: list[dict[str, Any]] = []
-    last = snapshot("start", t0, run_root)
+    # The prune is logged after its run is torn down: keep the seconds before it too.
+    recent: collections.deque[dict[str, Any]] = collections.deque([snapshot("start", t0, run_root)], maxlen=8)
     pruned_line = None
     while time.time() - t0 < NO_PRUNE_AFTER_S and driver.poll() is None:
         time.sleep(1.0)
         match = PRUNED.search(log.read_text(errors="replace"))
         if match:
             pruned_line = next(line for line in log.read_text(errors="replace").splitlines() if PRUNED.search(line))
-            shots.append({**last, "label": "last sample before the prune was logged"})
+            shots.extend({**shot, "label": f"{round(time.time() - shot['t'])} s before the prune was logged"}
+                         for shot in recent)
             seen = time.time()
             for wait in (0, 3, 6, 10):
                 time.sleep(max(0.0, seen + wait - time.time()))
                 shots.append(snapshot(f"{wait} s after the prune was logged", t0, run_root))
             break
-        last = snapshot("poll", t0, run_root)
+        recent.append(snapshot("poll", t0, run_root))
     shots.append(snapshot("just before SIGTERM to the driver", t0, run_root))
     term_at = time.time()
     driver.send_signal(signal.SIGTERM)
