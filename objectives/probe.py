@@ -153,18 +153,18 @@ class Probe:
             first = next((s for s in self.follower.series if s.step >= 1), None)
             if first is not None:
                 self.first_step_at = now - float(first.data.get("timing_s/step") or 0.0)
-        last_step = self.follower.last_step
-        if last_step >= self.settings.steps:
+        # Screen before the last-step check: a run that diverges in its last steps is unhealthy too.
+        verdict = self._health_verdict() if new else None
+        if verdict is not None:
+            return self._stopped_by_health(verdict)
+        if self.follower.last_step >= self.settings.steps:
             self.launcher.cancel(self.handle)
             self._outcome = self._scored_outcome()
             return self._outcome
-        if self.settings.health_screen and not self.settings.speed_only and new:
-            verdict = screen(self.steps)
-            if verdict is not None:
-                return self._stopped_by_health(verdict)
         state = self.launcher.poll(self.handle)
         if state.status.is_finished:
-            self.follower.read_new()  # the last lines written before exit
+            if self.follower.read_new() and (verdict := self._health_verdict()) is not None:  # the last lines
+                return self._stopped_by_health(verdict)
             if self.follower.last_step >= self.settings.steps or (
                 state.status is RunStatus.SUCCEEDED and self.follower.last_step > 0
             ):
@@ -192,6 +192,11 @@ class Probe:
             self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=FailureKind.HANG)
             return self._outcome
         return None
+
+    def _health_verdict(self) -> HealthVerdict | None:
+        if not self.settings.health_screen or self.settings.speed_only:
+            return None
+        return screen(self.steps)
 
     def _stopped_by_health(self, verdict: HealthVerdict) -> ProbeOutcome:
         assert self.handle is not None

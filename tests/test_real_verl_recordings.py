@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
 from objectives.failures import FailureKind, diagnose, failure_text, tail
 from objectives.health import screen
 from objectives.metrics import MetricsFollower, parse_console_line, read_all
@@ -78,7 +79,7 @@ def test_the_real_probes_score_and_pass_the_health_screen() -> None:
 def test_the_health_screen_flags_the_real_kl_loss_run_at_its_last_step() -> None:
     # With the KL loss on at lr 1e-4, actor/kl_loss climbed to 0.325 by step 11: above the
     # method's 0.3 and rising. The device run stopped the probe at step 11 before screening
-    # it, so it was scored; a longer probe would have been stopped here.
+    # it, so it was scored; the probe screens its last steps now (the playback tests below).
     steps = _probe("probe_kl_loss")
     assert screen(steps[:10]) is None
     verdict = screen(steps)
@@ -232,3 +233,58 @@ def test_the_real_pruned_probe_is_pruned_when_replayed_a_step_ahead_of_its_incum
 
     assert candidate_pruned(runs["t0002"], seed=1)
     assert not candidate_pruned(runs["t0001"], seed=2)
+
+
+class _Playback(Launcher):
+    """Writes a real recording's metrics into the run directory at once, as a poll that comes
+    late (a busy driver, a long poll interval) finds a run's last steps: at the start, the run
+    then running (``finish=False``), or as the run exits 0 (``finish=True``: the lines its
+    last poll reads)."""
+
+    name = "playback"
+
+    def __init__(self, root: Path, recording: Path, *, finish: bool) -> None:
+        super().__init__(root)
+        self.recording, self.finish = recording, finish
+
+    @property
+    def max_concurrent(self) -> int:
+        return 1
+
+    def _start(self, spec: RunSpec) -> RunHandle:
+        handle = RunHandle.in_dir(spec.run_id, self.name, self._run_dir(spec.run_id))
+        if not self.finish:
+            shutil.copy(self.recording, handle.metrics_path)
+        return handle
+
+    def _poll(self, handle: RunHandle) -> RunState:
+        if not self.finish:
+            return RunState(RunStatus.RUNNING)
+        shutil.copy(self.recording, handle.metrics_path)
+        return RunState(RunStatus.SUCCEEDED, exit_code=0)
+
+    def _cancel(self, handle: RunHandle) -> None:
+        pass
+
+
+@pytest.mark.parametrize("finish", [False, True])
+def test_a_real_run_that_diverges_in_its_last_steps_is_stopped_by_the_health_screen(
+        tmp_path: Path, finish: bool) -> None:
+    """The device scored the KL-loss probe (kl_loss 0.325 and rising at step 11) because the
+    probe reached its last step before it was screened. Its last steps are screened now, both
+    when the run is stopped at step N and when it exits on its own."""
+    from objectives.probe import Probe, ProbeSettings, ProbeState
+
+    launcher = _Playback(tmp_path, DATA / "probe_kl_loss.metrics.jsonl", finish=finish)
+    settings = ProbeSettings(steps=PROBE_STEPS if not finish else PROBE_STEPS + 5, warmup_steps=WARMUP)
+    probe = Probe(launcher, RunSpec(run_id="kl", overrides=()), settings)
+    probe.start()
+    outcome = probe.poll()
+    assert outcome is not None and outcome.state is ProbeState.STOPPED, outcome
+    assert outcome.reason.startswith("kl_divergence"), outcome.reason
+    # the healthy baseline, played back the same way, is scored
+    healthy = Probe(_Playback(tmp_path / "b", DATA / "probe_baseline.metrics.jsonl", finish=finish),
+                    RunSpec(run_id="base", overrides=()), settings)
+    healthy.start()
+    result = healthy.poll()
+    assert result is not None and result.state is ProbeState.COMPLETE, result
