@@ -93,6 +93,11 @@ PRUNERS: dict[str, Callable[["PrunerSettings", int], optuna.pruners.BasePruner]]
 }
 
 
+def reports_to_prune(settings: "PrunerSettings") -> int:
+    """How many reports in a row below the bar the pruner needs before it stops a run."""
+    return settings.patience if settings.name in ("incumbent", "patient") else 1
+
+
 def build_pruner(settings: "PrunerSettings", *, prune_from: int) -> optuna.pruners.BasePruner:
     """The stage's pruner, rebuilt from its saved settings on every resume; ``prune_from``: no
     pruning before this step (``policy.pruning_steps``)."""

@@ -142,6 +142,7 @@ def first_prune_step(spec: StudySpec, stage: Any) -> int | None:
     It needs a running rate (MIN_RUNNING_STEPS scored steps after the probe's warm-up), a
     report at or after its own warm-up, and ``patience`` reports in a row below the bar."""
     from objectives.score import MIN_RUNNING_STEPS
+    from search.pruning import reports_to_prune
 
     pruner = stage.pruner
     if pruner.name == "none":
@@ -149,8 +150,7 @@ def first_prune_step(spec: StudySpec, stage: Any) -> int | None:
     interval = pruner.interval_steps
     earliest = max(pruner.warmup_steps, spec.probe.warmup_steps + MIN_RUNNING_STEPS)
     first_report = -(-earliest // interval) * interval
-    patience = pruner.patience if pruner.name in ("incumbent", "patient") else 1
-    return first_report + (patience - 1) * interval
+    return first_report + (reports_to_prune(pruner) - 1) * interval
 
 
 def pruner_reach_warnings(spec: StudySpec, stage: Any, where: str, *, speed_only: bool) -> list[str]:
