@@ -49,12 +49,19 @@ class IncumbentPruner(optuna.pruners.BasePruner):
                 and t.value is not None and t.number != trial.number]
         leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
         seed = seed_of(trial)
-        bars = {step: self._bar(incumbents, leaders, step, seed) for step in steps}
         # Probes that run side by side are a step or two apart: compare at the candidate's
         # latest steps that a reference run has reached too, not only at its very latest.
-        compared = [step for step in steps if bars[step] is not None][-self.patience:]
-        return len(compared) == self.patience and all(
-            trial.intermediate_values[step] < bars[step] for step in compared)  # type: ignore[operator]
+        compared = 0
+        for step in reversed(steps):
+            bar = self._bar(incumbents, leaders, step, seed)
+            if bar is None:
+                continue
+            if trial.intermediate_values[step] >= bar:
+                return False
+            compared += 1
+            if compared == self.patience:
+                return True
+        return False
 
     def _bar(self, incumbents: list["FrozenTrial"], leaders: list["FrozenTrial"], step: int,
              seed: object) -> float | None:

@@ -39,6 +39,11 @@ PY
 }
 smi() { nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv,noheader; \
         nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; }
+keep_tails() {  # the last 400 kB of each big run log, under $R/logs (the whole logs stay here)
+  for f in "$@"; do
+    [ -f "$f" ] && { d=$(dirname "$f"); mkdir -p "$R/logs/${d#$R/}"; tail -c 400000 "$f" > "$R/logs/${d#$R/}/$(basename "$f").tail"; }
+  done
+}
 running() { [ -f "$R/driver.pid" ] && kill -0 "$(cat "$R/driver.pid")" 2>/dev/null; }
 progress() {
   local n; n=$(ls "$R"/study/runs/tiny-h200 2>/dev/null | wc -l)
@@ -109,9 +114,7 @@ for phase in "$@"; do
     done
     cp "$R/side"/*.db "$R/side"/*.yaml "$R/side/driver.log" "$EV/side/" 2>/dev/null
     cat "$EV/side/prune-sigterm.txt" 2>/dev/null | head -40
-    for f in "$R"/side/runs/*/*/std*.log; do  # the ends of the big logs, for a diagnosis
-      [ -f "$f" ] && { d=$(dirname "$f"); mkdir -p "$R/logs/${d#$R/}"; tail -c 300000 "$f" > "$R/logs/${d#$R/}/$(basename "$f").tail"; }
-    done
+    keep_tails "$R"/side/runs/*/*/std*.log
     { stamp; smi; echo; marked; } > "$EV/side/after-side.txt"
     tar -C "$R" -czf "$OUT/side.tar.gz" --exclude='std*.log' evidence side/runs $( [ -d "$R/logs" ] && echo logs ) ;;
   oom:*)
@@ -149,9 +152,7 @@ for phase in "$@"; do
     gzip -f "$EV/train_from_export.log"
     # runs: everything but the big logs, whose ends are kept
     (cd "$R" && tar -czf "$OUT/runs.tar.gz" --exclude='std*.log' study/runs provoke-runs side/runs)
-    for f in "$R"/study/runs/*/*/std*.log "$R"/provoke-runs/*/std*.log "$R"/side/runs/*/*/std*.log; do
-      [ -f "$f" ] && { d=$(dirname "$f"); mkdir -p "$R/logs/${d#$R/}"; tail -c 400000 "$f" > "$R/logs/${d#$R/}/$(basename "$f")"; }
-    done
+    keep_tails "$R"/study/runs/*/*/std*.log "$R"/provoke-runs/*/std*.log "$R"/side/runs/*/*/std*.log
     (cd "$R" && tar -czf "$OUT/logs.tar.gz" logs)
     tar -C "$R" -czf "$OUT/evidence.tar.gz" evidence
     ls -la "$OUT" ;;
