@@ -16,7 +16,9 @@ None. Checks, in order (the first hit wins; thresholds are keyword arguments):
   last ``vanish_window`` steps ("long below 1e-3").
 * ``plateau`` — over the last ``plateau_steps`` (200) steps the reward neither rose nor
   moved: the fitted linear rise and the change between the window's halves are both below
-  ``plateau_tol`` (0.01). Both are trend measures, so per-step noise (a batch mean moves by
+  ``plateau_tol`` (0.01). With ``plateau_max_rise``, only a run whose level is less than that
+  above its first steps' (stuck, not converged: a probe's rate already prices a run that
+  rose and then levelled off). Both are trend measures, so per-step noise (a batch mean moves by
   0.02-0.05 step to step) does not hide a flat run, and a run still rising by more than 0.01
   per 200 steps is never called flat.
 
@@ -87,6 +89,7 @@ def screen(
     max_nonfinite_grad: int = 3,
     plateau_steps: int = 200,
     plateau_tol: float = 0.01,
+    plateau_max_rise: float | None = None,
 ) -> HealthVerdict | None:
     """The first health problem in ``steps`` (ordered or not), or None when the run looks sound.
 
@@ -100,7 +103,7 @@ def screen(
         lambda: _non_finite(steps, reward_key, loss_keys, grad_key, max_nonfinite_grad),
         lambda: _kl(steps, (kl_key,) if isinstance(kl_key, str) else tuple(kl_key), kl_max, kl_window),
         lambda: _grad(steps, grad_key, grad_high, grad_high_fraction, grad_window, grad_low, vanish_window),
-        lambda: _plateau(steps, reward_key, plateau_steps, plateau_tol),
+        lambda: _plateau(steps, reward_key, plateau_steps, plateau_tol, plateau_max_rise),
     ):
         verdict = check()
         if verdict is not None:
@@ -182,7 +185,8 @@ def _grad(
     return None
 
 
-def _plateau(steps: list[StepMetrics], key: str, window: int, tol: float) -> HealthVerdict | None:
+def _plateau(steps: list[StepMetrics], key: str, window: int, tol: float,
+             max_rise: float | None) -> HealthVerdict | None:
     last_step = steps[-1].step
     recent = [s for s in steps if s.step > last_step - window]
     at, reward = _values(recent, key)
@@ -195,6 +199,11 @@ def _plateau(steps: list[StepMetrics], key: str, window: int, tol: float) -> Hea
     half = at > last_step - window / 2
     shift = float(reward[half].mean() - reward[~half].mean())
     if rise < tol and abs(shift) < tol:
+        if max_rise is not None:
+            _, start = _values(steps[: max(1, window // 10)], key)
+            start = start[np.isfinite(start)]
+            if start.size and float(reward.mean() - start.mean()) >= max_rise:
+                return None  # it rose, then levelled off: converged, not stuck
         return HealthVerdict(
             "plateau",
             f"reward flat over steps {at[0]}-{last_step}: fitted rise {rise:+.3g} and half-to-half "

@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 #: a probe counts as hung only after this many real seconds without new metrics as well
 MIN_REAL_HANG_S = 10.0
+#: a plateau stops a probe only below this rise of the reward since its first steps: a run
+#: that rose and levelled off has converged (long probes after a slow start reach their
+#: ceiling), and its rate over the whole probe is the result, not a fault
+CONVERGED_RISE = 0.05
 #: bootstrap resamples for the score a stopped (pruned, unhealthy) run keeps
 KEPT_N_BOOT = 200
 
@@ -196,7 +200,7 @@ class Probe:
     def _health_verdict(self) -> HealthVerdict | None:
         if not self.settings.health_screen or self.settings.speed_only:
             return None
-        return screen(self.steps)
+        return screen(self.steps, plateau_max_rise=CONVERGED_RISE)
 
     def _stopped_by_health(self, verdict: HealthVerdict) -> ProbeOutcome:
         assert self.handle is not None

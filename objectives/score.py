@@ -96,6 +96,10 @@ class Score:
     ceiling: float | None = None
     metric: str = "reward_rate"
     n_runs: int = 1
+    #: the reward's rise in the last quarter of the scored steps over its largest quarter's
+    #: (quarter means): ~1 while the curve still accelerates at the probe's end (a slow start,
+    #: where a short probe's rate judges early speed, not the run), below ~0.7 once it bends
+    late_gain: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +365,26 @@ def score_reward_rate(
         reward_first=fit.first,
         reward_last=fit.last,
         ceiling=ceiling_x if fit_ceiling else None,
+        late_gain=late_gain(y),
     )
+
+
+#: quarters of at least this many rewards for ``late_gain`` (a quarter's mean must beat the noise)
+MIN_QUARTER_STEPS = 5
+
+
+def late_gain(rewards: Sequence[float] | np.ndarray) -> float | None:
+    """The rise of the last quarter's mean reward over the largest rise between consecutive
+    quarters. None when the quarters are too short, or the reward never rises."""
+    y = np.asarray(rewards, dtype=float)
+    y = y[np.isfinite(y)]
+    q = y.size // 4
+    if q < MIN_QUARTER_STEPS:
+        return None
+    means = [float(y[k * q:(k + 1) * q].mean()) for k in range(3)] + [float(y[3 * q:].mean())]
+    rises = [b - a for a, b in zip(means, means[1:])]
+    largest = max(rises)
+    return rises[-1] / largest if largest > 0 else None
 
 
 def fit_saturating(t: Sequence[float] | np.ndarray, r: Sequence[float] | np.ndarray,
@@ -487,6 +510,7 @@ def combine(scores: Sequence[Score], *, seed_sd: float = 0.02) -> Score:
         ceiling=mean_of([s.ceiling for s in scores]),
         metric=scores[0].metric,
         n_runs=sum(s.n_runs for s in scores),
+        late_gain=mean_of([s.late_gain for s in scores]),
     )
 
 

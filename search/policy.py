@@ -36,6 +36,9 @@ EXTRA_RERUN_MIN_WAIT = 0.9
 CLEAR_OF_INCUMBENT_RUNS = 3
 #: how a decision that kept the incumbent with no candidate above 1 + tolerance begins
 KEPT = "kept the incumbent"
+#: how the decision of a learning stage that saw a slow start begins (``slow_start``): later
+#: learning stages read it to probe longer
+SLOW_START = "slow start"
 
 
 def found_nothing(result: StageResult) -> bool:
@@ -48,13 +51,31 @@ Trials = Sequence[TrialRecord]
 Pooled = tuple[float, float, float, int]
 
 
-def pruning_steps(stage: StageSettings, settings: ProbeSettings) -> tuple[int, int]:
+def pruning_steps(stage: StageSettings, settings: ProbeSettings, *, stretch: int = 1) -> tuple[int, int]:
     """(report every N steps, no pruning before step M) for this stage's probes. Speed probes
     are short (30 steps) and steady from step to step, so the 500-step settings would never
-    act on them: they report every tenth of the probe and may stop from its middle."""
+    act on them: they report every tenth of the probe and may stop from its middle. Probes
+    lengthened ``stretch`` times after a slow start report that much less often and are not
+    pruned before three quarters of their length: before the reward bends, a running rate
+    ranks configs by early speed, which is what the longer probe is there to look past."""
     if settings.speed_only:
         return max(1, settings.steps // 10), settings.steps // 2
+    if stretch > 1:
+        return stage.pruner.interval_steps * stretch, max(stage.pruner.warmup_steps * stretch, settings.steps * 3 // 4)
     return stage.pruner.interval_steps, stage.pruner.warmup_steps
+
+
+#: a first learning stage whose incumbent runs' mean ``Score.late_gain`` is at least this saw
+#: the reward still rising at its fastest in the probe's last quarter: a slow start. (On the
+#: shipped worlds a bending curve measures 0.2-0.8 for any mini-batch or lr; one whose
+#: midpoint lies past the probe's end ~1.)
+SLOW_START_LATE_GAIN = 0.9
+
+
+def slow_start(incumbent_runs: Sequence[Score]) -> bool | None:
+    """Did the incumbent's reward still accelerate at the probe's end? None without a reading."""
+    gains = [s.late_gain for s in incumbent_runs if s.metric == "reward_rate" and s.late_gain is not None]
+    return None if not gains else statistics.fmean(gains) >= SLOW_START_LATE_GAIN
 
 
 def incumbent_run_etas(trials: Trials) -> dict[int, Eta]:
@@ -92,12 +113,25 @@ class StagePolicy:
         return low > self.threshold or (low > 1.0 and n_runs >= CLEAR_OF_INCUMBENT_RUNS)
 
     @property
+    def stretch(self) -> int:
+        """How many times the study's probe length this stage's learning probes run (a slow start)."""
+        if self.settings.speed_only or self.stage.probe_steps:
+            return 1
+        return max(1, self.settings.steps // self.spec.probe.steps)
+
+    @property
+    def may_stretch(self) -> bool:
+        """A learning stage at the study's probe length whose slow start would lengthen the later ones."""
+        return (not self.settings.speed_only and not self.stage.probe_steps and self.stretch == 1
+                and self.spec.probe.slow_start_factor > 1)
+
+    @property
     def report_every(self) -> int:
-        return pruning_steps(self.stage, self.settings)[0]
+        return pruning_steps(self.stage, self.settings, stretch=self.stretch)[0]
 
     @property
     def prune_from(self) -> int:
-        return pruning_steps(self.stage, self.settings)[1]
+        return pruning_steps(self.stage, self.settings, stretch=self.stretch)[1]
 
     # -- the budget and the stop rule ---------------------------------------------------------
     def counted(self, trials: Trials) -> int:
@@ -309,7 +343,7 @@ class StagePolicy:
         it (``significant``: its interval clears 1 + tolerance, or clears the incumbent over
         enough runs); otherwise the incumbent is kept."""
         stage = self.stage
-        self.incumbent_scores(trials)  # raises when every incumbent run failed
+        incumbent_scores, _ = self.incumbent_scores(trials)  # raises when every incumbent run failed
         incumbent_etas = [e.value for e in incumbent_run_etas(trials).values()]
         keep = StageResult(
             stage=stage.name, winner_trial=None, eta=1.0,
@@ -317,6 +351,14 @@ class StagePolicy:
             decision=f"{KEPT}: no candidate beat it by more than {stage.stop.tolerance:.0%}",
             config=base, overrides={},
         )
+        if self.may_stretch and slow_start(incumbent_scores):
+            # Its candidates were ranked by early speed: keep the incumbent, and let the polish
+            # stage try the leader (``search.stage_loop.undecided_leaders``) on longer probes.
+            factor = self.spec.probe.slow_start_factor
+            return dataclasses.replace(keep, decision=(
+                f"{SLOW_START}: kept the incumbent, whose reward still rose fastest at the end of its "
+                f"{self.settings.steps}-step probes, where a rate measures early speed; later learning "
+                f"stages probe {factor}x longer"))
         ranked, why_none = ranked_candidates(trials)
         if not ranked:
             return dataclasses.replace(keep, decision=f"{KEPT}: {why_none}")

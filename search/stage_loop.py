@@ -20,8 +20,8 @@ from optuna.trial import TrialState
 from objectives.probe import ProbeSettings
 from search import liveness
 from search.errors import BadInputError
-from search.policy import Rerun, StagePolicy, found_nothing, ranked_candidates
-from search.records import Role, StageResult, TrialRecord
+from search.policy import SLOW_START, Rerun, StagePolicy, found_nothing, ranked_candidates, slow_start
+from search.records import Role, StageResult, TrialRecord, stage_study_name
 from search.stage_study import StageClock, StageStudy
 from search.storage import HEARTBEAT_INTERVAL_S, with_retries
 from search.trials import TrialRunner
@@ -101,7 +101,14 @@ class StageLoop:
             if ahead_of is not None:
                 return None
             raise BadInputError(str(e)) from None
-        policy = StagePolicy(spec, stage, probe_settings(spec, stage, space))
+        seen = None if space.speed_only else slow_start_seen(ctx, index)
+        if seen is None and not space.speed_only and ahead_of is not None:
+            return None  # the probe length is decided by the stage still running
+        policy = StagePolicy(spec, stage, probe_settings(spec, stage, space, slow_start=bool(seen)))
+        if seen and ahead_of is None and policy.stretch > 1:
+            console.note(f"{stage_study_name(spec, stage)}: probes of {policy.settings.steps} steps, not "
+                         f"{spec.probe.steps}: the incumbent's reward was still accelerating at the end of the "
+                         "first learning stage's probes (a slow start)")
 
         opened = with_retries(lambda: StageStudy.open(ctx.storage, spec, policy, base, ahead_of=ahead_of,
                                                       launcher=ctx.launcher, on_vacated=_vacated_note(console)),
@@ -269,11 +276,32 @@ def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
     return out
 
 
-def probe_settings(spec: StudySpec, stage: StageSettings, space: Space) -> ProbeSettings:
+def slow_start_seen(ctx: Context, index: int) -> bool | None:
+    """Did a learning stage before ``index`` decide on a slow start (``policy.SLOW_START``)?
+    None while a stage before it is still being decided and its incumbent runs so far do not
+    rule one out (stage ``index`` is then being opened ahead). Read from the stored decisions,
+    so a resume and every worker decide the same."""
+    for stage in ctx.spec.stages[:index]:
+        found = StageStudy.stage_records(ctx.storage, ctx.spec, stage)
+        if found is None:
+            continue
+        result, trials = found
+        if result is not None:
+            if result.decision.startswith(SLOW_START):
+                return True
+            continue
+        runs = [t.score for t in trials if t.role is Role.INCUMBENT and t.state == TrialState.COMPLETE
+                and t.score is not None]
+        if any(s.metric == "reward_rate" for s in runs) and slow_start(runs) is not False:
+            return None
+    return False
+
+
+def probe_settings(spec: StudySpec, stage: StageSettings, space: Space, *, slow_start: bool = False) -> ProbeSettings:
     """How the stage's probes run, resolved once: a speed-only space runs short probes with
-    their own warm-up."""
+    their own warm-up; a learning stage after a slow start runs longer ones."""
     return ProbeSettings(
-        steps=spec.stage_probe_steps(stage, speed_only=space.speed_only),
+        steps=spec.stage_probe_steps(stage, speed_only=space.speed_only, slow_start=slow_start),
         speed_only=space.speed_only,
         warmup_steps=spec.probe.speed_warmup_steps if space.speed_only else spec.probe.warmup_steps,
         hang_timeout_s=spec.probe.hang_timeout_s,

@@ -180,15 +180,23 @@ class StageStudy:
         return runs
 
     @staticmethod
-    def decided_stage(storage: optuna.storages.BaseStorage, spec: StudySpec,
-                      stage: StageSettings) -> tuple[StageResult, list[TrialRecord]] | None:
-        """An earlier stage's stored result and its trials; None while it has none."""
+    def stage_records(storage: optuna.storages.BaseStorage, spec: StudySpec,
+                      stage: StageSettings) -> tuple[StageResult | None, list[TrialRecord]] | None:
+        """A stage's stored result (None while undecided) and its trials; None before it opened."""
         try:
             study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
         except KeyError:
             return None
-        result = StageStudyAttrs.of(study.user_attrs).result
-        return None if result is None else (result, records(study.get_trials(deepcopy=False)))
+        return StageStudyAttrs.of(study.user_attrs).result, records(study.get_trials(deepcopy=False))
+
+    @staticmethod
+    def decided_stage(storage: optuna.storages.BaseStorage, spec: StudySpec,
+                      stage: StageSettings) -> tuple[StageResult, list[TrialRecord]] | None:
+        """An earlier stage's stored result and its trials; None while it has none."""
+        found = StageStudy.stage_records(storage, spec, stage)
+        if found is None or found[0] is None:
+            return None
+        return found[0], found[1]
 
     def enqueue_initial(self, spec: StudySpec, stage: StageSettings, space: Space, base: Config,
                         carried: dict[int, TrialRecord],

@@ -165,6 +165,11 @@ class ProbeSettings(_Strict):
     hang_timeout_s: Float = Field(default=1800.0, gt=0, le=1e9)
     #: retries of a probe lost to infrastructure (NCCL timeout, dead worker, hang)
     max_retries: Int = Field(default=2, ge=0, le=100)
+    #: a slow start: when the first learning stage's incumbent runs show the reward still
+    #: accelerating at the probe's end (``search.policy.SLOW_START_LATE_GAIN``), the later
+    #: learning stages probe this many times ``steps`` (the short rate would judge early
+    #: speed, not the run's); 1 never lengthens them
+    slow_start_factor: Int = Field(default=4, ge=1, le=100)
 
     @model_validator(mode="after")
     def _warmup_inside_probe(self) -> "ProbeSettings":
@@ -235,8 +240,14 @@ class StudySpec(_Strict):
                 )
         return self
 
-    def stage_probe_steps(self, stage: StageSettings, *, speed_only: bool = False) -> int:
-        return stage.probe_steps or (self.probe.speed_steps if speed_only else self.probe.steps)
+    def stage_probe_steps(self, stage: StageSettings, *, speed_only: bool = False, slow_start: bool = False) -> int:
+        """The stage's probe length: its own, else the study's (× ``probe.slow_start_factor``
+        for a learning stage after a slow start was seen)."""
+        if stage.probe_steps:
+            return stage.probe_steps
+        if speed_only:
+            return self.probe.speed_steps
+        return self.probe.steps * (self.probe.slow_start_factor if slow_start else 1)
 
     def baseline_config(self) -> dict[str, Any]:
         """The baseline overrides plus what the study's facts imply (algorithm, GPU count,

@@ -170,3 +170,16 @@ def test_simulator_saturated_run_is_called_a_plateau() -> None:
     verdict = _first_verdict(steps)
     assert verdict is not None and verdict.kind == "plateau"
     assert verdict.step <= flat_from + 250
+
+
+def test_converged_run_is_no_plateau_for_a_probe_but_a_stuck_one_is() -> None:
+    # The screen calls both flat; with plateau_max_rise (what a probe passes) only the run
+    # that never rose is stopped: a long probe after a slow start reaches its ceiling.
+    rng = np.random.default_rng(4)
+    rose = [StepMetrics(i, {"critic/score/mean": 0.3 + 0.5 * min(i, 150) / 150 + rng.normal(0, 0.02)})
+            for i in range(1, 601)]
+    stuck = [StepMetrics(i, {"critic/score/mean": 0.3 + rng.normal(0, 0.02)}) for i in range(1, 601)]
+    assert screen(rose).kind == "plateau"
+    assert screen(rose, plateau_max_rise=0.05) is None
+    verdict = screen(stuck, plateau_max_rise=0.05)
+    assert verdict is not None and verdict.kind == "plateau"
