@@ -558,3 +558,58 @@ def eta(
         return Eta(value=value, low=-math.inf, high=math.inf, confidence=confidence)
     root = math.sqrt(disc)
     return Eta(value=value, low=(a * b - root) / q2, high=(a * b + root) / q2, confidence=confidence)
+
+
+def paired_eta(
+    candidate: Sequence[tuple[int | None, Score]],
+    incumbents: Sequence[tuple[int | None, Score]],
+    *,
+    confidence: float | None = None,
+    seed_sd: float = 0.02,
+) -> Eta:
+    """η of a config's runs ``(seed, score)`` over the incumbent's, pairing runs on one seed.
+
+    A seed moves a whole curve (data order, the first rollouts), and moves it alike for two
+    configs: a run compared with the incumbent's run on its own seed leaves that shared part
+    out. Each pair gives d = log(a/b); its variance is the two runs' own (bootstrap) relative
+    variances summed, or, with two or more pairs, their observed spread if larger (where seeds
+    share little, pairing then gains nothing). Runs without a partner are compared with the
+    incumbent's mean, their seed variance included, as in ``eta``. The two means of d are
+    pooled by inverse variance; the interval is normal on the log scale. Without a pair, or
+    with a rate that is not positive, this is ``eta`` on the combined runs.
+    """
+    if not candidate:
+        raise ScoreError("paired_eta needs at least one candidate run, but got none")
+    inc_scores = [s for _, s in incumbents]
+    by_seed: dict[int, Score] = {}
+    for seed, score in incumbents:
+        if seed is not None:
+            by_seed.setdefault(seed, score)
+    pairs = [(score, by_seed[seed]) for seed, score in candidate if seed is not None and seed in by_seed]
+    alone = [score for seed, score in candidate if seed is None or seed not in by_seed]
+    cand_scores = [s for _, s in candidate]
+    if not pairs or any(s.rate <= 0 for s in cand_scores + inc_scores):
+        return eta(combine(cand_scores) if len(cand_scores) > 1 else cand_scores[0], inc_scores,
+                   confidence=confidence, seed_sd=seed_sd)
+    confidence = cand_scores[0].confidence if confidence is None else confidence
+    z = _z(confidence)
+
+    def rel_var(s: Score) -> float:
+        return (s.rate_se / s.rate) ** 2
+
+    d = np.array([math.log(a.rate / b.rate) for a, b in pairs])
+    floor = float(np.mean([rel_var(a) + rel_var(b) for a, b in pairs]))
+    spread = float(d.var(ddof=1)) if d.size >= 2 else 0.0
+    means = [(float(d.mean()), max(floor, spread) / d.size)]
+    if alone:
+        rel = _seed_var(inc_scores, seed_sd)
+        b = float(np.mean([s.rate for s in inc_scores]))
+        var_b = float(np.mean([_run_var(s, rel) for s in inc_scores])) / len(inc_scores) / b**2
+        d_alone = [math.log(s.rate / b) for s in alone]
+        var_alone = float(np.mean([rel_var(s) + rel for s in alone])) / len(alone) + var_b
+        means.append((float(np.mean(d_alone)), var_alone))
+    weights = [1.0 / max(v, 1e-12) for _, v in means]
+    mean = sum(w * m for w, (m, _) in zip(weights, means)) / sum(weights)
+    se = math.sqrt(1.0 / sum(weights))
+    return Eta(value=math.exp(mean), low=math.exp(mean - z * se), high=math.exp(mean + z * se),
+               confidence=confidence)

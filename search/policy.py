@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from optuna.trial import TrialState
 
-from objectives.score import Eta, Score, combine, eta as eta_of
+from objectives.score import Eta, Score, eta as eta_of, paired_eta
 from search.errors import SweepError
 from search.records import Assignment, CloseReason, Role, StageResult, TrialRecord, requeued_numbers
 from spaces.overrides import Config, merge
@@ -174,8 +174,10 @@ class StagePolicy:
 
     # -- seeds ----------------------------------------------------------------------------------
     def fresh_seeds(self) -> list[int]:
-        """Seeds for confirmations: those the incumbent runs did not use."""
-        return list(self.spec.seeds[self.spec.probe.incumbent_repeats:] or self.spec.seeds)
+        """Seeds for confirmations, in order (``unused_fresh_seeds`` leaves out a point's own):
+        the incumbent's seeds come first, so that a re-run has the incumbent's run on its seed
+        to pair with (``paired_eta``); a candidate was chosen on its own seed only."""
+        return list(self.spec.seeds)
 
     def unused_fresh_seeds(self, point: dict[str, object] | None, trials: Trials, *,
                            before: int | None = None) -> list[int]:
@@ -322,11 +324,16 @@ class StagePolicy:
     def incumbent_scores(self, trials: Trials) -> tuple[list[Score], bool]:
         """Scores of the incumbent runs told so far, and whether all of them are told. Raises
         SweepError when every incumbent run failed: there is nothing to compare with."""
+        runs, complete = self.incumbent_runs(trials)
+        return [score for _, score in runs], complete
+
+    def incumbent_runs(self, trials: Trials) -> tuple[list[tuple[int | None, Score]], bool]:
+        """``incumbent_scores`` with each run's seed (candidates pair with them: ``paired_eta``)."""
         requeued = requeued_numbers(trials)
         # Runs closed as wasted (a stage run ahead and moved aside) did not fail.
         mine = [t for t in trials if t.role is Role.INCUMBENT and t.number not in requeued
                 and t.closed_as is not CloseReason.WASTED]
-        scores = [t.score for t in mine if t.state == TrialState.COMPLETE and t.score is not None]
+        scores = [(t.seed, t.score) for t in mine if t.state == TrialState.COMPLETE and t.score is not None]
         pending = any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine)
         if not scores and not pending and mine:
             cause = next((t.reason for t in reversed(mine) if t.reason), "no reason recorded")
@@ -406,15 +413,15 @@ def ranked_candidates(trials: Trials, *, confirmed_only: bool = True) -> tuple[l
     all runs of their point; while none has a re-run (or ``confirmed_only`` is False), every
     candidate on the runs it has."""
     done = [t for t in trials if t.state == TrialState.COMPLETE]
-    incumbents = [t.score for t in done if t.role is Role.INCUMBENT and t.score is not None]
+    incumbents = [(t.seed, t.score) for t in done if t.role is Role.INCUMBENT and t.score is not None]
     candidates = [t for t in done if t.role is Role.CANDIDATE and t.value is not None
                   and not t.infeasible and t.score is not None]
     if not candidates or not incumbents:
         return [], "no candidate finished"
-    reruns: dict[int | None, list[Score]] = {}
+    reruns: dict[int | None, list[tuple[int | None, Score]]] = {}
     for t in done:
         if t.role is Role.RERUN and t.score is not None:
-            reruns.setdefault(t.rerun_of, []).append(t.score)
+            reruns.setdefault(t.rerun_of, []).append((t.seed, t.score))
     # A confirmation run stopped by the health screen (divergence, NaN) disqualifies its trial.
     failed = {t.rerun_of for t in trials if t.state == TrialState.PRUNED and t.role is Role.RERUN}
     candidates = [t for t in candidates if t.number not in failed]
@@ -424,9 +431,9 @@ def ranked_candidates(trials: Trials, *, confirmed_only: bool = True) -> tuple[l
     def pooled(t: TrialRecord) -> Pooled:
         # Every run of the same point counts: the sampler may have proposed it twice.
         twins = [c for c in candidates if c.params == t.params]
-        scores = [c.score for c in twins if c.score is not None] + [s for c in twins for s in reruns.get(c.number, [])]
-        e = eta_of(combine(scores) if len(scores) > 1 else scores[0], incumbents)
-        return e.value, e.low, e.high, len(scores)
+        runs = [(c.seed, c.score) for c in twins if c.score is not None] + [r for c in twins for r in reruns.get(c.number, [])]
+        e = paired_eta(runs, incumbents)
+        return e.value, e.low, e.high, len(runs)
 
     confirmed = [t for t in candidates if t.number in reruns or not confirmed_only] or candidates
     return sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True), ""

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from launchers.base import LauncherError, NoCapacityError, RunSpec
 from objectives.probe import Probe, ProbeOutcome, ProbeState
-from objectives.score import Score, eta as eta_of
+from objectives.score import Score, eta as eta_of, paired_eta
 from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.errors import BadInputError
@@ -276,7 +276,7 @@ class TrialRunner:
         if not finished:
             return False
         told = False
-        scores, complete = self.policy.incumbent_scores(trials)
+        scores, complete = self.policy.incumbent_runs(trials)
         for item in sorted(finished, key=lambda i: i.role is not Role.INCUMBENT):
             outcome = item.outcome
             assert outcome is not None
@@ -284,7 +284,7 @@ class TrialRunner:
                 continue  # η needs every incumbent run; tell once they are done
             against = scores
             if item.role is Role.INCUMBENT and outcome.score is not None and outcome.state is ProbeState.COMPLETE:
-                against = scores + [outcome.score]
+                against = scores + [(item.seed, outcome.score)]
             try:
                 self._tell(item, outcome, against)
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -297,7 +297,7 @@ class TrialRunner:
                 return told  # re-read before telling candidates against the new incumbent set
         return told
 
-    def _tell(self, item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[Score]) -> None:
+    def _tell(self, item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[tuple[int | None, Score]]) -> None:
         study, trial = self.study.study, item.trial
         set_attrs(trial, outcome_attrs(probe=outcome.summary(),
                                        score=None if outcome.score is None else dataclasses.asdict(outcome.score),
@@ -310,7 +310,10 @@ class TrialRunner:
         console = self.console
         if outcome.state is ProbeState.COMPLETE:
             assert outcome.score is not None
-            eta = eta_of(outcome.score, incumbents)
+            if item.role is Role.INCUMBENT:  # against the incumbent's mean, itself included
+                eta = eta_of(outcome.score, [score for _, score in incumbents])
+            else:  # against the incumbent's run on the same seed where there is one
+                eta = paired_eta([(item.seed, outcome.score)], incumbents)
             set_attrs(trial, eta_attrs(eta.value, eta.low, eta.high))
             study.tell(trial, eta.value, skip_if_finished=True)
             console.trial_finished(study, trial.number, item.role, item.overrides, eta=eta.value,
