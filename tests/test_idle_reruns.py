@@ -64,20 +64,21 @@ def test_reruns_queued_together_get_distinct_fresh_seeds(tmp_path: Path) -> None
     for _ in range(5):
         _queue(study, 13, extra=True)  # idle workers all picked the same seed
     seeds = [_start(policy, study) for _ in range(7)]
-    assert seeds == [13, None, 14, 15, 16, None, None]
+    # the incumbent's other seed first (its run there pairs with the re-run), then the rest
+    assert seeds == [12, None, 13, 14, 15, 16, None]
 
 
 def test_extra_reruns_stop_when_the_fresh_seeds_are_used(tmp_path: Path) -> None:
     policy, study = _policy_and_study(tmp_path)
-    assert policy.unused_fresh_seeds({"lr": 2e-6}, _trials(study)) == [13, 14, 15, 16]
+    assert policy.unused_fresh_seeds({"lr": 2e-6}, _trials(study)) == [12, 13, 14, 15, 16]
     for seed in (13, 14):
         _queue(study, seed, extra=True)
-    assert policy.unused_fresh_seeds({"lr": 2e-6}, _trials(study)) == [15, 16]  # queued ones count
+    assert policy.unused_fresh_seeds({"lr": 2e-6}, _trials(study)) == [12, 15, 16]  # queued ones count
 
 
 def test_a_required_rerun_runs_even_when_twins_used_the_fresh_seeds(tmp_path: Path) -> None:
     policy, study = _policy_and_study(tmp_path)
-    for number, seed in enumerate((13, 14, 15, 16), start=1):  # the sampler proposed the point 4 more times
+    for number, seed in enumerate((12, 13, 14, 15, 16), start=1):  # the sampler proposed the point 5 more times
         study.add_trial(create_trial(
             state=TrialState.COMPLETE, value=1.1, params={"lr": 2e-6},
             distributions={"lr": FloatDistribution(1e-7, 1e-5, log=True)},
