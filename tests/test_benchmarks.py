@@ -81,7 +81,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
 
     methods = [m for m in METHODS if installed(m)]  # SMAC3 and DEHB only with the bench extra
     for method in methods:
-        assert f"default        tune   {method}" in proc.stdout
+        assert f"{'default':<21} {'tune':<7} {method}" in proc.stdout
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["reps"] == 2 and data["landscapes"] == ["default"] and data["methods"] == methods
     assert len(data["runs"]) == 2 * len(methods) - ("gp" in methods)  # --reps-for gp=1
