@@ -409,8 +409,12 @@ class StagePolicy:
 def likely_better(value: float, low: float, *, confidence: float = 0.9) -> bool:
     """Is η above 1 with probability ≥ ``LIKELY_BETTER``, reading a normal on the log scale
     off its value and the low end of its ``confidence`` interval?"""
-    if not (value > 1.0 and low > 0.0 and math.isfinite(low)) or low >= value:
-        return value > 1.0 and low >= value
+    if value <= 1.0:
+        return False
+    if low >= value:
+        return True  # no spread at all
+    if not (low > 0.0 and math.isfinite(low)):
+        return False  # an unbounded interval says nothing
     se = (math.log(value) - math.log(low)) / statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
     return statistics.NormalDist().cdf(math.log(value) / se) >= LIKELY_BETTER
 
