@@ -51,6 +51,7 @@ from typing import Sequence
 import numpy as np
 
 from objectives.metrics import StepMetrics
+from objectives.shape import late_gain
 
 logger = logging.getLogger(__name__)
 
@@ -367,24 +368,6 @@ def score_reward_rate(
         ceiling=ceiling_x if fit_ceiling else None,
         late_gain=late_gain(y),
     )
-
-
-#: quarters of at least this many rewards for ``late_gain`` (a quarter's mean must beat the noise)
-MIN_QUARTER_STEPS = 5
-
-
-def late_gain(rewards: Sequence[float] | np.ndarray) -> float | None:
-    """The rise of the last quarter's mean reward over the largest rise between consecutive
-    quarters. None when the quarters are too short, or the reward never rises."""
-    y = np.asarray(rewards, dtype=float)
-    y = y[np.isfinite(y)]
-    q = y.size // 4
-    if q < MIN_QUARTER_STEPS:
-        return None
-    means = [float(y[k * q:(k + 1) * q].mean()) for k in range(3)] + [float(y[3 * q:].mean())]
-    rises = [b - a for a, b in zip(means, means[1:])]
-    largest = max(rises)
-    return rises[-1] / largest if largest > 0 else None
 
 
 def fit_saturating(t: Sequence[float] | np.ndarray, r: Sequence[float] | np.ndarray,

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import methods as M
 from benchmarks.run import demo_spec
-from objectives.score import late_gain
+from objectives.shape import late_gain
 from search.console import Console
 from search.driver import StudyRunner
 from search.policy import SLOW_START, SLOW_START_LATE_GAIN
