@@ -285,6 +285,10 @@ def print_status_table(data: dict[str, Any]) -> None:
                           + (f": {advice}" if advice else ""), markup=False, soft_wrap=True)
 
 
+#: the longest one-word winner the status table shows whole in 80 columns (else its trial)
+MAX_ONE_WORD_WINNER = 16
+
+
 def _winner_cell(winner: dict[str, Any]) -> str:
     """The winner's changes, or only its trial number when they would not fit in a column (a
     systems winner changes ~10 keys; its trial's line below the table lists them)."""
@@ -293,7 +297,11 @@ def _winner_cell(winner: dict[str, Any]) -> str:
     if winner.get("winner_trial") is None:
         return "incumbent"
     changes = format_params(winner.get("overrides", {}))
-    return changes if len(changes) <= 40 else f"trial {winner['winner_trial']} ({len(winner['overrides'])} changes)"
+    # Words wrap, but one long word (ppo_mini_batch_size=408) would be cut in 80 columns.
+    if len(changes) <= 40 and (" " in changes or len(changes) <= MAX_ONE_WORD_WINNER):
+        return changes
+    n = len(winner["overrides"])
+    return f"trial {winner['winner_trial']} ({n} change{'s' * (n > 1)})"
 
 
 def _trial_line(row: dict[str, Any], found: list[Finding]) -> str:

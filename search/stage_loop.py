@@ -281,6 +281,8 @@ def slow_start_seen(ctx: Context, index: int) -> bool | None:
     None while a stage before it is still being decided and its incumbent runs so far do not
     rule one out (stage ``index`` is then being opened ahead). Read from the stored decisions,
     so a resume and every worker decide the same."""
+    if ctx.spec.probe.slow_start_factor == 1:
+        return False
     for stage in ctx.spec.stages[:index]:
         found = StageStudy.stage_records(ctx.storage, ctx.spec, stage)
         if found is None:
@@ -290,10 +292,14 @@ def slow_start_seen(ctx: Context, index: int) -> bool | None:
             if result.decision.startswith(SLOW_START):
                 return True
             continue
+        scores = [t.score for t in trials if t.state == TrialState.COMPLETE and t.score is not None]
+        if any(s.metric == "throughput" for s in scores):
+            continue  # a speed stage
         runs = [t.score for t in trials if t.role is Role.INCUMBENT and t.state == TrialState.COMPLETE
                 and t.score is not None]
-        if any(s.metric == "reward_rate" for s in runs) and slow_start(runs) is not False:
-            return None
+        if not runs or slow_start(runs):
+            return None  # no reading yet, or its decision will be a slow start
+        # (no reading from runs too short for one: the decision will not be a slow start either)
     return False
 
 
