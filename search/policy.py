@@ -140,6 +140,12 @@ class StagePolicy:
     def prune_from(self) -> int:
         return pruning_steps(self.stage, self.settings, stretch=self.stretch)[1]
 
+    @property
+    def late_prune_from(self) -> int:
+        """No pruning before this step for a candidate that changes the KL pull: three quarters
+        of the probe, where a stretched probe's pruning starts too."""
+        return 0 if self.settings.speed_only else self.settings.steps * 3 // 4
+
     # -- the budget and the stop rule ---------------------------------------------------------
     def counted(self, trials: Trials) -> int:
         """Trials that use the stage's search budget: all but failures that were queued again,

@@ -72,7 +72,7 @@ class StageStudy:
         leader. A study opened ahead from a leader that lost is moved aside first."""
         stage = policy.stage
         name = stage_study_name(spec, stage)
-        pruner = build_pruner(stage.pruner, prune_from=policy.prune_from)
+        pruner = build_pruner(stage.pruner, prune_from=policy.prune_from, late_from=policy.late_prune_from)
         try:
             study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                         sampler=build_sampler(stage, 0), pruner=pruner)

@@ -76,11 +76,13 @@ class _BoundedSpace(Space):
         return [f"{self.kind}: {self.key} — {self.bound.describe()}"]
 
     def _spread(self, n: int, exclude: Any = None) -> list[float]:
-        """``n`` values spread evenly inside the bound (on the log scale where it is log)."""
+        """``n`` values spread evenly over the bound, both ends included (on the log scale where
+        it is log): a safe range often ends where the optimum lies (issue 27: lr's upper bound
+        5e-6 was the optimum of 3 of 4 worlds whose runs missed it)."""
         low, high = float(self.bound.low), float(self.bound.high)
         values = []
         for i in range(n):
-            q = (i + 0.5) / n
+            q = i / (n - 1) if n > 1 else 0.5
             if self.bound.log:
                 v = math.exp(math.log(low) + q * (math.log(high) - math.log(low)))
             else:
@@ -169,6 +171,11 @@ class MiniBatchSpace(Space):
 
     def explain(self) -> list[str]:
         return [f"mini_batch: {L.MINI_BATCH} — {self.bound.describe()}", *self.lines]
+
+
+#: trial params of a KL pull (``KLSpace``, ``KLSwitchSpace``): a run that changes them starts
+#: slower and may end higher, so an early running rate misjudges it (``search.pruning``)
+KL_PARAMS = frozenset({"kl_coef", "use_kl", "kl_ctrl_type", "target_kl", "horizon"})
 
 
 class KLSpace(Space):
@@ -418,16 +425,23 @@ class PolishSpace(CompositeSpace):
         incumbent = self.incumbent_params(base)
         if incumbent is None:
             return []
-        mini, lr = self.parts[0], self.parts[1]
+        mini, lr, kl = self.parts
         assert isinstance(mini, MiniBatchSpace) and isinstance(lr, LRSpace)
+        # With KL off, a KL pull is what lets lr climb past where it turns unstable: the
+        # largest move is tried with KL on at the middle of its (log) range too.
+        kl_on = kl.kl.starting_points(base, 3)[1] if isinstance(kl, KLSwitchSpace) else None
+        moves = [(1.25, 2.0, None), (1.25, 2.0, kl_on), (1.25, 1.4, None), (0.8, 0.6, None), (1.1, 1.6, None),
+                 (0.9, 0.75, None)]
         points: list[dict[str, Any]] = []
-        for mini_factor, lr_factor in ((1.25, 2.0), (1.25, 1.4), (0.8, 0.6), (1.1, 1.6), (0.9, 0.75))[:n]:
+        for mini_factor, lr_factor, kl_point in moves:
             value = min(mini.choices, key=lambda c: abs(c - mini_factor * incumbent[mini.param]))
             rate = min(lr.bound.high, max(lr.bound.low, float(f"{incumbent[lr.param] * lr_factor:.3g}")))
             point = {**incumbent, mini.param: value, lr.param: rate}
+            if kl_point is not None:
+                point.update({KLSwitchSpace.param: True, **kl_point})
             if point != incumbent and point not in points:
                 points.append(point)
-        return points
+        return points[:n]
 
     def explain(self) -> list[str]:
         return [line for part in self.parts for line in part.explain()]

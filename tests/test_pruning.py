@@ -56,6 +56,35 @@ def test_slow_starters_survive_the_warm_up() -> None:
     assert not pruner.prune(study, _running(study, "candidate", {25: 0.5, 50: 0.6, 75: 0.7, 100: 1.0, 125: 1.01}))
 
 
+def _with_params(study: optuna.Study, params: dict[str, object], values: dict[int, float]) -> optuna.trial.FrozenTrial:
+    trial = study.ask()
+    for name, value in params.items():
+        trial.suggest_categorical(name, [value])
+    trial.set_user_attr("role", "candidate")
+    trial.set_user_attr("seed", 11)
+    for step, value in values.items():
+        trial.report(value, step)
+    return study._storage.get_trial(trial._trial_id)
+
+
+@pytest.mark.parametrize("params", [{"kl_coef": 0.004}, {"use_kl": True, "x": 0.5}, {"kl_ctrl_type": "adaptive"}])
+def test_a_candidate_that_changes_the_kl_pull_is_pruned_only_late(params: dict[str, object]) -> None:
+    """A stronger KL pull starts slower and may end higher: before ``late_from`` its running
+    rate is not held against it; from there on the usual rule applies."""
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2, late_from=375)
+    study = optuna.create_study(direction="maximize")  # the incumbent has KL off: no KL params
+    study.add_trial(create_trial(
+        state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={"role": "incumbent", "seed": 11}, intermediate_values={s: 1.0 for s in range(25, 501, 25)},
+    ))  # fmt: skip
+    early_low = {s: 0.8 for s in (100, 125, 150, 175, 200)}
+    assert not pruner.prune(study, _with_params(study, params, early_low))
+    assert pruner.prune(study, _with_params(study, params, {**early_low, 375: 0.8, 400: 0.8}))
+    # the same running rates without a KL change are pruned from the ordinary warm-up
+    assert pruner.prune(study, _with_params(study, {"x": 0.5}, early_low))
+    assert IncumbentPruner(n_warmup_steps=100, patience=2).prune(study, _with_params(study, params, early_low))
+
+
 def test_incumbents_and_confirmation_reruns_are_never_pruned() -> None:
     pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
     study = _study_with_incumbent()

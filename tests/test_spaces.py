@@ -109,6 +109,16 @@ def test_mini_batch_choices_must_be_valid() -> None:
     assert build("mini_batch", choices=[400, 448]).choices == [400, 448]
 
 
+def test_bounded_starting_points_include_both_ends_of_the_safe_range() -> None:
+    """lr's optimum often sits at its safe bound (5e-6): a first probe must land there, and at
+    the other end, whatever the number of points."""
+    for n in (2, 3, 4, 6):
+        lrs = [p["lr"] for p in build("lr").starting_points(GRPO_BASE, n)]
+        assert lrs[0] == 5e-7 and lrs[-1] == 5e-6 and lrs == sorted(lrs) and len(set(lrs)) == len(lrs)
+    lams = [p["lam"] for p in build("lam", algorithm=Algorithm.PPO).starting_points(PPO_BASE, 3)]
+    assert lams[0] == 0.95 and lams[-1] == 0.99
+
+
 def test_kl_grpo_sets_the_loss_keys() -> None:
     for config in sample(build("kl"), GRPO_BASE):
         assert config[L.USE_KL_LOSS] is True
@@ -318,8 +328,15 @@ def test_polish_tunes_mini_batch_and_lr_together_within_the_baselines_bounds() -
     assert space.incumbent_params(chain) == {"mini_batch": 384, "lr": 2e-6, "use_kl": False}
     points = space.starting_points(chain, 4)
     assert len(points) == 4 and len({tuple(sorted(p.items())) for p in points}) == 4
-    # coupled moves: a larger mini-batch goes with a larger lr
+    # coupled moves: a larger mini-batch goes with a larger lr; with KL off in the chain, the
+    # largest move is also tried with a KL pull (what lets lr climb where it turns unstable)
     assert all((p["mini_batch"] > 384) == (p["lr"] > 2e-6) for p in points)
+    assert [p["use_kl"] for p in points[:2]] == [False, True] and points[0]["lr"] == points[1]["lr"]
+    assert 0.0005 < points[1]["kl_coef"] < 0.01
+    assert sum(p["use_kl"] for p in points) == 1
+    for p in points:
+        config = space.suggest(optuna.trial.FixedTrial(p), chain)
+        assert config[L.USE_KL_LOSS] is p["use_kl"] and config[L.LR] == p["lr"]
     for p in points:
         assert p["mini_batch"] in space.parts[0].choices and 5e-7 <= p["lr"] <= 5e-6
 
@@ -330,6 +347,8 @@ def test_polish_includes_kl_strength_when_the_chain_has_kl_on() -> None:
     config = sample(space, chain, n=1)[0]
     assert 0.0005 <= config["actor_rollout_ref.actor.kl_loss_coef"] <= 0.01
     assert space.incumbent_params(chain)["kl_coef"] == 0.002
+    # KL already on: the starting points keep its strength (the sampler moves it)
+    assert all(p["kl_coef"] == 0.002 for p in space.starting_points(chain, 4))
     with pytest.raises(SpaceError, match=r"polish\.lr\.high"):
         build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain,
                     options={"lr": {"high": 1e-4}})
