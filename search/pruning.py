@@ -23,21 +23,6 @@ if TYPE_CHECKING:
     from search.study_file import PrunerSettings
 
 
-#: how many run-to-run spreads (relative sd of the incumbent's runs at a step) below a
-#: reference a candidate may run before it counts as clearly below. Issue 27: on noisy_hetero
-#: (incumbent runs 0.94-1.03) the 3% margin stopped lr 5e-6, worth +6%, at step 450 of 500.
-NOISE_SDS = 2.0
-
-
-def _relative_spread(values: list[float]) -> float:
-    """Sample sd over mean of a reference's runs; 0 with fewer than two."""
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return var**0.5 / abs(mean) if mean else 0.0
-
-
 class IncumbentPruner(optuna.pruners.BasePruner):
     """Prune a candidate at step s when its intermediate value is more than ``margin`` below
     the incumbent's at s (the run on the same seed if there is one, else their mean), or below
@@ -92,15 +77,10 @@ class IncumbentPruner(optuna.pruners.BasePruner):
              seed: object) -> float | None:
         """The value a candidate must reach at ``step`` to run on; None when no reference has it.
         The margin applies to the incumbent: a candidate within it may be a slow starter (KL on)
-        that ends above. The leader already beat the incumbent on a whole run. Both bars widen
-        to ``NOISE_SDS`` run-to-run spreads of the incumbent's runs at ``step``: where runs of one
-        config differ by 5%, a candidate 4% below on one seed says little."""
-        noise = NOISE_SDS * _relative_spread([t.intermediate_values[step] for t in incumbents
-                                              if step in t.intermediate_values])
+        that ends above. The leader already beat the incumbent on a whole run."""
         incumbent = self._reference(incumbents, step, seed)
-        leader = self._reference(leaders, step, seed)
-        references = [r for r in (None if incumbent is None else incumbent * (1 - max(self.margin, noise)),
-                                  None if leader is None else leader * (1 - noise)) if r is not None]
+        references = [r for r in (None if incumbent is None else incumbent * (1 - self.margin),
+                                  self._reference(leaders, step, seed)) if r is not None]
         return max(references) if references else None
 
     @staticmethod
