@@ -14,8 +14,9 @@ time at 1,000 trials. Here:
   the trial is unfinished;
 - a new trial is one INSERT under Optuna's lock on the study row, numbered as Optuna numbers it;
 - finishing a trial is one UPDATE (only of an unfinished trial) and the INSERT of its values;
-- a first user attribute of its key, or a first intermediate value of its step, is one INSERT
-  that happens only while the trial is unfinished (the driver writes several of each per trial);
+- a first user or system attribute of its key, or a first intermediate value of its step, is
+  one INSERT that happens only while the trial is unfinished (the driver writes several of
+  each per trial);
 - a heartbeat of a trial that has one is one UPDATE.
 
 Whatever a fast path cannot settle (a finished or missing trial, a first parameter of its name,
@@ -136,6 +137,7 @@ def _insert_child(table: Any, **columns: Any) -> Any:
 
 
 _INSERT_USER_ATTR = _insert_child(models.TrialUserAttributeModel.__table__, key=True, value_json=True)
+_INSERT_SYSTEM_ATTR = _insert_child(models.TrialSystemAttributeModel.__table__, key=True, value_json=True)
 _INSERT_STEP = _insert_child(models.TrialIntermediateValueModel.__table__, step=True, intermediate_value=True,
                              intermediate_value_type=True)
 _HEARTBEAT = models.TrialHeartbeatModel.__table__
@@ -291,6 +293,11 @@ class SweepStorage(RDBStorage):
         if not self._insert_first(_INSERT_USER_ATTR, {"b_trial_id": trial_id, "b_key": key,
                                                       "b_value_json": json.dumps(value)}):  # fmt: skip
             super().set_trial_user_attr(trial_id, key, value)
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        if not self._insert_first(_INSERT_SYSTEM_ATTR, {"b_trial_id": trial_id, "b_key": key,
+                                                        "b_value_json": json.dumps(value)}):  # fmt: skip
+            super().set_trial_system_attr(trial_id, key, value)
 
     def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
         stored, kind = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(intermediate_value)
