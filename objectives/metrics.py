@@ -237,6 +237,9 @@ class MetricsFollower:
         self._file = _LineTail(self.metrics_path)
         self._console = _LineTail(self.console_path) if self.console_path else None
         self._series: dict[int, dict[str, float | None]] = {}
+        # ``series`` built once per change: a probe reads it several times a poll (health
+        # screen, running score, progress line), each a copy of every step's metrics.
+        self._ordered: list[StepMetrics] | None = None
 
     # -- reading --------------------------------------------------------------------------
     def read_new(self) -> list[StepMetrics]:
@@ -245,6 +248,7 @@ class MetricsFollower:
             if self.source == "console":
                 logger.info("metrics file %s appeared; switching from console", self.metrics_path)
                 self._series.clear()
+                self._ordered = None
                 self.validation = None
             self.source = "file"
             return self._read(self._file, parse_json_line, count_garbage=True)
@@ -269,6 +273,7 @@ class MetricsFollower:
             )
             tail.reset()
             self._series.clear()
+            self._ordered = None
             self.validation = None
         new: list[StepMetrics] = []
         for line in tail.read_lines():
@@ -284,6 +289,7 @@ class MetricsFollower:
                 self.validation = record
                 continue
             _merge(self._series, record)
+            self._ordered = None
             new.append(record)
         if new:
             self.last_update_time = self.clock()
@@ -293,7 +299,9 @@ class MetricsFollower:
     @property
     def series(self) -> list[StepMetrics]:
         """All training steps so far, ordered, one per step (step 0 excluded)."""
-        return _ordered(self._series)
+        if self._ordered is None:
+            self._ordered = _ordered(self._series)
+        return list(self._ordered)
 
     @property
     def last_step(self) -> int:
