@@ -237,8 +237,9 @@ class MetricsFollower:
         self._file = _LineTail(self.metrics_path)
         self._console = _LineTail(self.console_path) if self.console_path else None
         self._series: dict[int, dict[str, float | None]] = {}
-        # ``series`` built once per change: a probe reads it several times a poll (health
-        # screen, running score, progress line), each a copy of every step's metrics.
+        # ``series`` kept up to date as steps arrive (None: rebuilt on the next read): a probe
+        # reads it several times a poll, and rebuilding thousands of steps each time was
+        # most of a long probe's polling cost.
         self._ordered: list[StepMetrics] | None = None
 
     # -- reading --------------------------------------------------------------------------
@@ -288,12 +289,22 @@ class MetricsFollower:
             if record.step == 0:
                 self.validation = record
                 continue
-            _merge(self._series, record)
-            self._ordered = None
+            self._merge(record)
             new.append(record)
         if new:
             self.last_update_time = self.clock()
         return new
+
+    def _merge(self, record: StepMetrics) -> None:
+        """Merge a record into the series; a new last step extends the ordered view, anything
+        else (a step seen before, one out of order) has it rebuilt."""
+        ordered, step = self._ordered, record.step
+        new_last = step not in self._series and (not ordered or step > ordered[-1].step)
+        _merge(self._series, record)
+        if ordered is not None and new_last:
+            ordered.append(StepMetrics(step, dict(self._series[step])))
+        else:
+            self._ordered = None
 
     # -- views ----------------------------------------------------------------------------
     @property
