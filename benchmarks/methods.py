@@ -102,10 +102,11 @@ class _TracingRunner(StudyRunner):
 
 
 def _storage() -> Any:
-    import optuna
+    from search._optuna_forks import storage_class
 
-    # One private in-memory database per run: the driver needs an RDB storage (heartbeats).
-    return optuna.storages.RDBStorage("sqlite:///:memory:", heartbeat_interval=60, grace_period=120)
+    # One private in-memory database per run: the driver needs an RDB storage (heartbeats);
+    # the storage class users get (search/storage.py), so the benchmark times what they run.
+    return storage_class()("sqlite:///:memory:", heartbeat_interval=60, grace_period=120)
 
 
 def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, runner_cls: type[StudyRunner] | None = None) -> Trace:

@@ -237,6 +237,10 @@ class MetricsFollower:
         self._file = _LineTail(self.metrics_path)
         self._console = _LineTail(self.console_path) if self.console_path else None
         self._series: dict[int, dict[str, float | None]] = {}
+        # ``series`` kept up to date as steps arrive (None: rebuilt on the next read): a probe
+        # reads it several times a poll, and rebuilding thousands of steps each time was
+        # most of a long probe's polling cost.
+        self._ordered: list[StepMetrics] | None = None
 
     # -- reading --------------------------------------------------------------------------
     def read_new(self) -> list[StepMetrics]:
@@ -245,6 +249,7 @@ class MetricsFollower:
             if self.source == "console":
                 logger.info("metrics file %s appeared; switching from console", self.metrics_path)
                 self._series.clear()
+                self._ordered = None
                 self.validation = None
             self.source = "file"
             return self._read(self._file, parse_json_line, count_garbage=True)
@@ -269,6 +274,7 @@ class MetricsFollower:
             )
             tail.reset()
             self._series.clear()
+            self._ordered = None
             self.validation = None
         new: list[StepMetrics] = []
         for line in tail.read_lines():
@@ -283,17 +289,30 @@ class MetricsFollower:
             if record.step == 0:
                 self.validation = record
                 continue
-            _merge(self._series, record)
+            self._merge(record)
             new.append(record)
         if new:
             self.last_update_time = self.clock()
         return new
 
+    def _merge(self, record: StepMetrics) -> None:
+        """Merge a record into the series; a new last step extends the ordered view, anything
+        else (a step seen before, one out of order) has it rebuilt."""
+        ordered, step = self._ordered, record.step
+        new_last = step not in self._series and (not ordered or step > ordered[-1].step)
+        _merge(self._series, record)
+        if ordered is not None and new_last:
+            ordered.append(StepMetrics(step, dict(self._series[step])))
+        else:
+            self._ordered = None
+
     # -- views ----------------------------------------------------------------------------
     @property
     def series(self) -> list[StepMetrics]:
         """All training steps so far, ordered, one per step (step 0 excluded)."""
-        return _ordered(self._series)
+        if self._ordered is None:
+            self._ordered = _ordered(self._series)
+        return list(self._ordered)
 
     @property
     def last_step(self) -> int:

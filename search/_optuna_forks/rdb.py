@@ -13,14 +13,20 @@ time at 1,000 trials. Here:
 - a parameter of a distribution the study already holds is one INSERT that happens only while
   the trial is unfinished;
 - a new trial is one INSERT under Optuna's lock on the study row, numbered as Optuna numbers it;
-- finishing a trial is one UPDATE (only of an unfinished trial) and the INSERT of its values.
+- finishing a trial is one UPDATE (only of an unfinished trial) and the INSERT of its values;
+- a first user or system attribute of its key, or a first intermediate value of its step, is
+  one INSERT that happens only while the trial is unfinished (the driver writes several of
+  each per trial);
+- a heartbeat of a trial that has one is one UPDATE.
 
 Whatever a fast path cannot settle (a finished or missing trial, a first parameter of its name,
-an enqueued trial, a popped waiting trial) goes to Optuna's code, which raises its usual errors.
+an attribute or step set again, a first heartbeat, an enqueued trial, a popped waiting trial)
+goes to Optuna's code, which raises its usual errors.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -117,6 +123,26 @@ _INSERT_PARAM = _PARAMS.insert().from_select(
               sa.bindparam("b_distribution", type_=_PARAMS.c.distribution_json.type))
     .where(_TRIALS.c.trial_id == sa.bindparam("b_trial_id"), _TRIALS.c.state.in_(_UNFINISHED)),
 ).returning(_PARAMS.c.param_id)  # RETURNING: psycopg's rowcount of an INSERT ... SELECT is -1  # fmt: skip
+
+
+
+def _insert_child(table: Any, **columns: Any) -> Any:
+    """INSERT of one child row of the trial ``b_trial_id`` (bound parameters ``b_<column>``)
+    that happens only while the trial is unfinished; RETURNING its id, as ``_INSERT_PARAM``."""
+    return table.insert().from_select(
+        ["trial_id", *columns],
+        sa.select(_TRIALS.c.trial_id, *(sa.bindparam(f"b_{name}", type_=table.c[name].type) for name in columns))
+        .where(_TRIALS.c.trial_id == sa.bindparam("b_trial_id"), _TRIALS.c.state.in_(_UNFINISHED)),
+    ).returning(*table.primary_key.columns)
+
+
+_INSERT_USER_ATTR = _insert_child(models.TrialUserAttributeModel.__table__, key=True, value_json=True)
+_INSERT_SYSTEM_ATTR = _insert_child(models.TrialSystemAttributeModel.__table__, key=True, value_json=True)
+_INSERT_STEP = _insert_child(models.TrialIntermediateValueModel.__table__, step=True, intermediate_value=True,
+                             intermediate_value_type=True)
+_HEARTBEAT = models.TrialHeartbeatModel.__table__
+_BEAT = (_HEARTBEAT.update().where(_HEARTBEAT.c.trial_id == sa.bindparam("b_trial_id"))
+         .values(heartbeat=sa.func.now()).returning(_HEARTBEAT.c.trial_id))  # as Optuna: the database's now()
 
 
 class _LoadedTrial:
@@ -253,3 +279,34 @@ class SweepStorage(RDBStorage):
             except (_Fallback, sa.exc.IntegrityError):
                 pass  # rolled back; Optuna's path raises, or updates values stored already
         return super().set_trial_state_values(trial_id, state, values)
+
+    def _insert_first(self, statement: Any, values: dict[str, Any]) -> bool:
+        """Run a fast-path INSERT of a child row; False where Optuna's path must decide (the
+        row exists already, the trial is finished or missing)."""
+        try:
+            with self._connection(transaction=False) as conn:
+                return conn.execute(statement, values).first() is not None
+        except sa.exc.IntegrityError:
+            return False  # set already: Optuna's path updates it
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        if not self._insert_first(_INSERT_USER_ATTR, {"b_trial_id": trial_id, "b_key": key,
+                                                      "b_value_json": json.dumps(value)}):  # fmt: skip
+            super().set_trial_user_attr(trial_id, key, value)
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        if not self._insert_first(_INSERT_SYSTEM_ATTR, {"b_trial_id": trial_id, "b_key": key,
+                                                        "b_value_json": json.dumps(value)}):  # fmt: skip
+            super().set_trial_system_attr(trial_id, key, value)
+
+    def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
+        stored, kind = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(intermediate_value)
+        if not self._insert_first(_INSERT_STEP, {"b_trial_id": trial_id, "b_step": step, "b_intermediate_value": stored,
+                                                 "b_intermediate_value_type": kind}):  # fmt: skip
+            super().set_trial_intermediate_value(trial_id, step, intermediate_value)
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        with self._connection(transaction=False) as conn:
+            if conn.execute(_BEAT, {"b_trial_id": trial_id}).first() is not None:
+                return
+        super().record_heartbeat(trial_id)  # its first heartbeat
