@@ -55,6 +55,9 @@ class ProbeSettings:
     hang_timeout_s: float = 1800.0
     health_screen: bool = True
     n_gpus: int = 1
+    #: bootstrap resamples of a finished probe's score (its interval). The rate itself is
+    #: fitted on the data alone: a caller that reads only the rate may pass 2.
+    n_boot: int = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,8 +213,9 @@ class Probe:
         )
         return self._outcome
 
-    def _score(self, steps: list[StepMetrics], *, n_boot: int = 500, final: bool = True,
+    def _score(self, steps: list[StepMetrics], *, n_boot: int | None = None, final: bool = True,
                min_steps: int = MIN_SCORED_STEPS) -> Score:
+        n_boot = self.settings.n_boot if n_boot is None else n_boot
         if self.settings.speed_only:
             return score_throughput(
                 steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus, n_boot=n_boot

@@ -223,8 +223,13 @@ class StageLoop:
     def _queue_confirmations(self, trials: list[TrialRecord], *, extra: bool) -> bool:
         reruns = self.policy.confirmations(trials, extra=extra, now=datetime.datetime.now())
         if self._queue(reruns):
-            self.ctx.console.note(f"{self.study.name}: re-running on fresh seeds: "
-                                  + ", ".join(f"trial {r.of.number}" for r in reruns))
+            partners = [r.assignment for r in reruns if r.assignment.role is Role.INCUMBENT]
+            if partners:
+                self.ctx.console.note(f"{self.study.name}: running the incumbent on seed(s) "
+                                      f"{', '.join(str(a.seed) for a in partners)}: it {partners[0].origin}")
+            else:
+                self.ctx.console.note(f"{self.study.name}: re-running on fresh seeds: "
+                                      + ", ".join(f"trial {r.of.number}" for r in reruns))
         return bool(reruns)
 
     def _queue_early_confirmation(self, trials: list[TrialRecord]) -> bool:

@@ -114,6 +114,12 @@ class TrialRunner:
             return self._skip(trial, CloseReason.OVER_BUDGET,
                               "over budget: the stage's budget was used up before this trial could start")
         seed = self.spec.seeds[0] if assignment.seed is None else assignment.seed
+        if role is Role.INCUMBENT and assignment.seed is not None:
+            trials = self.study.read_trials()
+            me = next(t for t in trials if t.number == trial.number)
+            if policy.redundant_incumbent_run(me, trials):
+                return self._skip(trial, CloseReason.REDUNDANT,
+                                  "redundant incumbent run: another worker queued the same one")
         if role is Role.RERUN:
             trials = self.study.read_trials()
             if assignment.idle_fill and not policy.worth_waiting(trials, datetime.datetime.now()):

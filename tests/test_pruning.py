@@ -103,12 +103,26 @@ def test_a_candidate_just_below_the_incumbent_runs_on_but_not_one_below_the_lead
     assert not pruner.prune(study, _running(study, "candidate", slow_starter))
     assert IncumbentPruner(margin=0.0, n_warmup_steps=100, patience=2).prune(
         study, _running(study, "candidate", slow_starter))
-    # A finished candidate that beat the incumbent is the bar once there is one: no margin.
+    # A finished candidate that beat the incumbent by more than the margin is the bar once
+    # there is one: no margin.
     study.add_trial(create_trial(
         state=TrialState.COMPLETE, value=1.2, params={"x": 0.2}, distributions={"x": FloatDistribution(0, 1)},
         user_attrs={"role": "candidate", "seed": 11}, intermediate_values={s: 1.2 for s in STEPS},
     ))  # fmt: skip
     assert pruner.prune(study, _running(study, "candidate", {100: 1.15, 125: 1.15}))
+
+
+@pytest.mark.parametrize("leader_eta", [1.0, 1.02, 1.03])
+def test_a_leader_within_the_margin_of_the_incumbent_is_no_bar(leader_eta: float) -> None:
+    # noisy_hetero rep 8: lr 5e-6 (+6% true) was stopped at step 450 of 500 because its noisy
+    # running rate fell below the curve of a leader at η 1.012, i.e. the incumbent's within noise.
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
+    study = _study_with_incumbent()
+    study.add_trial(create_trial(
+        state=TrialState.COMPLETE, value=leader_eta, params={"x": 0.2}, distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={"role": "candidate", "seed": 11}, intermediate_values={s: leader_eta + 0.01 for s in STEPS},
+    ))  # fmt: skip
+    assert not pruner.prune(study, _running(study, "candidate", {100: 0.99, 125: 0.99}))
 
 
 def test_a_candidate_ahead_of_a_running_incumbent_is_compared_where_both_have_reported() -> None:
