@@ -68,8 +68,14 @@ def pruning_steps(stage: StageSettings, settings: ProbeSettings, *, stretch: int
     if settings.speed_only:
         return max(1, settings.steps // 10), settings.steps // 2
     if stretch > 1:
-        return stage.pruner.interval_steps * stretch, max(stage.pruner.warmup_steps * stretch, settings.steps * 3 // 4)
+        return stage.pruner.interval_steps * stretch, max(stage.pruner.warmup_steps * stretch, late_step(settings))
     return stage.pruner.interval_steps, stage.pruner.warmup_steps
+
+
+def late_step(settings: ProbeSettings) -> int:
+    """Three quarters of a learning probe: where pruning starts for what starts slow by design
+    (a stretched probe after a slow start, a candidate that changes the KL pull)."""
+    return settings.steps * 3 // 4
 
 
 #: a first learning stage whose incumbent runs' mean ``Score.late_gain`` is at least this saw
@@ -144,7 +150,7 @@ class StagePolicy:
     def late_prune_from(self) -> int:
         """No pruning before this step for a candidate that changes the KL pull: three quarters
         of the probe, where a stretched probe's pruning starts too."""
-        return 0 if self.settings.speed_only else self.settings.steps * 3 // 4
+        return 0 if self.settings.speed_only else late_step(self.settings)
 
     # -- the budget and the stop rule ---------------------------------------------------------
     def counted(self, trials: Trials) -> int:

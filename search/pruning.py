@@ -45,15 +45,15 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     def prune(self, study: "optuna.Study", trial: "FrozenTrial") -> bool:
         if role_of(trial) is not Role.CANDIDATE:
             return False
-        if len([s for s in trial.intermediate_values if s >= self.n_warmup_steps]) < self.patience:
-            return False
+        steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
+        if len(steps) < self.patience:
+            return False  # before reading the study
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
         incumbents = [t for t in trials if role_of(t) is Role.INCUMBENT]
-        moves_kl = any(trial.params.get(p) != i.params.get(p) for p in KL_PARAMS for i in incumbents[:1])
-        warmup = max(self.n_warmup_steps, self.late_from) if moves_kl else self.n_warmup_steps
-        steps = sorted(s for s in trial.intermediate_values if s >= warmup)
-        if len(steps) < self.patience:
-            return False
+        if any(trial.params.get(p) != i.params.get(p) for p in KL_PARAMS for i in incumbents[:1]):
+            steps = [s for s in steps if s >= self.late_from]  # it changes the KL pull
+            if len(steps) < self.patience:
+                return False
         # The stage's best finished candidate so far: a run clearly below it cannot win either,
         done = [t for t in trials if t.state == TrialState.COMPLETE and role_of(t) is Role.CANDIDATE
                 and t.value is not None and t.number != trial.number]
