@@ -557,8 +557,8 @@ def paired_eta(
     A seed moves a whole curve (data order, the first rollouts), and moves it alike for two
     configs: a run compared with the incumbent's run on its own seed leaves that shared part
     out. Each pair gives d = log(a/b); its variance is the two runs' own (bootstrap) relative
-    variances summed, or, with two or more pairs, their observed spread if larger (where seeds
-    share little, pairing then gains nothing). Runs without a partner are compared with the
+    variances summed (the median over the pairs), or, with two or more pairs, their observed
+    spread if larger (where seeds share little, pairing then gains nothing). Runs without a partner are compared with the
     incumbent's mean, their seed variance included, as in ``eta``. The two means of d are
     pooled by inverse variance; the interval is normal on the log scale. Without a pair, or
     with a rate that is not positive, this is ``eta`` on the combined runs.
@@ -583,7 +583,10 @@ def paired_eta(
         return (s.rate_se / s.rate) ** 2
 
     d = np.array([math.log(a.rate / b.rate) for a, b in pairs])
-    floor = float(np.mean([rel_var(a) + rel_var(b) for a, b in pairs]))
+    # The median, not the mean: one run whose curve fit is unidentified (a bootstrap interval
+    # of ±100%) would otherwise set the floor of every pair (issue 27, noisy_hetero: a true
+    # +6% lr kept out over 5 paired runs). The observed spread of d still counts every pair.
+    floor = float(np.median([rel_var(a) + rel_var(b) for a, b in pairs]))
     spread = float(d.var(ddof=1)) if d.size >= 2 else 0.0
     means = [(float(d.mean()), max(floor, spread) / d.size)]
     if alone:

@@ -67,3 +67,17 @@ def test_a_rate_that_is_not_positive_falls_back_to_fieller() -> None:
     got = paired_eta([(11, _score(-0.2, 0.5))], inc)
     want = eta(_score(-0.2, 0.5), [s for _, s in inc])
     assert (got.value, got.low, got.high) == pytest.approx((want.value, want.low, want.high))
+
+
+def test_one_run_with_an_unidentified_fit_does_not_widen_every_pair() -> None:
+    # noisy_hetero rep 3: one of five paired runs had a ±100% bootstrap interval (its curve fit
+    # was unidentified); as the mean of the pairs' variances it set the floor of all of them.
+    inc = [(s, _score(1.0 + 0.01 * i)) for i, s in enumerate((11, 12, 13, 14, 15))]
+    steady = [(s, _score(1.06 * (1.0 + 0.01 * i) * (1 + 0.004 * (-1) ** i))) for i, s in enumerate((11, 12, 13, 14, 15))]
+    wild = steady[:1] + [(12, _score(steady[1][1].rate, se_rel=0.6))] + steady[2:]
+    plain, hit = paired_eta(steady, inc), paired_eta(wild, inc)
+    assert hit.value == pytest.approx(plain.value)
+    assert hit.low > 1.02 and (hit.high - hit.low) < 1.5 * (plain.high - plain.low)
+    # The observed spread still counts every pair: one pair far off widens the interval.
+    off = steady[:1] + [(12, _score(steady[1][1].rate * 0.8))] + steady[2:]
+    assert paired_eta(off, inc).high - paired_eta(off, inc).low > 3 * (plain.high - plain.low)

@@ -39,6 +39,18 @@ def test_rate_close_to_true_chord_and_interval_holds_it() -> None:
     assert score.n_steps == 500 and score.n_runs == 1
 
 
+@pytest.mark.parametrize("t_mid_s", [800, 3000, 20000])
+def test_the_rate_does_not_depend_on_the_bootstrap(t_mid_s: float) -> None:
+    # The benchmark's peers read only the rate and score with 2 resamples (ProbeSettings.n_boot):
+    # the fit that gives the rate is made on the data alone (equal to rounding: the matrix
+    # products over 3 or 501 rows sum in different orders).
+    steps = run(Curve(t_mid_s=t_mid_s), 500, seed=5)
+    full, cheap = score_reward_rate(steps, n_boot=500), score_reward_rate(steps, n_boot=2)
+    for key in ("rate", "gain", "reward_first", "reward_last"):
+        assert getattr(cheap, key) == pytest.approx(getattr(full, key), rel=1e-12), key
+    assert cheap.ci_high - cheap.ci_low != pytest.approx(full.ci_high - full.ci_low, rel=1e-3)  # the interval does
+
+
 def test_time_is_training_time_only() -> None:
     # Doubling each step's time halves the rate: start-up never enters (it is not a step).
     steps = run(Curve(), 300, seed=1)
