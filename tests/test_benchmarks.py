@@ -217,3 +217,18 @@ def test_every_shipped_landscape_builds_its_study_and_names_its_split() -> None:
         assert math.isfinite(rate) and rate > 0, name  # the study's baseline runs in every world
     assert demo_spec("ppo_lam").algorithm.value == "ppo"
     assert [s.space for s in demo_spec("ppo_lam").stages][-2:] == ["lam", "polish"]
+
+
+def test_the_blind_worlds_build_their_study_and_are_not_shipped() -> None:
+    from benchmarks.run import BLIND_DIR, demo_spec, split_of
+    from launchers.simulator import load_landscape, shipped_landscapes
+
+    paths = sorted(BLIND_DIR.glob("*.yaml"))
+    assert len(paths) >= 3
+    for path in paths:
+        land = load_landscape(path)
+        assert split_of(land.name) == "blind" and land.name not in shipped_landscapes()
+        spec = demo_spec(str(path))
+        rate = land.true_rate(spec.baseline_config(), spec.probe.steps)
+        assert math.isfinite(rate) and rate > 0, path.name
+    assert split_of("default") == "tune" and split_of("noisy_hetero") == "report"
