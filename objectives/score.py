@@ -216,9 +216,8 @@ def _fit_windows(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> _Fit:
 
 
 def _curve_basis(t: np.ndarray, t_mids: np.ndarray, bs: np.ndarray) -> np.ndarray:
-    """g(t) = 1/(1+(t_mid/t)^B) for each grid point: (k, n); g(0) = 0. The power is taken
-    as exp(B·log(t_mid/t)): the logs are an outer difference, and exp is ~1.4x faster than
-    a float power over the (k, n) grid that every score and running score fills."""
+    """g(t) = 1/(1+(t_mid/t)^B) for each grid point: (k, n); g(0) = 0. As exp(B·log(t_mid/t)):
+    ~1.4x faster than a float power over the grid that every (running) score fills."""
     with np.errstate(divide="ignore", over="ignore"):
         log_ratio = np.log(t_mids)[:, None] - np.log(np.maximum(t, 1e-12))[None, :]
         return 1.0 / (1.0 + np.exp(bs[:, None] * log_ratio))
@@ -556,12 +555,12 @@ def paired_eta(
 
     A seed moves a whole curve (data order, the first rollouts), and moves it alike for two
     configs: a run compared with the incumbent's run on its own seed leaves that shared part
-    out. Each pair gives d = log(a/b); its variance is the two runs' own (bootstrap) relative
-    variances summed (the median over the pairs), or, with two or more pairs, their observed
-    spread if larger (where seeds share little, pairing then gains nothing). Runs without a partner are compared with the
-    incumbent's mean, their seed variance included, as in ``eta``. The two means of d are
-    pooled by inverse variance; the interval is normal on the log scale. Without a pair, or
-    with a rate that is not positive, this is ``eta`` on the combined runs.
+    out. Each pair gives d = log(a/b); its variance is the median over the pairs of the two
+    runs' own (bootstrap) relative variances summed, or, with two or more pairs, their observed
+    spread if larger (where seeds share little, pairing then gains nothing). Runs without a
+    partner are compared with the incumbent's mean, seed variance included, as in ``eta``. The
+    two means of d are pooled by inverse variance; the interval is normal on the log scale.
+    Without a pair, or with a rate that is not positive, this is ``eta`` on the combined runs.
     """
     if not candidate:
         raise ScoreError("paired_eta needs at least one candidate run, but got none")
@@ -583,9 +582,7 @@ def paired_eta(
         return (s.rate_se / s.rate) ** 2
 
     d = np.array([math.log(a.rate / b.rate) for a, b in pairs])
-    # The median, not the mean: one run whose curve fit is unidentified (a bootstrap interval
-    # of ±100%) would otherwise set the floor of every pair (issue 27, noisy_hetero: a true
-    # +6% lr kept out over 5 paired runs). The observed spread of d still counts every pair.
+    # The median: one run with an unidentified fit (±100%) must not set every pair's floor.
     floor = float(np.median([rel_var(a) + rel_var(b) for a, b in pairs]))
     spread = float(d.var(ddof=1)) if d.size >= 2 else 0.0
     means = [(float(d.mean()), max(floor, spread) / d.size)]
