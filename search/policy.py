@@ -341,12 +341,11 @@ class StagePolicy:
         """Incumbent runs on the seeds of the leader's runs where the incumbent has none, once
         the leader gets no more runs of its own (``undecided_leader``) and is still undecided:
         above the incumbent (η > 1) but not significantly above 1 + tolerance, its interval
-        reaching above it. A seed moves two
-        configs' curves alike, so each such run turns a run compared with the incumbent's mean
-        (whose spread over its 2 runs never shrinks) into a paired one. Issue 27: on the
-        3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77 over 5 runs, 3 of them
-        unpaired, or fell to η 1.012 when one unpaired seed was bad for every config. Each seed
-        is tried once (a failed run is not queued again here)."""
+        reaching above it. A seed moves two configs' curves alike, so each such run turns a run
+        compared with the incumbent's mean (whose spread over its 2 runs never shrinks) into a
+        paired one. Issue 27: on the 3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77
+        over 5 runs, 3 of them unpaired, or fell to η 1.012 when one unpaired seed was bad for
+        every config. Each seed is tried once (a failed run is not queued again here)."""
         ranked, _ = ranked_candidates(trials)
         if not ranked or self.stage.confirm_top == 0:
             return []
