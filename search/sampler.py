@@ -1,14 +1,18 @@
 """The samplers a stage uses, rebuilt from its saved settings on every resume.
 
 TPE is Optuna's, with the speed-ups of ``search/_optuna_forks/tpe.py`` where the installed
-Optuna is the one they were written against (``search._optuna_forks.install``).
+Optuna is the one they were written against (``search._optuna_forks.install``), and one
+change of what it learns from: a run that ran out of memory counts as a bad point
+(``SeesInfeasibleFailures``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Any
 
 import optuna
+from optuna.trial import TrialState
 
 from search import _optuna_forks
 from search.errors import BadInputError
@@ -28,7 +32,45 @@ def build_sampler(stage: "StageSettings", n_existing_trials: int) -> optuna.samp
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=settings.n_startup_trials)
     if settings.name == "grid":
         raise BadInputError(f"stages {stage.name}: sampler 'grid' is not supported yet; use tpe or random.")
-    return _optuna_forks.tpe_sampler(
+    return tpe_class()(
         seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True,
         multivariate=settings.multivariate, group=settings.multivariate,
     )
+
+
+class SeesInfeasibleFailures:
+    """TPE that also learns from failed runs with a violated constraint: the runs that ran out
+    of memory (``trials.py`` sets the ``oom`` constraint before it fails them).
+
+    Optuna's TPE reads only complete and pruned trials, so it never saw an OOM and kept
+    proposing the same region: on the sharp-OOM landscape 60 of a systems stage's 78
+    candidates ran out of memory above a memory fraction of 0.8, and the stage measured too
+    few of the rest to find the fastest layout. Optuna's own constrained TPE already puts
+    infeasible trials in the bad group, after every feasible one (``_split_trials``); this
+    only lets it see the failed ones. A failure of any other kind still says nothing."""
+
+    def _sample(self, study: Any, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
+        return super()._sample(_WithInfeasibleFailures(study), trial, search_space)  # type: ignore[misc]
+
+
+class _WithInfeasibleFailures:
+    """The study as TPE reads it, with its infeasible failed trials among the complete ones."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[Any]:
+        if states is None or TrialState.COMPLETE not in states:
+            return self._study._get_trials(deepcopy, states, use_cache=use_cache)
+        trials = self._study._get_trials(deepcopy, (*states, TrialState.FAIL), use_cache=use_cache)
+        return [t for t in trials if t.state != TrialState.FAIL or any(v > 0 for v in t.constraints.values())]
+
+
+@functools.cache
+def tpe_class() -> type[optuna.samplers.TPESampler]:
+    """The TPE class the stages use: ``SeesInfeasibleFailures`` over the fork or Optuna's."""
+    base = _optuna_forks.tpe_sampler_class()
+    return type(f"InfeasibleAware{base.__name__}", (SeesInfeasibleFailures, base), {})

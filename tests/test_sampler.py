@@ -130,3 +130,35 @@ def test_tpe_reads_and_splits_the_trials_once_per_ask_and_suggests_as_optuna_doe
     # each of the 30 asks after the startup trials splits the trials: Optuna once for each
     # parameter (3), read once for the first parameter only
     assert splits["optuna"] == 3 * splits["read once"] >= 3 * 30
+
+
+def _oom_share_of_late_asks(sampler: optuna.samplers.BaseSampler, *, fail_kind: str | None) -> float:
+    """60 asks on a speed landscape whose best points sit right below an OOM edge at a memory
+    fraction of 0.8; the share of the last 30 that ran out of memory. ``fail_kind`` None fails
+    them without a constraint (a crash that says nothing about the point)."""
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    late_failures = 0
+    for i in range(60):
+        trial = study.ask()
+        memory, tp = trial.suggest_float("memory", 0.3, 0.95), trial.suggest_categorical("tp", [1, 2, 4, 8])
+        if memory > 0.8:
+            if fail_kind is not None:
+                trial.set_constraint(fail_kind, 1.0)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            late_failures += i >= 30
+        else:
+            study.tell(trial, memory + {1: 0.0, 2: 0.05, 4: 0.1, 8: 0.08}[tp])
+    return late_failures / 30
+
+
+def test_tpe_learns_from_runs_that_ran_out_of_memory() -> None:
+    """Optuna's TPE ignores failed trials and kept proposing the OOM region (29 of the last
+    30 asks here with stock TPE); the stages' TPE counts an OOM as infeasible, below every
+    run that finished. A failure without a violated constraint still teaches it nothing."""
+    stage = _tpe_stage()
+    for seed in range(3):  # build_sampler offsets the stage's seed by its second argument
+        stock = _oom_share_of_late_asks(optuna.samplers.TPESampler(seed=seed, constant_liar=True), fail_kind="oom")
+        learned = _oom_share_of_late_asks(build_sampler(stage, seed), fail_kind="oom")
+        unexplained = _oom_share_of_late_asks(build_sampler(stage, seed), fail_kind=None)
+        assert stock >= 0.8 and unexplained >= 0.8, (stock, unexplained)
+        assert learned <= 0.5, learned

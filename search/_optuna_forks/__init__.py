@@ -44,11 +44,16 @@ def install() -> bool:
 
 def tpe_sampler(**kwargs: Any) -> optuna.samplers.TPESampler:
     """A TPE sampler with Optuna's ``TPESampler`` arguments: the fork where installed."""
+    return tpe_sampler_class()(**kwargs)
+
+
+def tpe_sampler_class() -> type[optuna.samplers.TPESampler]:
+    """``ReadOnceTPESampler`` where installed, else Optuna's ``TPESampler``."""
     if install():
         from search._optuna_forks.tpe import ReadOnceTPESampler
 
-        return ReadOnceTPESampler(**kwargs)
-    return optuna.samplers.TPESampler(**kwargs)
+        return ReadOnceTPESampler
+    return optuna.samplers.TPESampler
 
 
 def storage_class() -> type[optuna.storages.RDBStorage]:
