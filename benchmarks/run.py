@@ -525,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         # OpenBLAS's own threads on top of it made a run ~40% slower (the curve fits' matrix
         # products; same results either way). Spawned processes take this from the environment.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        # Likewise torch's OpenMP threads (the GP peer's fits): two GP runs side by side took
+        # 49 s instead of 55 s with one thread each, with the same suggestions.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         # The references are only needed for the summary: they share the pool with the runs.
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             pending = pool.starmap_async(reference, references, chunksize=1)
