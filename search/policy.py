@@ -100,8 +100,9 @@ def incumbent_run_etas(trials: Trials) -> dict[int, Eta]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Rerun:
-    """A confirmation to queue: a re-run of ``of``'s point with ``assignment``."""
+class QueuedRun:
+    """A run to queue on ``of``'s point with ``assignment``: a confirmation (a re-run of a
+    candidate) or an incumbent run that pairs a leader's (``incumbent_partners``)."""
 
     of: TrialRecord
     assignment: Assignment
@@ -124,6 +125,11 @@ class StagePolicy:
         """Do a leader's runs decide its gain (its η already above 1 + tolerance)? Its interval
         clears 1 + tolerance, or it clears the incumbent over ``CLEAR_OF_INCUMBENT_RUNS`` runs."""
         return low > self.threshold or (low > 1.0 and n_runs >= CLEAR_OF_INCUMBENT_RUNS)
+
+    def undecided(self, value: float, low: float, high: float, n_runs: int) -> bool:
+        """Is a leader's gain still open: above the incumbent, its interval reaching above
+        1 + tolerance, and not ``significant`` above it?"""
+        return value > 1.0 and high > self.threshold and not (value > self.threshold and self.significant(low, n_runs))
 
     @property
     def stretch(self) -> int:
@@ -261,7 +267,7 @@ class StagePolicy:
         return wait_s >= EXTRA_RERUN_MIN_WAIT * probe_s
 
     # -- confirmations ----------------------------------------------------------------------------
-    def confirmations(self, trials: Trials, *, extra: bool, now: datetime.datetime) -> list[Rerun]:
+    def confirmations(self, trials: Trials, *, extra: bool, now: datetime.datetime) -> list[QueuedRun]:
         """Re-runs of the top candidates on fresh seeds to queue (none: nothing to queue).
         Required: one re-run of each of the top ``confirm_top`` that has none. Extra
         (``extra=True``, for workers that would sit idle while others finish the stage): one
@@ -290,16 +296,17 @@ class StagePolicy:
             targets = [t for t in top if count[t.number] == 0]
             if not targets:
                 # Runs beyond the first re-run are "extra": they need a fresh seed of their own.
-                targets, extra = self.undecided_leader(trials), True
+                ranked, _ = ranked_candidates(trials)
+                targets, extra = self.undecided_leader(trials, ranked), True
                 if not targets:
-                    return self.incumbent_partners(trials)
+                    return self.incumbent_partners(trials, ranked)
         # The seed is checked again when the re-run starts (rerun_seed): workers that queue at
         # the same moment pick the same one here.
-        return [Rerun(t, Assignment(role=Role.RERUN, rerun_of=t.number, extra=extra, idle_fill=idle_fill,
+        return [QueuedRun(t, Assignment(role=Role.RERUN, rerun_of=t.number, extra=extra, idle_fill=idle_fill,
                                     seed=(self.unused_fresh_seeds(t.params, trials) or self.fresh_seeds())[0]))
                 for t in targets]
 
-    def early_confirmation(self, trials: Trials) -> Rerun | None:
+    def early_confirmation(self, trials: Trials) -> QueuedRun | None:
         """Idle, with nothing finished to re-run: the confirmation of the running candidate
         with the best running η above the tolerance, past the pruner's warm-up (no re-run yet,
         a fresh seed left). It is the one a finished leader would need anyway; started now,
@@ -316,28 +323,28 @@ class StagePolicy:
             return None
         _, target = max(running, key=lambda item: item[0])
         seed = self.unused_fresh_seeds(target.params, trials)[0]
-        return Rerun(target, Assignment(role=Role.RERUN, rerun_of=target.number, seed=seed, extra=False,
-                                        idle_fill=False))
+        return QueuedRun(target, Assignment(role=Role.RERUN, rerun_of=target.number, seed=seed, extra=False,
+                                            idle_fill=False))
 
-    def undecided_leader(self, trials: Trials) -> list[TrialRecord]:
+    def undecided_leader(self, trials: Trials, ranked: list[tuple[Pooled, TrialRecord]] | None = None) -> list[TrialRecord]:
         """The would-be winner, when its runs so far neither decide its gain (``significant``)
         nor put it within the tolerance (η above 1 + tolerance) and it may run again: one more
         fresh seed decides more than the first runs could. Runs already queued or running count
         towards ``confirm_max_runs``: a worker that would sit idle while another runs the
         leader's re-run starts the next one beside it (one driver, which asks only when all its
-        slots are free, runs them one after the other)."""
-        ranked, _ = ranked_candidates(trials)
+        slots are free, runs them one after the other). ``ranked``: ``ranked_candidates``' when known."""
+        ranked = ranked_candidates(trials)[0] if ranked is None else ranked
         if not ranked:
             return []
-        (value, low, _high, n_runs), leader = ranked[0]
+        (value, low, high, n_runs), leader = ranked[0]
         pending = sum(t.role is Role.RERUN and t.state in (TrialState.WAITING, TrialState.RUNNING)
                       and t.point == leader.params for t in trials)
-        if (value <= self.threshold or self.significant(low, n_runs) or n_runs + pending >= self.stage.confirm_max_runs
-                or not self.unused_fresh_seeds(leader.params, trials)):
+        if (value <= self.threshold or not self.undecided(value, low, high, n_runs)
+                or n_runs + pending >= self.stage.confirm_max_runs or not self.unused_fresh_seeds(leader.params, trials)):
             return []
         return [leader]
 
-    def incumbent_partners(self, trials: Trials) -> list[Rerun]:
+    def incumbent_partners(self, trials: Trials, ranked: list[tuple[Pooled, TrialRecord]] | None = None) -> list[QueuedRun]:
         """Incumbent runs on the seeds of the leader's runs where the incumbent has none, once
         the leader gets no more runs of its own (``undecided_leader``) and is still undecided:
         above the incumbent (η > 1) but not significantly above 1 + tolerance, its interval
@@ -346,11 +353,11 @@ class StagePolicy:
         paired one. Issue 27: on the 3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77
         over 5 runs, 3 of them unpaired, or fell to η 1.012 when one unpaired seed was bad for
         every config. Each seed is tried once (a failed run is not queued again here)."""
-        ranked, _ = ranked_candidates(trials)
+        ranked = ranked_candidates(trials)[0] if ranked is None else ranked
         if not ranked or self.stage.confirm_top == 0:
             return []
         (value, low, high, n_runs), leader = ranked[0]
-        if value <= 1.0 or high <= self.threshold or (value > self.threshold and self.significant(low, n_runs)):
+        if not self.undecided(value, low, high, n_runs):
             return []
         incumbent = next((t for t in trials if t.role is Role.INCUMBENT), None)
         covered = {t.seed for t in trials if t.role is Role.INCUMBENT}
@@ -359,7 +366,7 @@ class StagePolicy:
         missing = sorted(set(seeds) - covered, key=seeds.index)
         if incumbent is None or not missing:
             return []
-        return [Rerun(incumbent, Assignment(role=Role.INCUMBENT, seed=seed, origin=f"pairs trial {leader.number}"))
+        return [QueuedRun(incumbent, Assignment(role=Role.INCUMBENT, seed=seed, origin=f"pairs trial {leader.number}"))
                 for seed in missing]
 
     def leading_config(self, trials: Trials, base: Config) -> Config | None:

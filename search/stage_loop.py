@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from objectives.probe import ProbeSettings
 from search import liveness
 from search.errors import BadInputError
-from search.policy import SLOW_START, Rerun, StagePolicy, found_nothing, ranked_candidates, slow_start
+from search.policy import SLOW_START, QueuedRun, StagePolicy, found_nothing, ranked_candidates, slow_start
 from search.records import Role, StageResult, TrialRecord, stage_study_name
 from search.stage_study import StageClock, StageStudy
 from search.storage import HEARTBEAT_INTERVAL_S, with_retries
@@ -215,7 +215,7 @@ class StageLoop:
         return (self.ctx.leave_at_end and self.ahead_of is None and self.index == len(self.ctx.spec.stages) - 1
                 and not any(work_left(t) for t in trials))
 
-    def _queue(self, reruns: list[Rerun]) -> bool:
+    def _queue(self, reruns: list[QueuedRun]) -> bool:
         for rerun in reruns:
             self.study.queue(rerun.of.params, rerun.assignment)
         return bool(reruns)
