@@ -111,7 +111,8 @@ class StageLoop:
                          "first learning stage's probes (a slow start)")
 
         opened = with_retries(lambda: StageStudy.open(ctx.storage, spec, policy, base, ahead_of=ahead_of,
-                                                      launcher=ctx.launcher, on_vacated=_vacated_note(console)),
+                                                      launcher=ctx.launcher, on_vacated=_vacated_note(console),
+                                                      learn_ooms=not space.oom_clamped),
                               what="open the stage study")
         if opened is None:
             return None

@@ -66,16 +66,18 @@ class StageStudy:
     @classmethod
     def open(cls, storage: optuna.storages.RDBStorage, spec: StudySpec, policy: StagePolicy, base: Config, *,
              ahead_of: str | None = None, launcher: Launcher | None = None,
-             on_vacated: Callable[[str, str, str], None] | None = None) -> tuple[StageStudy, bool] | None:
+             on_vacated: Callable[[str, str, str], None] | None = None,
+             learn_ooms: bool = True) -> tuple[StageStudy, bool] | None:
         """Create or join the stage's study from ``base``; (study, created). None when
         ``ahead_of`` is given and another worker already runs the stage ahead from another
-        leader. A study opened ahead from a leader that lost is moved aside first."""
+        leader. A study opened ahead from a leader that lost is moved aside first.
+        ``learn_ooms``: for ``build_sampler``."""
         stage = policy.stage
         name = stage_study_name(spec, stage)
         pruner = build_pruner(stage.pruner, prune_from=policy.prune_from, late_from=policy.late_prune_from)
         try:
             study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
-                                        sampler=build_sampler(stage, 0), pruner=pruner)
+                                        sampler=build_sampler(stage, 0, learn_ooms=learn_ooms), pruner=pruner)
             study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
             attrs = created_study_attrs(base=base, stage=stage.model_dump(mode="json"),
                                         probe_steps=policy.settings.steps)
@@ -97,13 +99,15 @@ class StageStudy:
             if stored.ahead_of:
                 # Opened ahead from a leader that then lost: move it aside, start afresh.
                 existing.vacate(why="the stage before chose another config", launcher=launcher, on_vacated=on_vacated)
-                return cls.open(storage, spec, policy, base, launcher=launcher, on_vacated=on_vacated)
+                return cls.open(storage, spec, policy, base, launcher=launcher, on_vacated=on_vacated,
+                                learn_ooms=learn_ooms)
             raise SweepError(
                 f"stage {stage.name}: the database's base config differs from the chain computed "
                 "now; the study was changed after it started. Start a new study name."
             )
         n = len(existing.study.get_trials(deepcopy=False))
-        study = optuna.load_study(study_name=name, storage=storage, sampler=build_sampler(stage, n), pruner=pruner)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=build_sampler(stage, n, learn_ooms=learn_ooms),
+                                   pruner=pruner)
         return cls(study, storage), False
 
     @staticmethod

@@ -28,6 +28,9 @@ class Space(abc.ABC):
     #: a stage of this space first tries the leaders that earlier stages could not decide
     #: (above 1 + tolerance, interval reaching it), moved onto its own base (the polish stage)
     takes_earlier_leaders: bool = False
+    #: the space keeps every later suggestion below a value that ran out of memory (a bound
+    #: learned from OOMs, ``spaces.oom``), so the stage's sampler need not learn them too
+    oom_clamped: bool = False
 
     @abc.abstractmethod
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config: ...

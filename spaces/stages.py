@@ -35,7 +35,6 @@ class _BoundedSpace(Space):
 
     param: str = ""
     key: str = ""
-    oom_clamped: bool = False
 
     def __init__(self, bound: B.ParamBound, *, hardware: HardwareFacts, where: str) -> None:
         self.bound = bound
