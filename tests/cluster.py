@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -63,15 +64,37 @@ def start_cli(*args: str, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
                             stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@contextlib.contextmanager
+def unpooled_storage(storage: str) -> Iterator[Any]:
+    """One storage without a pool, disposed on leaving. The fault tests poll the database every
+    fraction of a second beside 6-16 workers; a pooled storage per poll leaves its connections
+    to the garbage collector, and late in a long pytest run that collects rarely: PostgreSQL
+    answered "too many clients already" (CI, stop 34)."""
+    import optuna
+
+    import sqlalchemy
+
+    opened = optuna.storages.RDBStorage(storage, engine_kwargs={"poolclass": sqlalchemy.pool.NullPool},
+                                        skip_table_creation=True)
+    try:
+        yield opened
+    finally:
+        opened.engine.dispose()
+
+
 def wait_for_root(storage: str, name: str, timeout_s: float = 60) -> None:
     import optuna
 
+    import sqlalchemy
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        # Before `run` creates the schema on an empty database there is no table to read.
         try:
-            optuna.load_study(study_name=name, storage=storage)
+            with unpooled_storage(storage) as opened:
+                optuna.load_study(study_name=name, storage=opened)
             return
-        except KeyError:
+        except (KeyError, sqlalchemy.exc.ProgrammingError):
             time.sleep(0.2)
     raise AssertionError(f"study {name} was never created")
 
@@ -79,22 +102,13 @@ def wait_for_root(storage: str, name: str, timeout_s: float = 60) -> None:
 def all_trials(storage: str, name: str) -> dict[str, list[Any]]:
     import optuna
 
-    import sqlalchemy
-
     out = {}
-    # One storage without a pool, disposed at once: the fault test polls this every second
-    # beside 6 workers, and a storage per study per poll left connections to the garbage
-    # collector ("too many clients already" from PostgreSQL once, in CI).
-    opened = optuna.storages.RDBStorage(storage, engine_kwargs={"poolclass": sqlalchemy.pool.NullPool},
-                                        skip_table_creation=True)
-    try:
+    with unpooled_storage(storage) as opened:
         # Names only: summaries read every study in the database (26 s on a server that holds
         # 480 studies), far slower than the fault test's polling needs.
         for study_name in optuna.get_all_study_names(opened):
             if study_name.startswith(name + "."):
                 out[study_name] = optuna.load_study(study_name=study_name, storage=opened).get_trials(deepcopy=False)
-    finally:
-        opened.engine.dispose()
     return out
 
 

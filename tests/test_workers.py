@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import all_trials, processes_mentioning, require_pg, require_pg_restart, start_cli, stop_all, tiny_study, wait_for_root
+from cluster import (all_trials, processes_mentioning, require_pg, require_pg_restart, start_cli, stop_all, tiny_study,
+                     unpooled_storage, wait_for_root)
 from conftest import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -36,7 +37,8 @@ def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]
 
     from search.records import SPEC_ATTR
 
-    spec = optuna.load_study(study_name=name, storage=url).user_attrs[SPEC_ATTR]
+    with unpooled_storage(url) as opened:
+        spec = optuna.load_study(study_name=name, storage=opened).user_attrs[SPEC_ATTR]
     own = spec["seeds"][: spec["probe"]["incumbent_repeats"]]
     counts: collections.Counter[str] = collections.Counter()
     for study_name, stage_trials in trials.items():
