@@ -9,6 +9,7 @@ change of what it learns from: a run that ran out of memory counts as a bad poin
 from __future__ import annotations
 
 import functools
+import logging
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -19,6 +20,8 @@ from search.errors import BadInputError
 
 if TYPE_CHECKING:
     from search.study_file import StageSettings
+
+logger = logging.getLogger(__name__)
 
 
 def build_sampler(stage: "StageSettings", n_existing_trials: int, *,
@@ -78,6 +81,13 @@ class _WithInfeasibleFailures:
 
 @functools.cache
 def tpe_class() -> type[optuna.samplers.TPESampler]:
-    """The TPE class the stages use: ``SeesInfeasibleFailures`` over the fork or Optuna's."""
+    """The TPE class the stages use: ``SeesInfeasibleFailures`` over the fork or Optuna's.
+
+    The mixin overrides TPE's private ``_sample`` and calls the study's private
+    ``_get_trials``: fenced like the forks, on another Optuna the stages get the base TPE."""
     base = _optuna_forks.tpe_sampler_class()
+    if optuna.__version__ != _optuna_forks.FORKED_FROM:
+        logger.warning("Optuna %s is installed, but verl-sweep's TPE learns from runs that ran out of memory only "
+                       "on Optuna %s: using TPE without it", optuna.__version__, _optuna_forks.FORKED_FROM)
+        return base
     return type(f"InfeasibleAware{base.__name__}", (SeesInfeasibleFailures, base), {})

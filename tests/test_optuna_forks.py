@@ -54,11 +54,16 @@ def test_another_optuna_version_gets_stock_optuna_and_one_log_line(tmp_path: Pat
         "from search.storage import open_storage\n"
         "sampler = _optuna_forks.tpe_sampler(seed=0)\n"
         f"storage = open_storage('sqlite:///{tmp_path}/study.db')\n"  # in memory is refused
-        "print(type(sampler).__name__, type(storage).__name__)\n"
+        "from search.sampler import tpe_class\n"
+        "print(type(sampler).__name__, type(storage).__name__, tpe_class().__name__)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["TPESampler", "RDBStorage"]
+    assert result.stdout.split() == ["TPESampler", "RDBStorage", "TPESampler"]
     lines = [line for line in result.stderr.splitlines() if line.startswith("search._optuna_forks")]
     assert lines == ["search._optuna_forks: Optuna 9.9.9 is installed, but verl-sweep's TPE and storage speed-ups "
                      "were written against Optuna 5.0.0: using stock Optuna's (slower asks on large studies)"]
+    # The stages' TPE that learns from OOMs overrides private TPE code too: fenced the same way.
+    assert [line for line in result.stderr.splitlines() if line.startswith("search.sampler")] == [
+        "search.sampler: Optuna 9.9.9 is installed, but verl-sweep's TPE learns from runs that ran out of memory "
+        "only on Optuna 5.0.0: using TPE without it"]
