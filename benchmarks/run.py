@@ -533,7 +533,9 @@ def main(argv: list[str] | None = None) -> int:
             pending = pool.starmap_async(reference, references, chunksize=1)
             results = _progress(pool.imap(run_one, tasks_of(first, {}), chunksize=1), len(tasks_of(first, {})))
             peer_budget = budgets(results)
-            peer_tasks = tasks_of(peers, peer_budget)
+            # Longest first, so that no long run is left alone on one core at the end: GP's
+            # fits grow with its trials, and every peer's trials with its GPU-hour budget.
+            peer_tasks = sorted(tasks_of(peers, peer_budget), key=lambda task: (task[1] != "gp", -task[4]))
             results += _progress(pool.imap(run_one, peer_tasks, chunksize=1), len(peer_tasks))
             best = {names[name]: b for name, b in zip(landscapes, pending.get())}
     else:
