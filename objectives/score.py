@@ -257,8 +257,7 @@ def _fit_curve(t: np.ndarray, y: np.ndarray, weights: np.ndarray, t_lo: float, t
     t_grid = np.geomspace(span / 100.0, span * max_extrapolation * 2, 40)
     b_grid = np.geomspace(0.3, 5.0, 20)
     tm, bb = (m.ravel() for m in np.meshgrid(t_grid, b_grid, indexing="ij"))
-    # Every resample on the coarse grid at once (row 0, the data, places the fine grid), then
-    # on the fine grid: each grid point's sums are computed once.
+    # All resamples on the coarse grid (row 0, the data, places the fine grid), then the fine one.
     coarse = _grid_solve(weights, _curve_basis(t, tm, bb), y)
     best = int(np.argmin(coarse[2][0]))
     fine_t = np.geomspace(tm[best] / 1.4, tm[best] * 1.4, 15)
