@@ -257,15 +257,15 @@ def _fit_curve(t: np.ndarray, y: np.ndarray, weights: np.ndarray, t_lo: float, t
     t_grid = np.geomspace(span / 100.0, span * max_extrapolation * 2, 40)
     b_grid = np.geomspace(0.3, 5.0, 20)
     tm, bb = (m.ravel() for m in np.meshgrid(t_grid, b_grid, indexing="ij"))
-    # All resamples on the coarse grid (row 0, the data, places the fine grid), then the fine one.
-    coarse = _grid_solve(weights, _curve_basis(t, tm, bb), y)
-    best = int(np.argmin(coarse[2][0]))
+    coarse = _curve_basis(t, tm, bb)
+    r0, a, sse = _grid_solve(weights[:1], coarse, y)
+    best = int(np.argmin(sse[0]))
     fine_t = np.geomspace(tm[best] / 1.4, tm[best] * 1.4, 15)
     fine_b = np.geomspace(bb[best] / 1.4, bb[best] * 1.4, 15)
     ft, fb = (m.ravel() for m in np.meshgrid(fine_t, fine_b, indexing="ij"))
-    fine = _grid_solve(weights, _curve_basis(t, ft, fb), y)
     tm, bb = np.concatenate([tm, ft]), np.concatenate([bb, fb])
-    r0, a, sse = (np.concatenate(pair, axis=1) for pair in zip(coarse, fine))
+    g = np.concatenate([coarse, _curve_basis(t, ft, fb)])  # the coarse rows are already computed
+    r0, a, sse = _grid_solve(weights, g, y)
     pick = np.argmin(sse, axis=1)  # best grid point per resample (row 0 = the data)
     rows = np.arange(weights.shape[0])
     r0_b, a_b = r0[rows, pick], a[rows, pick]
