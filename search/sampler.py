@@ -86,7 +86,7 @@ def tpe_class() -> type[optuna.samplers.TPESampler]:
     The mixin overrides TPE's private ``_sample`` and calls the study's private
     ``_get_trials``: fenced like the forks, on another Optuna the stages get the base TPE."""
     base = _optuna_forks.tpe_sampler_class()
-    if optuna.__version__ != _optuna_forks.FORKED_FROM:
+    if not _optuna_forks.install():
         logger.warning("Optuna %s is installed, but verl-sweep's TPE learns from runs that ran out of memory only "
                        "on Optuna %s: using TPE without it", optuna.__version__, _optuna_forks.FORKED_FROM)
         return base
