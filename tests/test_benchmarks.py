@@ -232,3 +232,16 @@ def test_the_blind_worlds_build_their_study_and_are_not_shipped() -> None:
         rate = land.true_rate(spec.baseline_config(), spec.probe.steps)
         assert math.isfinite(rate) and rate > 0, path.name
     assert split_of("default") == "tune" and split_of("noisy_hetero") == "report"
+
+
+def test_split_names_the_landscapes_of_each_split_and_refuses_others() -> None:
+    from benchmarks.run import TUNE_SPLIT, split_landscapes, split_of
+
+    issue = split_landscapes("tune,report")
+    assert issue[: len(TUNE_SPLIT)] == split_landscapes("tune") and set(split_landscapes("tune")) == set(TUNE_SPLIT)
+    assert {split_of(n) for n in issue} == {"tune", "report"} and len(issue) >= 10
+    everything = split_landscapes("all")
+    assert set(issue) < set(everything) and {split_of(n) for n in everything} == {"tune", "report", "heldout"}
+    assert all(n.endswith(".yaml") for n in split_landscapes("blind"))
+    with pytest.raises(ValueError, match="'nope'"):
+        split_landscapes("tune,nope")
