@@ -68,9 +68,10 @@ def split_landscapes(split: str) -> list[str]:
     from launchers.simulator import shipped_landscapes
 
     shipped = shipped_landscapes()
-    by_split = {name: [n for n in shipped if split_of(n) == name] for name in ("tune", "report", "heldout")}
+    shipped_splits = ("tune", "report", "heldout")
+    by_split = {name: [n for n in shipped if split_of(n) == name] for name in shipped_splits}
     by_split["blind"] = [str(path) for path in sorted(BLIND_DIR.glob("*.yaml"))]
-    splits = ["tune", "report", "heldout"] if split == "all" else split.split(",")
+    splits = list(shipped_splits) if split == "all" else split.split(",")
     if unknown := [s for s in splits if s not in by_split]:
         raise ValueError(f"--split must be all or some of {', '.join(by_split)}, comma-separated, but got "
                          f"{', '.join(map(repr, unknown))}")
