@@ -81,10 +81,10 @@ class Evaluator:
         config = merge(config, {"data.seed": self.seed(self.n) if seed is None else seed})
         run = RunSpec(run_id=f"{self.name}.p{self.n:04d}", overrides=tuple(to_overrides(config)),
                       n_gpus=self.spec.hardware.n_gpus)  # fmt: skip
-        # A peer reads only the rate, which the bootstrap leaves as it is (to rounding): 2 resamples, not 500.
+        # A peer reads only the rate, which the bootstrap leaves as it is (to rounding): no resamples.
         settings = ProbeSettings(steps=steps, warmup_steps=self.spec.probe.warmup_steps,
                                  hang_timeout_s=self.spec.probe.hang_timeout_s, n_gpus=self.spec.hardware.n_gpus,
-                                 n_boot=2)  # fmt: skip
+                                 n_boot=0)  # fmt: skip
         probe = Probe(self.launcher, run, settings)
         probe.start()
         next_report = REPORT_EVERY

@@ -56,7 +56,7 @@ class ProbeSettings:
     health_screen: bool = True
     n_gpus: int = 1
     #: bootstrap resamples of a finished probe's score (its interval). The rate itself is
-    #: fitted on the data alone: a caller that reads only the rate may pass 2.
+    #: fitted on the data alone: a caller that reads only the rate may pass 0.
     n_boot: int = 500
 
 
@@ -129,10 +129,10 @@ class Probe:
         assert self.follower is not None
         return [s for s in self.follower.series if 1 <= s.step <= self.settings.steps]
 
-    def running_score(self, *, n_boot: int = 2) -> Score | None:
+    def running_score(self, *, n_boot: int = 0) -> Score | None:
         """The score of the steps so far, or None if too few. Intermediate reports need only
-        its value, so by default the bootstrap is minimal (the interval is meaningless then);
-        a score that is kept (a stopped run's) passes a real ``n_boot``."""
+        its value, so by default there is no bootstrap (the interval is infinite); a score
+        that is kept (a stopped run's) passes a real ``n_boot``."""
         try:
             return self._score(self.steps, n_boot=n_boot, final=False, min_steps=MIN_RUNNING_STEPS)
         except ScoreError:

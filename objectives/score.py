@@ -52,6 +52,7 @@ import numpy as np
 
 from objectives.metrics import StepMetrics
 from objectives.shape import late_gain
+from objectives.trend import block_indices, boot_weights, fit_curve, fit_poly, fit_windows
 
 logger = logging.getLogger(__name__)
 
@@ -158,134 +159,6 @@ def _nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
-def _block_indices(n: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """Moving-block bootstrap: (n_boot, n) indices built from runs of consecutive steps."""
-    block = max(2, int(round(n ** (1.0 / 3.0) * 1.5)))
-    n_blocks = int(math.ceil(n / block))
-    starts = rng.integers(0, n - block + 1, size=(n_boot, n_blocks))
-    idx = (starts[:, :, None] + np.arange(block)[None, None, :]).reshape(n_boot, -1)
-    return idx[:, :n]
-
-
-class _Fit:
-    """The fitted trend of one run, plus its moving-block bootstrap replicates of the chord."""
-
-    def __init__(self, chord: float, first: float, last: float, boot: np.ndarray,
-                 ceiling: float | None = None) -> None:
-        self.chord, self.first, self.last, self.boot, self.ceiling = chord, first, last, boot, ceiling
-
-
-def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, n) counts of how often each step appears in each block-bootstrap resample."""
-    rng = np.random.default_rng(seed)
-    idx = _block_indices(n, n_boot, rng)
-    weights = np.zeros((n_boot, n))
-    np.add.at(weights, (np.repeat(np.arange(n_boot), n), idx.ravel()), 1.0)
-    return weights
-
-
-def _weighted_lstsq(weights: np.ndarray, design: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Coefficients of y ≈ design @ c for each row of weights: (b, n), (n, p), (n,) → (b, p)."""
-    gram = np.einsum("bn,np,nq->bpq", weights, design, design)
-    moment = weights @ (design * y[:, None])
-    gram += np.eye(design.shape[1])[None] * 1e-12  # a resample of few blocks can be singular
-    return np.linalg.solve(gram, moment[..., None])[..., 0]
-
-
-def _fit_poly(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> _Fit:
-    """OLS line on the unit time axis: chord = slope (the row of ones in weights is the data)."""
-    design = np.stack([np.ones_like(x), x], axis=1)
-    coef = _weighted_lstsq(weights, design, y)
-    chord = coef[:, 1]
-    return _Fit(float(chord[0]), float(coef[0, 0]), float(coef[0].sum()), chord[1:])
-
-
-def _fit_windows(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> _Fit:
-    """Mean of the last fifth minus mean of the first fifth over the time between them."""
-    n = x.size
-    w = max(2, n // 5)
-    head, tail = np.zeros(n), np.zeros(n)
-    head[:w], tail[-w:] = 1.0, 1.0
-    wh, wt = weights * head, weights * tail
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dy = (wt @ y) / wt.sum(1) - (wh @ y) / wh.sum(1)
-        dx = (wt @ x) / wt.sum(1) - (wh @ x) / wh.sum(1)
-        chord = dy / dx
-    centre = float(y.mean() - chord[0] * x.mean())
-    return _Fit(float(chord[0]), centre, centre + float(chord[0]), chord[1:])
-
-
-def _curve_basis(t: np.ndarray, t_mids: np.ndarray, bs: np.ndarray) -> np.ndarray:
-    """g(t) = 1/(1+(t_mid/t)^B) for each grid point: (k, n); g(0) = 0. As exp(B·log(t_mid/t)):
-    ~1.4x faster than a float power over the grid that every (running) score fills."""
-    with np.errstate(divide="ignore", over="ignore"):
-        log_ratio = np.log(t_mids)[:, None] - np.log(np.maximum(t, 1e-12))[None, :]
-        return 1.0 / (1.0 + np.exp(bs[:, None] * log_ratio))
-
-
-def _grid_solve(weights: np.ndarray, g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Closed-form (R0, A) for every (resample, grid point) and its weighted SSE.
-
-    R(t) = R0 (1 − g) + A g is linear in (R0, A) given the grid point's g, and each weighted
-    sum is a matrix product over steps, so refitting every bootstrap resample on the whole
-    grid costs three matrix products (the sums with u = 1 − g follow from those with g).
-    """
-    sw, swg, svv = weights.sum(1)[:, None], weights @ g.T, weights @ (g * g).T  # (b, k)
-    suv = swg - svv  # Σ w (1−g) g
-    suu = sw - 2 * swg + svv  # Σ w (1−g)²
-    svr = weights @ (g * y).T
-    sur = (weights @ y)[:, None] - svr  # Σ w (1−g) y
-    syy = (weights @ (y * y))[:, None]
-    det = suu * svv - suv**2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r0 = (svv * sur - suv * svr) / det
-        a = (suu * svr - suv * sur) / det
-        sse = syy - 2 * (r0 * sur + a * svr) + r0 * r0 * suu + a * a * svv + 2 * r0 * a * suv
-    sse = np.where(np.isfinite(sse) & (np.abs(det) > 1e-12 * suu * svv), sse, np.inf)
-    return r0, a, sse
-
-
-def _fit_curve(t: np.ndarray, y: np.ndarray, weights: np.ndarray, t_lo: float, t_hi: float,
-               *, max_extrapolation: float = 3.0) -> _Fit:
-    """Saturating-curve fit R(t) = R0 + (A−R0)/(1+(t_mid/t)^B); chord over [t_lo, t_hi].
-
-    ``t`` is time since training began (so R(0) = R0 is the untrained policy's reward). The
-    coarse grid spans t_mid from 1% of the run to ``2 × max_extrapolation`` × its length; a
-    finer grid around the data's optimum is added so resamples are refitted on both.
-    """
-    span = t_hi
-    t_grid = np.geomspace(span / 100.0, span * max_extrapolation * 2, 40)
-    b_grid = np.geomspace(0.3, 5.0, 20)
-    tm, bb = (m.ravel() for m in np.meshgrid(t_grid, b_grid, indexing="ij"))
-    coarse = _curve_basis(t, tm, bb)
-    r0, a, sse = _grid_solve(weights[:1], coarse, y)
-    best = int(np.argmin(sse[0]))
-    fine_t = np.geomspace(tm[best] / 1.4, tm[best] * 1.4, 15)
-    fine_b = np.geomspace(bb[best] / 1.4, bb[best] * 1.4, 15)
-    ft, fb = (m.ravel() for m in np.meshgrid(fine_t, fine_b, indexing="ij"))
-    tm, bb = np.concatenate([tm, ft]), np.concatenate([bb, fb])
-    g = np.concatenate([coarse, _curve_basis(t, ft, fb)])  # the coarse rows are already computed
-    r0, a, sse = _grid_solve(weights, g, y)
-    pick = np.argmin(sse, axis=1)  # best grid point per resample (row 0 = the data)
-    rows = np.arange(weights.shape[0])
-    r0_b, a_b = r0[rows, pick], a[rows, pick]
-    g_lo = _curve_basis(np.array([t_lo]), tm, bb)[:, 0][pick]
-    g_hi = _curve_basis(np.array([t_hi]), tm, bb)[:, 0][pick]
-    # Chord on the unit axis of the scored window, like the other estimators.
-    chord = (a_b - r0_b) * (g_hi - g_lo)
-    first = float(r0_b[0] + (a_b[0] - r0_b[0]) * g_lo[0])
-    last = float(r0_b[0] + (a_b[0] - r0_b[0]) * g_hi[0])
-    t_mid0 = float(tm[pick[0]])
-    b0 = float(bb[pick[0]])
-    identified = (
-        t_mid0 <= max_extrapolation * t_hi
-        and t_mid0 > t_grid[0]
-        and b0 < b_grid[-1]
-        and math.isfinite(float(a_b[0]))
-    )
-    return _Fit(float(chord[0]), first, last, chord[1:], float(a_b[0]) if identified else None)
-
-
 def score_reward_rate(
     steps: Sequence[StepMetrics],
     *,
@@ -303,13 +176,14 @@ def score_reward_rate(
 
     Raises ``ScoreError`` when fewer than ``min_steps`` scored steps have a finite reward,
     when the reward key is absent, or when no step reports its time. ``ceiling`` is filled
-    only with ``fit_ceiling`` and when the curve bends enough to identify it.
+    only with ``fit_ceiling`` and when the curve bends enough to identify it. ``n_boot=0``
+    gives the rate alone, with an infinite interval (what a running report reads).
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, but got {estimator!r}.")
     _z(confidence)
-    if n_boot < 2:
-        raise ValueError(f"n_boot must be >= 2, but got {n_boot}. Use 500 for a stable interval.")
+    if n_boot < 0 or n_boot == 1:
+        raise ValueError(f"n_boot must be 0 (the rate alone) or >= 2, but got {n_boot}. Use 500 for a stable interval.")
     chosen, durations, rewards = _series(steps, reward_key, warmup_steps=warmup_steps, max_step=max_step)
     if not any(reward_key in s.data for s in chosen):
         raise ScoreError(f"no '{reward_key}' in the metrics: is the reward function logging a score?")
@@ -325,7 +199,7 @@ def score_reward_rate(
         )
     x = starts[finite] / train_time  # unit time axis keeps the sums well scaled
     y = rewards[finite]
-    weights = np.vstack([np.ones((1, x.size)), _boot_weights(x.size, n_boot, seed)])
+    weights = np.vstack([np.ones((1, x.size)), boot_weights(x.size, n_boot, seed)])
     # Training time before the scored window (warm-up steps) positions it on the curve.
     before = [s for s in steps if 1 <= s.step <= warmup_steps]
     warm_s = sum(_nan(s.get(STEP_TIME_KEY)) for s in before if s.get(STEP_TIME_KEY) is not None)
@@ -335,14 +209,14 @@ def score_reward_rate(
     warm_x = warm_s / train_time
     ceiling_x: float | None = None
     if estimator == "curve" or fit_ceiling:
-        curve = _fit_curve(x + warm_x, y, weights, warm_x, warm_x + 1.0)
+        curve = fit_curve(x + warm_x, y, weights, warm_x, warm_x + 1.0)
         ceiling_x = curve.ceiling
     if estimator == "curve":
         fit = curve
     elif estimator == "ols":
-        fit = _fit_poly(x, y, weights)
+        fit = fit_poly(x, y, weights)
     else:
-        fit = _fit_windows(x, y, weights)
+        fit = fit_windows(x, y, weights)
 
     rate = fit.chord / train_time
     boot = fit.boot[np.isfinite(fit.boot)] / train_time
@@ -385,7 +259,7 @@ def fit_saturating(t: Sequence[float] | np.ndarray, r: Sequence[float] | np.ndar
     if t_arr.size < 10:
         return None
     scale = float(t_arr.max())
-    fit = _fit_curve(t_arr / scale, r_arr, np.ones((1, t_arr.size)), 0.0, 1.0,
+    fit = fit_curve(t_arr / scale, r_arr, np.ones((1, t_arr.size)), 0.0, 1.0,
                      max_extrapolation=max_extrapolation)
     return fit.ceiling
 
@@ -417,11 +291,11 @@ def score_throughput(steps: Sequence[StepMetrics], *, warmup_steps: int = 3, n_g
         per_gpu_tokens = tput[ok] * times
     rate = float(per_gpu_tokens.sum() / times.sum())
     rng = np.random.default_rng(seed)
-    idx = _block_indices(times.size, n_boot, rng)
+    idx = block_indices(times.size, n_boot, rng)
     boot = per_gpu_tokens[idx].sum(axis=1) / times[idx].sum(axis=1)
-    se = float(boot.std(ddof=1))
+    se = float(boot.std(ddof=1)) if boot.size > 1 else math.inf
     alpha = (1.0 - confidence) / 2.0
-    lo_q, hi_q = np.quantile(boot, [alpha, 1.0 - alpha])
+    lo_q, hi_q = np.quantile(boot, [alpha, 1.0 - alpha]) if boot.size else (-math.inf, math.inf)
     del z
     return Score(
         rate=rate,

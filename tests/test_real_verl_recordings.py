@@ -178,7 +178,7 @@ def test_a_real_11_step_probe_gives_its_pruner_a_running_rate_early() -> None:
     from objectives.score import MIN_RUNNING_STEPS
 
     steps = _probe("probe_baseline")
-    running = score_reward_rate(steps[:WARMUP + MIN_RUNNING_STEPS], warmup_steps=WARMUP, n_boot=2,
+    running = score_reward_rate(steps[:WARMUP + MIN_RUNNING_STEPS], warmup_steps=WARMUP, n_boot=0,
                                 min_steps=MIN_RUNNING_STEPS)
     assert running.rate > 0  # the incumbent's reward rises from step 2 on
     reports = {}
@@ -194,7 +194,7 @@ def _running_rates(steps: list) -> dict[int, float]:
     """The intermediate values a probe reports (objectives/probe.py running_score), step by step."""
     from objectives.score import MIN_RUNNING_STEPS
 
-    return {k: score_reward_rate(steps[:k], warmup_steps=WARMUP, n_boot=2, fit_ceiling=False,
+    return {k: score_reward_rate(steps[:k], warmup_steps=WARMUP, n_boot=0, fit_ceiling=False,
                                  min_steps=MIN_RUNNING_STEPS).rate
             for k in range(WARMUP + MIN_RUNNING_STEPS, len(steps) + 1)}
 

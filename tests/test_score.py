@@ -41,14 +41,22 @@ def test_rate_close_to_true_chord_and_interval_holds_it() -> None:
 
 @pytest.mark.parametrize("t_mid_s", [800, 3000, 20000])
 def test_the_rate_does_not_depend_on_the_bootstrap(t_mid_s: float) -> None:
-    # The benchmark's peers read only the rate and score with 2 resamples (ProbeSettings.n_boot):
-    # the fit that gives the rate is made on the data alone (equal to rounding: the matrix
-    # products over 3 or 501 rows sum in different orders).
+    # Running reports and the benchmark's peers read only the rate and score without resamples
+    # (n_boot=0): the fit that gives the rate is made on the data alone (equal to rounding:
+    # the matrix products over 1, 3 or 501 rows sum in different orders).
     steps = run(Curve(t_mid_s=t_mid_s), 500, seed=5)
-    full, cheap = score_reward_rate(steps, n_boot=500), score_reward_rate(steps, n_boot=2)
-    for key in ("rate", "gain", "reward_first", "reward_last"):
-        assert getattr(cheap, key) == pytest.approx(getattr(full, key), rel=1e-12), key
-    assert cheap.ci_high - cheap.ci_low != pytest.approx(full.ci_high - full.ci_low, rel=1e-3)  # the interval does
+    full = score_reward_rate(steps, n_boot=500)
+    for n_boot in (0, 2):
+        cheap = score_reward_rate(steps, n_boot=n_boot)
+        for key in ("rate", "gain", "reward_first", "reward_last"):
+            assert getattr(cheap, key) == pytest.approx(getattr(full, key), rel=1e-12), key
+        assert cheap.ci_high - cheap.ci_low != pytest.approx(full.ci_high - full.ci_low, rel=1e-3)  # the interval does
+    rate_only = score_reward_rate(steps, n_boot=0)
+    assert (rate_only.ci_low, rate_only.ci_high, rate_only.rate_se) == (-math.inf, math.inf, math.inf)
+    speed = score_throughput(steps, n_boot=0)
+    assert speed.rate == score_throughput(steps, n_boot=50).rate and speed.ci_high == math.inf
+    with pytest.raises(ValueError, match=r"n_boot must be 0 \(the rate alone\) or >= 2, but got 1"):
+        score_reward_rate(steps, n_boot=1)
 
 
 def test_time_is_training_time_only() -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -76,8 +77,6 @@ class Landscape:
 
     @property
     def gpu_memory_gb(self) -> float:
-        import os
-
         env = os.environ.get("VERL_SIM_GPU_MEMORY_GB")
         return float(env) if env else _f(self._s("hardware"), "gpu_memory_gb")
 
@@ -417,14 +416,16 @@ class Landscape:
         exp = self.expected(config)
         if exp.failure is not None or (exp.diverge_step is not None and exp.diverge_step <= steps):
             return math.nan
-        seconds = sum(self.step_time(config, t, exp) for t in range(1, steps + 1))
+        effs = self._efficiencies(config)  # fixed for the run: computed once
+        seconds = sum(self.step_time(config, t, exp, effs=effs) for t in range(1, steps + 1))
         return (exp.reward(steps) - exp.r0) / seconds
 
-    def step_time(self, config: Mapping[str, Any], step: int, exp: Expectation | None = None) -> float:
+    def step_time(self, config: Mapping[str, Any], step: int, exp: Expectation | None = None,
+                  *, effs: Mapping[str, float] | None = None) -> float:
         """Noise-free simulated seconds of ``step`` (responses grow as reward rises)."""
         exp = exp or self.expected(config)
         progress = (exp.reward(step) - exp.r0) / max(1e-9, exp.ceiling - exp.r0)
-        phases, _, _ = self._step_phases(config, progress=progress)
+        phases, _, _ = self._step_phases(config, progress=progress, effs=effs)
         return sum(phases.values())
 
     def eta(self, config: Mapping[str, Any], baseline: Mapping[str, Any] | None = None, steps: int = 500) -> float:
