@@ -110,8 +110,7 @@ def fit_curve(t: np.ndarray, y: np.ndarray, weights: np.ndarray, t_lo: float, t_
     ``t`` is time since training began (so R(0) = R0 is the untrained policy's reward). The
     coarse grid spans t_mid from 1% of the run to ``2 × max_extrapolation`` × its length; a
     finer grid around the data's optimum is added, and every resample takes the best point of
-    both. A single row of weights (the data alone) gives the rate without an interval, at
-    half the cost of two resamples.
+    both. A single row of weights (the data alone) gives the rate without an interval.
     """
     span = t_hi
     t_grid = np.geomspace(span / 100.0, span * max_extrapolation * 2, 40)
