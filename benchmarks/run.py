@@ -254,10 +254,12 @@ def run_one(task: tuple[str, str, int, bool, float]) -> dict[str, Any]:
         launcher.close()
     steps = true_steps(landscape, spec)
     base_rate = landscape.true_rate(spec.baseline_config(), steps)
-    # A choice held over many points is judged once.
-    distinct = {json.dumps(config, sort_keys=True, default=str): config for _, config in trace.points}
-    true_eta = {key: _true_eta(landscape, config, base_rate, steps) for key, config in distinct.items()}
-    points = [(gpu_h, true_eta[json.dumps(config, sort_keys=True, default=str)]) for gpu_h, config in trace.points]
+    keys = [json.dumps(config, sort_keys=True, default=str) for _, config in trace.points]
+    true_eta: dict[str, float] = {}  # a choice held over many points is judged once
+    for key, (_, config) in zip(keys, trace.points):
+        if key not in true_eta:
+            true_eta[key] = _true_eta(landscape, config, base_rate, steps)
+    points = [(gpu_h, true_eta[key]) for key, (gpu_h, _) in zip(keys, trace.points)]
     return {
         "landscape": landscape_name, "method": method, "rep": rep,
         "points": points, "gpu_h": trace.gpu_h, "n_probes": trace.n_probes,
