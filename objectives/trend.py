@@ -81,6 +81,12 @@ def _curve_basis(t: np.ndarray, t_mids: np.ndarray, bs: np.ndarray) -> np.ndarra
         return np.reciprocal(g, out=g)
 
 
+#: rows of a solve whose (rows, grid) arithmetic is done together: ~200 KB an array, so its
+#: two dozen temporaries stay in cache (201- and 501-row bootstrap fits: 0.76-0.91x the time,
+#: bit-identical: each element is computed as before)
+_ROW_BLOCK = 32
+
+
 def _grid_solve(weights: np.ndarray, g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Closed-form (R0, A) for every (resample, grid point) and its weighted SSE.
 
@@ -88,12 +94,20 @@ def _grid_solve(weights: np.ndarray, g: np.ndarray, y: np.ndarray) -> tuple[np.n
     sum is a matrix product over steps, so refitting every bootstrap resample on the whole
     grid costs three matrix products (the sums with u = 1 − g follow from those with g).
     """
-    sw, swg, svv = weights.sum(1)[:, None], weights @ g.T, weights @ (g * g).T  # (b, k)
+    sw, swg, svv, svr = weights.sum(1)[:, None], weights @ g.T, weights @ (g * g).T, weights @ (g * y).T  # (b, k)
+    wy, syy = (weights @ y)[:, None], (weights @ (y * y))[:, None]
+    r0, a, sse = np.empty_like(swg), np.empty_like(swg), np.empty_like(swg)
+    for lo in range(0, weights.shape[0], _ROW_BLOCK):
+        rows = slice(lo, lo + _ROW_BLOCK)
+        r0[rows], a[rows], sse[rows] = _solve_rows(sw[rows], swg[rows], svv[rows], svr[rows], wy[rows], syy[rows])
+    return r0, a, sse
+
+
+def _solve_rows(sw: np.ndarray, swg: np.ndarray, svv: np.ndarray, svr: np.ndarray, wy: np.ndarray,
+                syy: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     suv = swg - svv  # Σ w (1−g) g
     suu = sw - 2 * swg + svv  # Σ w (1−g)²
-    svr = weights @ (g * y).T
-    sur = (weights @ y)[:, None] - svr  # Σ w (1−g) y
-    syy = (weights @ (y * y))[:, None]
+    sur = wy - svr  # Σ w (1−g) y
     det = suu * svv - suv**2
     with np.errstate(divide="ignore", invalid="ignore"):
         r0 = (svv * sur - suv * svr) / det

@@ -192,6 +192,29 @@ def test_joint_space_turns_kl_off_and_reaches_the_chains_token_bound() -> None:
     assert space.by_name["token_budget"].high == 100_000
 
 
+def test_the_gp_peer_suggests_what_optunas_gp_sampler_suggests() -> None:
+    """The GP peer drops only the torch device context around Optuna's GPSampler: the same
+    seed must give the same suggestions, on a mixed space like the peers' joint space."""
+    import optuna
+
+    from benchmarks.peers import _CpuGPSampler
+
+    def suggestions(sampler: optuna.samplers.BaseSampler) -> list[dict]:
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        for _ in range(12):
+            trial = study.ask()
+            x = trial.suggest_float("lr", 5e-7, 5e-6, log=True)
+            k = trial.suggest_categorical("kl", [False, True])
+            n = trial.suggest_int("mini_batch", 96, 160, step=8)
+            study.tell(trial, -((math.log(x) + 13.5) ** 2) - abs(n - 130) / 10 + 0.3 * k)
+        return [t.params for t in study.trials]
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    ours = suggestions(_CpuGPSampler(seed=3, n_startup_trials=4))
+    assert ours == suggestions(optuna.samplers.GPSampler(seed=3, n_startup_trials=4))
+    assert len({json.dumps(p, sort_keys=True) for p in ours}) > 4  # the GP itself suggested
+
+
 def test_median_curve_reaches_the_median_final_by_its_end() -> None:
     from benchmarks.run import median_curve_hours
 
