@@ -157,7 +157,9 @@ def _run_optuna(ev: Evaluator, method: str, seed: int) -> None:
         pruner = optuna.pruners.HyperbandPruner(min_resource=MIN_STEPS, max_resource=steps, reduction_factor=3)
     else:
         raise ValueError(f"method must be one of {PEERS}, but got {method!r}.")
-    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    # A fixed name: HyperbandPruner picks each trial's bracket from a hash of the study name,
+    # and create_study's default name is a fresh UUID, so BOHB differed from run to run.
+    study = optuna.create_study(study_name=f"{method}-{seed}", direction="maximize", sampler=sampler, pruner=pruner)
     baseline = ev.space.params_for(ev.base)
     if baseline is not None:  # every peer starts from the study's baseline, as verl-sweep does
         study.enqueue_trial(baseline)

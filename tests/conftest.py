@@ -38,3 +38,13 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str
 def demo_copy(tmp_path: Path) -> Path:
     """The demo study, written into a temporary directory (its database lands beside it)."""
     return write_study(tmp_path, demo_data(), "demo.yaml")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist (scripts/test.sh runs ``-n 2 --dist loadgroup``): a module's
+    tests share a worker, so a module fixture (a finished demo study, a Ray cluster) is built
+    once; every test that needs the PostgreSQL server shares one worker, as some restart it."""
+    for item in items:
+        needs_pg = item.get_closest_marker("postgres") is not None
+        item.add_marker(pytest.mark.xdist_group("postgres" if needs_pg else item.module.__name__))
