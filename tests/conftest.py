@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -40,11 +41,14 @@ def demo_copy(tmp_path: Path) -> Path:
     return write_study(tmp_path, demo_data(), "demo.yaml")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist (scripts/test.sh runs ``-n 2 --dist loadgroup``): a module's
-    tests share a worker, so a module fixture (a finished demo study, a Ray cluster) is built
-    once; every test that needs the PostgreSQL server shares one worker, as some restart it."""
-    for item in items:
-        needs_pg = item.get_closest_marker("postgres") is not None
-        item.add_marker(pytest.mark.xdist_group("postgres" if needs_pg else item.module.__name__))
+@pytest.fixture(autouse=True)
+def _one_postgres_test_at_a_time(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """scripts/test.sh runs two pytest-xdist workers, a test file each at a time; some
+    PostgreSQL tests restart the server, so every test that needs it holds one lock shared by
+    the workers (the folder above each worker's temp folder is the run's)."""
+    if request.node.get_closest_marker("postgres") is None:
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / "postgres.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
