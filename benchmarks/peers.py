@@ -122,7 +122,7 @@ class Evaluator:
 # -- Optuna peers ------------------------------------------------------------------------------
 
 
-def _CpuGPSampler(**kwargs: Any) -> Any:
+def _cpu_gp_sampler(**kwargs: Any) -> Any:
     """Optuna's GPSampler, as is, minus one wrapper. Optuna 5.0 runs its fit and acquisition
     search inside ``with torch.device("cpu")`` (its issue #6113: a user's CUDA default
     device); here the default device is the CPU already, and that context's TorchFunctionMode
@@ -139,7 +139,6 @@ def _CpuGPSampler(**kwargs: Any) -> Any:
     return CpuGPSampler(**kwargs)
 
 
-
 def _run_optuna(ev: Evaluator, method: str, seed: int) -> None:
     import optuna
 
@@ -151,7 +150,7 @@ def _run_optuna(ev: Evaluator, method: str, seed: int) -> None:
     elif method == "tpe":
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
     elif method == "gp":
-        sampler = _CpuGPSampler(seed=seed, n_startup_trials=8)
+        sampler = _cpu_gp_sampler(seed=seed, n_startup_trials=8)
     elif method == "bohb":
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
         pruner = optuna.pruners.HyperbandPruner(min_resource=MIN_STEPS, max_resource=steps, reduction_factor=3)

@@ -197,7 +197,7 @@ def test_the_gp_peer_suggests_what_optunas_gp_sampler_suggests() -> None:
     seed must give the same suggestions, on a mixed space like the peers' joint space."""
     import optuna
 
-    from benchmarks.peers import _CpuGPSampler
+    from benchmarks.peers import _cpu_gp_sampler
 
     def suggestions(sampler: optuna.samplers.BaseSampler) -> list[dict]:
         study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -210,7 +210,7 @@ def test_the_gp_peer_suggests_what_optunas_gp_sampler_suggests() -> None:
         return [t.params for t in study.trials]
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    ours = suggestions(_CpuGPSampler(seed=3, n_startup_trials=4))
+    ours = suggestions(_cpu_gp_sampler(seed=3, n_startup_trials=4))
     assert ours == suggestions(optuna.samplers.GPSampler(seed=3, n_startup_trials=4))
     assert len({json.dumps(p, sort_keys=True) for p in ours}) > 4  # the GP itself suggested
 
