@@ -123,6 +123,11 @@ def _trials_of_every_kind(storage: Any) -> list[int]:
     running = one.ask({"mini_batch": optuna.distributions.IntDistribution(384, 640, step=16)})
     running.set_user_attr("role", "candidate")
     one.enqueue_trial({"lr": 2e-4})  # stays WAITING
+    one.add_trial(optuna.trial.create_trial(  # as a stage adds the previous stage's run it carries over
+        value=0.75, params={"lr": 3e-4, "c": None}, user_attrs={"role": "incumbent", "score": {"rate": 0.1}},
+        distributions={"lr": optuna.distributions.FloatDistribution(1e-6, 1e-3, log=True),
+                       "c": optuna.distributions.CategoricalDistribution(["a", None])},
+        system_attrs={"retry_history": [1, 2]}, intermediate_values={10: 0.5, 20: math.nan, 30: -math.inf}))
     return [two._study_id, one._study_id]
 
 
@@ -197,6 +202,8 @@ def _as_written(storage: Any, study_ids: list[int]) -> list[Any]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sweep_storage_writes_trials_as_optuna_s_storage_does(backend: str, tmp_path: Path) -> None:
     import optuna
+    from optuna.distributions import FloatDistribution, IntDistribution
+    from sqlalchemy import event
 
     from search.storage import open_storage
 
@@ -214,6 +221,24 @@ def test_sweep_storage_writes_trials_as_optuna_s_storage_does(backend: str, tmp_
             handle.create_new_trial(10**9)
     created = storage._create_new_trial(ours[1])
     assert repr(created) == repr(optuna_s.get_trial(created._trial_id))
+    # A template whose distribution contradicts the study's: the same error, nothing written.
+    clash = optuna.trial.create_trial(value=1.0, params={"lr": 3}, distributions={"lr": IntDistribution(1, 5)})
+    for handle in (storage, optuna_s):
+        before = len(handle.get_all_trials(ours[1]))
+        with pytest.raises(ValueError, match="Cannot set different distribution kind"):
+            handle.create_new_trial(ours[1], template_trial=clash)
+        assert len(handle.get_all_trials(ours[1])) == before
+    # An added trial with 20 intermediate values: a handful of statements, not a few per row.
+    added = optuna.trial.create_trial(value=1.0, params={"lr": 1e-4}, user_attrs={"role": "incumbent"},
+                                      distributions={"lr": FloatDistribution(1e-6, 1e-3, log=True)},
+                                      intermediate_values={step: step / 20 for step in range(20)})
+    counts = {}
+    for label, handle in (("sweep", storage), ("optuna", optuna_s)):
+        statements: list[str] = []
+        event.listen(handle.engine, "before_cursor_execute", lambda _c, _cur, sql, *_, _s=statements: _s.append(sql))
+        handle.create_new_trial(ours[1], template_trial=added)
+        counts[label] = len(statements)
+    assert counts["sweep"] <= 8 < counts["optuna"], counts
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -124,13 +124,17 @@ def verl_config_path() -> Path | None:
 
 
 def _load_verl_tree() -> dict[str, Any] | None:
-    import yaml
-
     if os.environ.get("VERL_SIM_SKIP_KEY_CHECK") == "1":
         return None
     path = verl_config_path()
-    if path is None:
-        return None
+    return None if path is None else _verl_tree_at(path)
+
+
+@functools.lru_cache(maxsize=2)
+def _verl_tree_at(path: Path) -> dict[str, Any] | None:
+    """Read once a process: the replay launcher checks every run's keys (5 ms a parse)."""
+    import yaml
+
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path) as f:
         tree = yaml.load(f, Loader=loader)

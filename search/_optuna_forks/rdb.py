@@ -13,6 +13,9 @@ time at 1,000 trials. Here:
 - a parameter of a distribution the study already holds is one INSERT that happens only while
   the trial is unfinished;
 - a new trial is one INSERT under Optuna's lock on the study row, numbered as Optuna numbers it;
+  an enqueued or added one (a template) adds one SELECT of the study's distributions of its
+  parameters (Optuna's compatibility check) and one INSERT per kind of child row, where
+  Optuna's session runs a query and a flush per row;
 - finishing a trial is one UPDATE (only of an unfinished trial) and the INSERT of its values;
 - a first user or system attribute of its key, or a first intermediate value of its step, is
   one INSERT that happens only while the trial is unfinished (the driver writes several of
@@ -20,12 +23,13 @@ time at 1,000 trials. Here:
 - a heartbeat of a trial that has one is one UPDATE.
 
 Whatever a fast path cannot settle (a finished or missing trial, a first parameter of its name,
-an attribute or step set again, a first heartbeat, an enqueued trial, a popped waiting trial)
+an attribute or step set again, a first heartbeat, a popped waiting trial)
 goes to Optuna's code, which raises its usual errors.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +47,9 @@ from optuna.trial import FrozenTrial, TrialState
 _TRIALS = models.TrialModel.__table__
 _PARAMS = models.TrialParamModel.__table__
 _VALUES = models.TrialValueModel.__table__
+_USER = models.TrialUserAttributeModel.__table__
+_SYSTEM = models.TrialSystemAttributeModel.__table__
+_STEPS = models.TrialIntermediateValueModel.__table__
 _UNFINISHED = [TrialState.RUNNING, TrialState.WAITING]
 
 def _rows_of(trials: Any) -> Any:
@@ -59,9 +66,7 @@ def _rows_of(trials: Any) -> Any:
                          sa.cast(body, text).label("body"), sa.cast(sa.null(), when).label("started"),
                          sa.cast(sa.null(), when).label("completed")).where(table.c.trial_id.in_(ids))  # fmt: skip
 
-    user, system = models.TrialUserAttributeModel.__table__, models.TrialSystemAttributeModel.__table__
-    steps = models.TrialIntermediateValueModel.__table__
-    p, v, u, s, i = _PARAMS.c, _VALUES.c, user.c, system.c, steps.c
+    p, v, u, s, i = _PARAMS.c, _VALUES.c, _USER.c, _SYSTEM.c, _STEPS.c
     rows = sa.union_all(
         sa.select(t.trial_id, sa.literal("trial", text).label("kind"), t.number.label("ord"),
                   sa.cast(sa.null(), text).label("key"), sa.cast(sa.null(), num).label("num"),
@@ -69,9 +74,9 @@ def _rows_of(trials: Any) -> Any:
                   t.datetime_complete.label("completed")).where(trials),  # first: its column types are the union's
         branch(_PARAMS, "param", p.param_id, p.param_name, p.param_value, p.distribution_json),
         branch(_VALUES, "value", v.objective, sa.null(), v.value, v.value_type),
-        branch(user, "user", u.trial_user_attribute_id, u.key, sa.null(), u.value_json),
-        branch(system, "system", s.trial_system_attribute_id, s.key, sa.null(), s.value_json),
-        branch(steps, "step", i.step, sa.null(), i.intermediate_value, i.intermediate_value_type),
+        branch(_USER, "user", u.trial_user_attribute_id, u.key, sa.null(), u.value_json),
+        branch(_SYSTEM, "system", s.trial_system_attribute_id, s.key, sa.null(), s.value_json),
+        branch(_STEPS, "step", i.step, sa.null(), i.intermediate_value, i.intermediate_value_type),
     ).subquery()  # fmt: skip
     return sa.select(rows).order_by(rows.c.kind, rows.c.ord)
 
@@ -103,13 +108,22 @@ def _read_statement(**shape: bool) -> Any:
 _LOCK_STUDY = (sa.select(models.StudyModel.study_id).where(models.StudyModel.study_id == sa.bindparam("b_study_id"))
                .with_for_update())  # fmt: skip
 _INSERT_TRIAL = _TRIALS.insert().from_select(
-    ["number", "study_id", "state", "datetime_start"],
+    ["number", "study_id", "state", "datetime_start", "datetime_complete"],
     sa.select(sa.select(sa.func.count()).select_from(_TRIALS).where(_TRIALS.c.study_id == sa.bindparam("b_study_id"))
               .scalar_subquery(),
               sa.bindparam("b_study_id", type_=_TRIALS.c.study_id.type),
-              sa.literal(TrialState.RUNNING, type_=_TRIALS.c.state.type),
-              sa.bindparam("b_started", type_=_TRIALS.c.datetime_start.type)),
+              sa.bindparam("b_state", type_=_TRIALS.c.state.type),
+              sa.bindparam("b_started", type_=_TRIALS.c.datetime_start.type),
+              sa.bindparam("b_completed", type_=_TRIALS.c.datetime_complete.type)),
 ).returning(_TRIALS.c.trial_id, _TRIALS.c.number)  # fmt: skip
+# One stored distribution of each of these parameters in the study: Optuna checks a new
+# trial's against the first it finds (they were all checked against each other).
+_STORED_DISTRIBUTIONS = (
+    sa.select(_PARAMS.c.param_name, _PARAMS.c.distribution_json)
+    .join(_TRIALS, _TRIALS.c.trial_id == _PARAMS.c.trial_id)
+    .where(_TRIALS.c.study_id == sa.bindparam("b_study_id"),
+           _PARAMS.c.param_name.in_(sa.bindparam("b_names", expanding=True)))
+)  # fmt: skip
 _FINISH_TRIAL = (
     _TRIALS.update().where(_TRIALS.c.trial_id == sa.bindparam("b_trial_id"), _TRIALS.c.state.in_(_UNFINISHED))
     .values(state=sa.bindparam("b_state", type_=_TRIALS.c.state.type),
@@ -136,13 +150,40 @@ def _insert_child(table: Any, **columns: Any) -> Any:
     ).returning(*table.primary_key.columns)
 
 
-_INSERT_USER_ATTR = _insert_child(models.TrialUserAttributeModel.__table__, key=True, value_json=True)
-_INSERT_SYSTEM_ATTR = _insert_child(models.TrialSystemAttributeModel.__table__, key=True, value_json=True)
-_INSERT_STEP = _insert_child(models.TrialIntermediateValueModel.__table__, step=True, intermediate_value=True,
+_INSERT_USER_ATTR = _insert_child(_USER, key=True, value_json=True)
+_INSERT_SYSTEM_ATTR = _insert_child(_SYSTEM, key=True, value_json=True)
+_INSERT_STEP = _insert_child(_STEPS, step=True, intermediate_value=True,
                              intermediate_value_type=True)
 _HEARTBEAT = models.TrialHeartbeatModel.__table__
 _BEAT = (_HEARTBEAT.update().where(_HEARTBEAT.c.trial_id == sa.bindparam("b_trial_id"))
          .values(heartbeat=sa.func.now()).returning(_HEARTBEAT.c.trial_id))  # as Optuna: the database's now()
+
+
+def _check_stored_distributions(conn: Any, study_id: int, new: dict[str, Any]) -> None:
+    """Optuna's check of a new trial's distributions against the study's (ValueError)."""
+    stored: dict[str, str] = {}
+    for name, text in conn.execute(_STORED_DISTRIBUTIONS, {"b_study_id": study_id, "b_names": list(new)}):
+        stored.setdefault(name, text)
+    for name, text in stored.items():
+        distributions.check_distribution_compatibility(distributions.json_to_distribution(text), new[name])
+
+
+def _insert_template_rows(conn: Any, trial_id: int, template: FrozenTrial) -> None:
+    """The child rows of a trial created from ``template``, as Optuna's template path writes them."""
+    def insert(table: Any, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            conn.execute(table.insert(), [{"trial_id": trial_id, **row} for row in rows])
+
+    insert(_VALUES, [dict(zip(("value", "value_type"), models.TrialValueModel.value_to_stored_repr(value)),
+                          objective=objective) for objective, value in enumerate(template.values or ())])
+    insert(_PARAMS, [{"param_name": name, "param_value": dist.to_internal_repr(template.params[name]),
+                      "distribution_json": distributions.distribution_to_json(dist)}
+                     for name, dist in template.distributions.items()])
+    insert(_USER, [{"key": key, "value_json": json.dumps(value)} for key, value in template.user_attrs.items()])
+    insert(_SYSTEM, [{"key": key, "value_json": json.dumps(value)} for key, value in template.system_attrs.items()])
+    insert(_STEPS, [dict(zip(("intermediate_value", "intermediate_value_type"),
+                             models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)), step=step)
+                    for step, value in template.intermediate_values.items()])
 
 
 class _LoadedTrial:
@@ -231,19 +272,28 @@ class SweepStorage(RDBStorage):
         return found
 
     def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
-        if template_trial is not None:  # enqueued or added trials
-            return super()._create_new_trial(study_id, template_trial)
-        started = models.TrialModel()
-        started.datetime_start = datetime.now()  # as Optuna stores it: local time → naive UTC
+        template = template_trial  # enqueued or added trials: all their rows in one transaction
+        created = models.TrialModel()  # as Optuna stores the times: local time → naive UTC
+        created.datetime_start = datetime.now() if template is None else template.datetime_start
+        created.datetime_complete = None if template is None else template.datetime_complete
         # As Optuna: the lock on the study row makes creations take their numbers one at a
         # time; the number is the count of the study's trials before this one.
         with self._connection(transaction=True) as conn:
             if conn.execute(_LOCK_STUDY, {"b_study_id": study_id}).first() is None:
                 raise KeyError(models.NOT_FOUND_MSG)
-            trial_id, number = conn.execute(_INSERT_TRIAL, {"b_study_id": study_id,
-                                                            "b_started": started._datetime_start_utc}).one()  # fmt: skip
+            if template is not None and template.distributions:
+                _check_stored_distributions(conn, study_id, template.distributions)
+            trial_id, number = conn.execute(_INSERT_TRIAL, {
+                "b_study_id": study_id, "b_state": TrialState.RUNNING if template is None else template.state,
+                "b_started": created._datetime_start_utc, "b_completed": created._datetime_complete_utc}).one()  # fmt: skip
+            if template is not None:
+                _insert_template_rows(conn, trial_id, template)
+        if template is not None:
+            frozen = copy.deepcopy(template)  # what Optuna returns
+            frozen.number, frozen.datetime_start, frozen._trial_id = number, created.datetime_start, trial_id
+            return frozen
         return FrozenTrial(number=number, state=TrialState.RUNNING, value=None, values=None,
-                           datetime_start=started.datetime_start, datetime_complete=None, params={},
+                           datetime_start=created.datetime_start, datetime_complete=None, params={},
                            distributions={}, user_attrs={}, system_attrs={}, intermediate_values={},
                            trial_id=trial_id)  # fmt: skip
 
