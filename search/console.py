@@ -193,7 +193,7 @@ class Console:
             self._done += 1  # a trial queued again runs later and counts then
         params = format_params(overrides)
         if eta is not None:
-            best = _best_trial(study)
+            best = None if self.quiet else _best_trial(study)  # a read of the study, for text no one sees
             if best is not None:
                 self._best = best
             best_text = f" Best is trial {best[0]} with η {best[1]:.3f}." if best else ""

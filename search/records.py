@@ -193,6 +193,24 @@ def records(trials: Iterable[FrozenTrial]) -> list[TrialRecord]:
     return [TrialRecord.of(t) for t in trials]
 
 
+class RecordCache:
+    """``records`` for a study read again and again: Optuna's cached storage hands back the
+    same FrozenTrial object for a finished trial on every read, so its record is built once
+    (a driver reads its stage's trials a few times a tick)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, TrialRecord] = {}
+
+    def records(self, trials: Iterable[FrozenTrial]) -> list[TrialRecord]:
+        out = []
+        for t in trials:
+            record = self._by_id.get(t._trial_id)
+            if record is None or record.frozen is not t:
+                record = self._by_id[t._trial_id] = TrialRecord.of(t)
+            out.append(record)
+        return out
+
+
 def role_of(trial: FrozenTrial) -> Role:
     """A trial's role without reading the rest of it (the pruner asks on every report)."""
     role = trial.user_attrs.get(_ROLE)

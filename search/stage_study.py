@@ -23,7 +23,7 @@ from search import liveness
 from search.errors import SweepError
 from search.pruning import build_pruner
 from search.records import (
-    Assignment, Role, StageResult, StageStudyAttrs, TrialRecord, ahead_study_attrs, carried_attrs,
+    Assignment, RecordCache, Role, StageResult, StageStudyAttrs, TrialRecord, ahead_study_attrs, carried_attrs,
     created_study_attrs, initialized_attr, records, result_attr, stage_study_name, wall_clock_attr, wasted_attrs,
 )
 from search.sampler import build_sampler
@@ -53,6 +53,7 @@ class StageStudy:
         self.stale = True
         self._trials: list[TrialRecord] = []
         self._read_at = 0.0
+        self._records = RecordCache()
 
     @property
     def name(self) -> str:
@@ -277,14 +278,14 @@ class StageStudy:
     def trials(self, *, fresh: bool = False) -> list[TrialRecord]:
         now = time.monotonic()
         if fresh or self.stale or now - self._read_at >= TRIALS_REFRESH_S:
-            self._trials = records(self.study.get_trials(deepcopy=False))
+            self._trials = self._records.records(self.study.get_trials(deepcopy=False))
             self._read_at = now
             self.stale = False
         return self._trials
 
     def read_trials(self, states: tuple[TrialState, ...] | None = None) -> list[TrialRecord]:
         """The trials as the database holds them now, bypassing the cached view."""
-        return records(self.study.get_trials(deepcopy=False, states=states))
+        return self._records.records(self.study.get_trials(deepcopy=False, states=states))
 
     def record(self, trial_id: int) -> TrialRecord:
         return TrialRecord.of(self.storage.get_trial(trial_id))
