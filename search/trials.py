@@ -158,8 +158,9 @@ class TrialRunner:
             self.release(trial, reason=str(e))
             raise
         try:
-            set_attrs(trial, started_attrs(role=role, seed=seed, overrides=overrides, run_id=run_id,
-                                           run_dir=str(handle.run_dir)))
+            started = started_attrs(role=role, seed=seed, overrides=overrides, run_id=run_id, run_dir=str(handle.run_dir))
+            held = trial.user_attrs  # a queued trial holds the role and seed it was queued with
+            set_attrs(trial, {k: v for k, v in started.items() if k not in held or held[k] != v})
             self.study.heartbeat([trial._trial_id])
         except BaseException:
             self.launcher.cancel(handle)  # nobody would follow it: never leave it running

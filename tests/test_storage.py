@@ -203,7 +203,8 @@ def _as_written(storage: Any, study_ids: list[int]) -> list[Any]:
 def test_sweep_storage_writes_trials_as_optuna_s_storage_does(backend: str, tmp_path: Path) -> None:
     import optuna
     from optuna.distributions import FloatDistribution, IntDistribution
-    from sqlalchemy import event
+    from optuna.storages._rdb import models
+    from sqlalchemy import event, select
 
     from search.storage import open_storage
 
@@ -228,6 +229,15 @@ def test_sweep_storage_writes_trials_as_optuna_s_storage_does(backend: str, tmp_
         with pytest.raises(ValueError, match="Cannot set different distribution kind"):
             handle.create_new_trial(ours[1], template_trial=clash)
         assert len(handle.get_all_trials(ours[1])) == before
+    # A trial's first heartbeat and its next: one row, at the database's time, as Optuna writes it.
+    beats, beat = [], models.TrialHeartbeatModel.__table__
+    for handle in (storage, optuna_s):
+        trial_id = handle.create_new_trial(ours[1])
+        handle.record_heartbeat(trial_id)
+        handle.record_heartbeat(trial_id)
+        with handle.engine.connect() as conn:
+            beats += conn.execute(select(beat.c.heartbeat).where(beat.c.trial_id == trial_id)).all()
+    assert len(beats) == 2 and abs((beats[0][0] - beats[1][0]).total_seconds()) < 60, beats
     # An added trial with 20 intermediate values: a handful of statements, not a few per row.
     added = optuna.trial.create_trial(value=1.0, params={"lr": 1e-4}, user_attrs={"role": "incumbent"},
                                       distributions={"lr": FloatDistribution(1e-6, 1e-3, log=True)},

@@ -20,10 +20,10 @@ time at 1,000 trials. Here:
 - a first user or system attribute of its key, or a first intermediate value of its step, is
   one INSERT that happens only while the trial is unfinished (the driver writes several of
   each per trial);
-- a heartbeat of a trial that has one is one UPDATE.
+- a heartbeat is one UPDATE, and a trial's first one an INSERT after it.
 
 Whatever a fast path cannot settle (a finished or missing trial, a first parameter of its name,
-an attribute or step set again, a first heartbeat, a popped waiting trial)
+an attribute or step set again, a popped waiting trial)
 goes to Optuna's code, which raises its usual errors.
 """
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import namedtuple
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from types import SimpleNamespace as Row
 from typing import Any
 
 import sqlalchemy as sa
@@ -157,6 +157,10 @@ _INSERT_STEP = _insert_child(_STEPS, step=True, intermediate_value=True,
 _HEARTBEAT = models.TrialHeartbeatModel.__table__
 _BEAT = (_HEARTBEAT.update().where(_HEARTBEAT.c.trial_id == sa.bindparam("b_trial_id"))
          .values(heartbeat=sa.func.now()).returning(_HEARTBEAT.c.trial_id))  # as Optuna: the database's now()
+_FIRST_BEAT = _HEARTBEAT.insert().from_select(  # the column's default, as Optuna's model inserts it
+    ["trial_id", "heartbeat"],
+    sa.select(_TRIALS.c.trial_id, sa.func.current_timestamp()).where(_TRIALS.c.trial_id == sa.bindparam("b_trial_id")),
+).returning(_HEARTBEAT.c.trial_id)
 
 
 def _check_stored_distributions(conn: Any, study_id: int, new: dict[str, Any]) -> None:
@@ -201,21 +205,26 @@ class _LoadedTrial:
         self.system_attributes: list[Any] = []
         self.intermediate_values: list[Any] = []
 
-    def add(self, child: Any) -> None:
-        if child.kind == "param":
-            self.params.append(Row(param_id=child.ord, param_name=child.key, param_value=child.num,
-                                   distribution_json=child.body))  # fmt: skip
-        elif child.kind == "value":
-            kind = models.TrialValueModel.TrialValueType[child.body]
-            self.values.append(Row(objective=child.ord, value=child.num, value_type=kind))
-        elif child.kind == "user":
-            self.user_attributes.append(Row(key=child.key, value_json=child.body))
-        elif child.kind == "system":
-            self.system_attributes.append(Row(key=child.key, value_json=child.body))
+    def add(self, kind: str, order: Any, key: Any, number: Any, body: Any) -> None:
+        if kind == "step":  # most rows: a running probe reports every few steps
+            self.intermediate_values.append(_Step(order, number, _STEP_TYPES[body]))
+        elif kind == "user":
+            self.user_attributes.append(_Attr(key, body))
+        elif kind == "param":
+            self.params.append(_Param(order, key, number, body))
+        elif kind == "system":
+            self.system_attributes.append(_Attr(key, body))
         else:
-            step_kind = models.TrialIntermediateValueModel.TrialIntermediateValueType[child.body]
-            self.intermediate_values.append(Row(step=child.ord, intermediate_value=child.num,
-                                                intermediate_value_type=step_kind))  # fmt: skip
+            self.values.append(_Value(order, number, _VALUE_TYPES[body]))
+
+
+# Child rows as Optuna's builder reads them (by attribute); tuples are the cheapest to make.
+_Param = namedtuple("_Param", "param_id param_name param_value distribution_json")
+_Value = namedtuple("_Value", "objective value value_type")
+_Attr = namedtuple("_Attr", "key value_json")
+_Step = namedtuple("_Step", "step intermediate_value intermediate_value_type")
+_VALUE_TYPES = models.TrialValueModel.TrialValueType
+_STEP_TYPES = models.TrialIntermediateValueModel.TrialIntermediateValueType
 
 
 class _Fallback(Exception):
@@ -248,9 +257,9 @@ class SweepStorage(RDBStorage):
             rows = conn.execute(_read_statement(**shape), values).all()
         trials = sorted((row for row in rows if row.kind == "trial"), key=lambda row: row.trial_id)
         loaded = {row.trial_id: _LoadedTrial(row) for row in trials}
-        for row in rows:
-            if row.kind != "trial":
-                loaded[row.trial_id].add(row)
+        for trial_id, kind, order, key, number, body, _, _ in rows:
+            if kind != "trial":
+                loaded[trial_id].add(kind, order, key, number, body)
         return [self._build_frozen_trial_from_trial_model(trial) for trial in loaded.values()]  # type: ignore[arg-type]
 
     def get_trial(self, trial_id: int) -> FrozenTrial:
@@ -359,4 +368,5 @@ class SweepStorage(RDBStorage):
         with self._connection(transaction=False) as conn:
             if conn.execute(_BEAT, {"b_trial_id": trial_id}).first() is not None:
                 return
-        super().record_heartbeat(trial_id)  # its first heartbeat
+        if not self._insert_first(_FIRST_BEAT, {"b_trial_id": trial_id}):  # its first heartbeat
+            super().record_heartbeat(trial_id)  # a missing trial, or another process's first
