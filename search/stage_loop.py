@@ -270,13 +270,14 @@ def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
     incumbent although the leader was above 1 + tolerance: a gain its runs could not decide."""
     out: list[tuple[str, Config]] = []
     for stage in ctx.spec.stages[:index]:
-        decided = StageStudy.decided_stage(ctx.storage, ctx.spec, stage)
-        if decided is None:
+        stored = StageStudy.stored_stage(ctx.storage, ctx.spec, stage)
+        result = None if stored is None else stored.result
+        if result is None or result.winner_trial is not None or found_nothing(result):
             continue
-        result, trials = decided
-        if result.winner_trial is not None or found_nothing(result) or result.decision.startswith("skipped"):
+        if result.decision.startswith("skipped"):
             continue
-        ranked, _ = ranked_candidates(trials)
+        assert stored is not None
+        ranked, _ = ranked_candidates(stored.trials())
         if ranked and ranked[0][0][0] > 1 + stage.stop.tolerance:
             out.append((stage.name, dict(ranked[0][1].overrides)))
     return out
@@ -290,14 +291,14 @@ def slow_start_seen(ctx: Context, index: int) -> bool | None:
     if ctx.spec.probe.slow_start_factor == 1:
         return False
     for stage in ctx.spec.stages[:index]:
-        found = StageStudy.stage_records(ctx.storage, ctx.spec, stage)
-        if found is None:
+        stored = StageStudy.stored_stage(ctx.storage, ctx.spec, stage)
+        if stored is None:
             continue
-        result, trials = found
-        if result is not None:
-            if result.decision.startswith(SLOW_START):
+        if stored.result is not None:
+            if stored.result.decision.startswith(SLOW_START):
                 return True
             continue
+        trials = stored.trials()
         scores = [t.score for t in trials if t.state == TrialState.COMPLETE and t.score is not None]
         if any(s.metric == "throughput" for s in scores):
             continue  # a speed stage

@@ -43,6 +43,15 @@ logger = logging.getLogger(__name__)
 TRIALS_REFRESH_S = 1.0
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredStage:
+    result: StageResult | None
+    study: optuna.Study
+
+    def trials(self) -> list[TrialRecord]:
+        return records(self.study.get_trials(deepcopy=False))
+
+
 class StageStudy:
     """A stage study as one driver process uses it, with a cached view of its trials
     (re-read after local events, on request, or every TRIALS_REFRESH_S)."""
@@ -185,23 +194,14 @@ class StageStudy:
         return runs
 
     @staticmethod
-    def stage_records(storage: optuna.storages.BaseStorage, spec: StudySpec,
-                      stage: StageSettings) -> tuple[StageResult | None, list[TrialRecord]] | None:
-        """A stage's stored result (None while undecided) and its trials; None before it opened."""
+    def stored_stage(storage: optuna.storages.BaseStorage, spec: StudySpec, stage: StageSettings) -> StoredStage | None:
+        """A stage's study as stored (its result, None while undecided; its trials read on
+        request: a whole study's rows, which most callers do not need); None before it opened."""
         try:
             study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
         except KeyError:
             return None
-        return StageStudyAttrs.of(study.user_attrs).result, records(study.get_trials(deepcopy=False))
-
-    @staticmethod
-    def decided_stage(storage: optuna.storages.BaseStorage, spec: StudySpec,
-                      stage: StageSettings) -> tuple[StageResult, list[TrialRecord]] | None:
-        """An earlier stage's stored result and its trials; None while it has none."""
-        found = StageStudy.stage_records(storage, spec, stage)
-        if found is None or found[0] is None:
-            return None
-        return found[0], found[1]
+        return StoredStage(StageStudyAttrs.of(study.user_attrs).result, study)
 
     def enqueue_initial(self, spec: StudySpec, stage: StageSettings, space: Space, base: Config,
                         carried: dict[int, TrialRecord],

@@ -190,6 +190,13 @@ def _insert_template_rows(conn: Any, trial_id: int, template: FrozenTrial) -> No
                     for step, value in template.intermediate_values.items()])
 
 
+# Child rows as Optuna's builder reads them (by attribute); tuples are the cheapest to make.
+_Param = namedtuple("_Param", "param_id param_name param_value distribution_json")
+_Value = namedtuple("_Value", "objective value value_type")
+_Attr = namedtuple("_Attr", "key value_json")
+_Step = namedtuple("_Step", "step intermediate_value intermediate_value_type")
+
+
 class _LoadedTrial:
     """What ``_build_frozen_trial_from_trial_model`` reads of a TrialModel, from rows."""
 
@@ -207,7 +214,8 @@ class _LoadedTrial:
 
     def add(self, kind: str, order: Any, key: Any, number: Any, body: Any) -> None:
         if kind == "step":  # most rows: a running probe reports every few steps
-            self.intermediate_values.append(_Step(order, number, _STEP_TYPES[body]))
+            step_kind = models.TrialIntermediateValueModel.TrialIntermediateValueType[body]
+            self.intermediate_values.append(_Step(order, number, step_kind))
         elif kind == "user":
             self.user_attributes.append(_Attr(key, body))
         elif kind == "param":
@@ -215,16 +223,7 @@ class _LoadedTrial:
         elif kind == "system":
             self.system_attributes.append(_Attr(key, body))
         else:
-            self.values.append(_Value(order, number, _VALUE_TYPES[body]))
-
-
-# Child rows as Optuna's builder reads them (by attribute); tuples are the cheapest to make.
-_Param = namedtuple("_Param", "param_id param_name param_value distribution_json")
-_Value = namedtuple("_Value", "objective value value_type")
-_Attr = namedtuple("_Attr", "key value_json")
-_Step = namedtuple("_Step", "step intermediate_value intermediate_value_type")
-_VALUE_TYPES = models.TrialValueModel.TrialValueType
-_STEP_TYPES = models.TrialIntermediateValueModel.TrialIntermediateValueType
+            self.values.append(_Value(order, number, models.TrialValueModel.TrialValueType[body]))
 
 
 class _Fallback(Exception):
