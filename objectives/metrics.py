@@ -66,8 +66,10 @@ class _Skip:
 
 def _clean(data: Mapping[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
+    isfinite = math.isfinite
     for key, value in data.items():
-        converted = _to_float(value)
+        # A plain float (most values) is converted inline: a call per value was most of the cost.
+        converted = (value if isfinite(value) else None) if type(value) is float else _to_float(value)
         if converted is not _Skip:
             out[str(key)] = converted  # type: ignore[assignment]
     return out
@@ -302,7 +304,7 @@ class MetricsFollower:
         new_last = step not in self._series and (not ordered or step > ordered[-1].step)
         _merge(self._series, record)
         if ordered is not None and new_last:
-            ordered.append(StepMetrics(step, dict(self._series[step])))
+            ordered.append(record)  # holds just what the series has for the step: no copy needed
         else:
             self._ordered = None
 

@@ -34,7 +34,7 @@ import math
 import os
 import random
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from launchers.simulator.config import ConfigError, DEFAULTS, get
 from launchers.simulator.outcomes import Expectation, Failure, LandscapeError, StepRecord
@@ -43,6 +43,7 @@ __all__ = ["Expectation", "Failure", "Landscape", "LandscapeError", "StepRecord"
 
 LANDSCAPE_DIR = Path(__file__).with_name("landscapes")
 GIB = 1024.0**3
+StepPhases = Callable[[float], tuple[dict[str, float], float, float, float]]
 
 
 def _f(section: Mapping[str, Any], key: str) -> float:
@@ -164,7 +165,7 @@ class Landscape:
         reward_sd *= (lr / _f(lrs, "ref")) ** float(noise.get("lr_exponent", 0.0))
         reward_sd *= (updates / ref_updates) ** float(noise.get("updates_exponent", 0.0))
 
-        phases, tokens, util = self._step_phases(config, progress=0.0)
+        phases, tokens, util, _ = self._step_phases(config)(0.0)
         step_time = sum(phases.values())
         failure = self._failure(config)
         total_steps, per_epoch = self._run_length(config)
@@ -200,59 +201,57 @@ class Landscape:
         steps = _value(config, "trainer.total_training_steps")
         return (min(int(steps), by_epochs) if steps is not None else by_epochs), per_epoch
 
-    def _response_length(self, progress: float) -> float:
-        rl = self._s("response_length")
-        return _f(rl, "start") + (_f(rl, "end") - _f(rl, "start")) * min(1.0, max(0.0, progress))
-
-    def _step_phases(
-        self, config: Mapping[str, Any], *, progress: float, effs: Mapping[str, float] | None = None
-    ) -> tuple[dict[str, float], float, float]:
-        """(phase → simulated seconds, tokens in the step, GPU util %) at training ``progress``.
-
-        Each phase time is ``ideal / efficiency``; the ideal rates are fixed so that the
-        landscape's baseline config takes ``timing.*_s`` seconds at step 1.
-        """
+    def _step_phases(self, config: Mapping[str, Any]) -> StepPhases:
+        """progress → (phase → simulated seconds, tokens in the step, GPU util %, response length);
+        what the config fixes is read once per run. Each phase time is ``ideal / efficiency``; the
+        ideal rates are fixed so that the landscape's baseline config takes ``timing.*_s`` at step 1."""
         timing = self._s("timing")
         ideal = self._ideal_rates()
-        phases: dict[str, float] = {}
-        busy = 0.0
-        work, tokens = self._work(config, progress)
-        effs = effs or self._efficiencies(config)
-        for phase, amount in work.items():
-            if amount <= 0:
-                continue
-            ideal_s = amount / ideal[phase]
-            phases[phase] = ideal_s / effs[phase]
-            busy += ideal_s
-        phases["other"] = _f(timing, "other_s")
-        total = sum(phases.values())
-        # Affine in the busy fraction: fitted to the source (a bad layout 42%, a fitting one 79%).
-        util = min(99.0, max(1.0, _f(timing, "util_floor") + _f(timing, "util_slope") * busy / total))
-        return phases, tokens, util
+        work_at = self._work(config)
+        effs = self._efficiencies(config)
+        other_s, floor, slope = _f(timing, "other_s"), _f(timing, "util_floor"), _f(timing, "util_slope")
 
-    def _work(self, config: Mapping[str, Any], progress: float) -> tuple[dict[str, float], float]:
-        """(work per phase per GPU: tokens or optimiser steps, total tokens) of one step."""
+        def phases_at(progress: float) -> tuple[dict[str, float], float, float, float]:
+            work, tokens, response = work_at(progress)
+            phases: dict[str, float] = {}
+            busy = 0.0
+            for phase, amount in work.items():
+                if amount <= 0:
+                    continue
+                ideal_s = amount / ideal[phase]
+                phases[phase] = ideal_s / effs[phase]
+                busy += ideal_s
+            phases["other"] = other_s
+            total = sum(phases.values())
+            # Affine in the busy fraction: fitted to the source (a bad layout 42%, a fitting one 79%).
+            util = min(99.0, max(1.0, floor + slope * busy / total))
+            return phases, tokens, util, response
+
+        return phases_at
+
+    def _work(self, config: Mapping[str, Any]) -> Callable[[float], tuple[dict[str, float], float, float]]:
+        """progress → (work per phase per GPU: tokens or optimiser steps, total tokens, response length)."""
         g = lambda key: _value(config, key)  # noqa: E731
         batch = float(g("data.train_batch_size"))
         n = max(1.0, float(g("actor_rollout_ref.rollout.n")))
         epochs = max(1.0, float(g("actor_rollout_ref.actor.ppo_epochs")))
         n_gpus = int(g("trainer.n_gpus_per_node")) * int(g("trainer.nnodes"))
-        prompt = float(self._s("response_length").get("prompt", 300))
-        response = self._response_length(progress)
-        tokens = batch * n * (prompt + response)
-        per_gpu = tokens / n_gpus
-        has_ref = _kl_strength(config) > 0
-        has_critic = str(g("algorithm.adv_estimator")) == "gae"
-        work = {
-            "gen": batch * n * response / n_gpus,
-            "old_log_prob": per_gpu,
-            "ref": per_gpu if has_ref else 0.0,
-            "values": per_gpu if has_critic else 0.0,
-            "update_actor": per_gpu * epochs,
-            "update_critic": per_gpu * epochs if has_critic else 0.0,
-            "optimizer": epochs * batch / max(1.0, float(g("actor_rollout_ref.actor.ppo_mini_batch_size"))),
-        }
-        return work, tokens
+        rl = self._s("response_length")
+        prompt, start, end = float(rl.get("prompt", 300)), _f(rl, "start"), _f(rl, "end")
+        has_ref, has_critic = _kl_strength(config) > 0, str(g("algorithm.adv_estimator")) == "gae"
+        optimizer = epochs * batch / max(1.0, float(g("actor_rollout_ref.actor.ppo_mini_batch_size")))
+        batch_n = batch * n  # the products below associate left, so this is the same float
+
+        def work_at(progress: float) -> tuple[dict[str, float], float, float]:
+            response = start + (end - start) * min(1.0, max(0.0, progress))
+            tokens = batch_n * (prompt + response)
+            per_gpu = tokens / n_gpus
+            work = {"gen": batch_n * response / n_gpus, "old_log_prob": per_gpu, "ref": per_gpu if has_ref else 0.0,
+                    "values": per_gpu if has_critic else 0.0, "update_actor": per_gpu * epochs,
+                    "update_critic": per_gpu * epochs if has_critic else 0.0, "optimizer": optimizer}
+            return work, tokens, response
+
+        return work_at
 
     def _ideal_rates(self) -> dict[str, float]:
         """Work units per simulated second at efficiency 1, from the baseline's phase times."""
@@ -261,7 +260,7 @@ class Landscape:
             return cached
         timing = self._s("timing")
         base = self.baseline
-        work, _ = self._work(base, 0.0)
+        work, _, _ = self._work(base)(0.0)
         effs = self._efficiencies(base)
         rates: dict[str, float] = {}
         for phase, seconds_key in (
@@ -317,15 +316,9 @@ class Landscape:
             offload *= _f(lay, "param_offload_cost")
         if bool(g("actor_rollout_ref.actor.fsdp_config.optimizer_offload")):
             offload *= _f(lay, "optimizer_offload_cost")
-        return {
-            "gen": gen,
-            "old_log_prob": train / offload**0.5,
-            "ref": train / offload**0.5,
-            "values": train / offload**0.5,
-            "update_actor": update / offload,
-            "update_critic": update / offload,
-            "optimizer": 1.0 / offload,
-        }
+        passes = train / offload**0.5
+        return {"gen": gen, "old_log_prob": passes, "ref": passes, "values": passes,
+                "update_actor": update / offload, "update_critic": update / offload, "optimizer": 1.0 / offload}
 
     def memory_gb(self, config: Mapping[str, Any]) -> dict[str, float]:
         """Peak GPU memory (GiB) of each phase and the limits it is held against."""
@@ -416,16 +409,16 @@ class Landscape:
         exp = self.expected(config)
         if exp.failure is not None or (exp.diverge_step is not None and exp.diverge_step <= steps):
             return math.nan
-        effs = self._efficiencies(config)  # fixed for the run: computed once
-        seconds = sum(self.step_time(config, t, exp, effs=effs) for t in range(1, steps + 1))
+        phases_at = self._step_phases(config)  # fixed for the run: built once
+        seconds = sum(self.step_time(config, t, exp, phases_at=phases_at) for t in range(1, steps + 1))
         return (exp.reward(steps) - exp.r0) / seconds
 
     def step_time(self, config: Mapping[str, Any], step: int, exp: Expectation | None = None,
-                  *, effs: Mapping[str, float] | None = None) -> float:
+                  *, phases_at: StepPhases | None = None) -> float:
         """Noise-free simulated seconds of ``step`` (responses grow as reward rises)."""
         exp = exp or self.expected(config)
         progress = (exp.reward(step) - exp.r0) / max(1e-9, exp.ceiling - exp.r0)
-        phases, _, _ = self._step_phases(config, progress=progress, effs=effs)
+        phases, _, _, _ = (phases_at or self._step_phases(config))(progress)
         return sum(phases.values())
 
     def eta(self, config: Mapping[str, Any], baseline: Mapping[str, Any] | None = None, steps: int = 500) -> float:
@@ -457,27 +450,35 @@ class Landscape:
         kl_cfg = self._s("kl")
         kl_ref_scale = _f(kl_cfg, "ref_kl_at_convergence") * (_f(kl_cfg, "ref") / max(k, _f(kl_cfg, "none_equivalent"))) ** 0.5
         unstable_excess = max(0.0, exp.instability / _f(self._s("lr"), "unstable_above") - 1.0)
+        # Fixed for the run, out of the step loop (products associate left: the same floats).
+        excess, grad_scale = 1.0 + unstable_excess, 0.3 * (1.0 + 2.0 * unstable_excess)
+        ppo_kl_scale = 1e-3 * (exp.instability**1.5) * excess
+        entropy_scale = 1.0 + 0.2 * math.log(max(k, 1e-6) / _f(kl_cfg, "ref")) * -0.2
+        kl_in_reward = bool(g("algorithm.use_kl_in_reward"))
+        prompt = float(self._s("response_length").get("prompt", 300))
+        span, gauss = max(1e-9, curve.ceiling - curve.r0), rng.gauss
         stop = exp.total_steps if max_steps is None else min(exp.total_steps, max_steps)
         if exp.failure is not None:
             stop = min(stop, exp.failure.at_step - 1)
         n_gpus = exp.n_gpus
-        effs = self._efficiencies(config)  # fixed for the run: computed once
+        phases_at = self._step_phases(config)  # fixed for the run: built once
         mem = self.memory_gb(config)
         used_gb = max(mem["reserved_gb"], mem["train_gb"])
         for step in range(1, stop + 1):
-            z = [rng.gauss(0.0, 1.0) for _ in range(6)]  # fixed count: keeps configs paired
+            z = [gauss(0.0, 1.0) for _ in range(6)]  # fixed count: keeps configs paired
             t_eff = max(0.0, step - warmup / 2.0)
             smooth = curve.reward(t_eff)
-            progress = (smooth - curve.r0) / max(1e-9, curve.ceiling - curve.r0)
-            phases, tokens, util = self._step_phases(config, progress=progress, effs=effs)
+            progress = (smooth - curve.r0) / span
+            phases, tokens, util, response = phases_at(progress)
             factor = run_time_factor * math.exp(step_sd * z[0])
-            phases = {p: s * factor for p, s in phases.items()}
+            for p in phases:  # a fresh dict each step: scaled in place
+                phases[p] *= factor
             step_time = sum(phases.values())
             reward = smooth + curve.reward_sd * z[1]
-            ref_kl = kl_ref_scale * progress * (1.0 + unstable_excess) * math.exp(0.05 * z[2])
-            ppo_kl = 1e-3 * (exp.instability**1.5) * (1.0 + unstable_excess) * math.exp(0.2 * z[3])
-            grad_norm = 0.3 * (1.0 + 2.0 * unstable_excess) * math.exp(0.15 * z[4])
-            entropy = 1.2 - 0.7 * progress * (1.0 + 0.2 * math.log(max(k, 1e-6) / _f(kl_cfg, "ref")) * -0.2)
+            ref_kl = kl_ref_scale * progress * excess * math.exp(0.05 * z[2])
+            ppo_kl = ppo_kl_scale * math.exp(0.2 * z[3])
+            grad_norm = grad_scale * math.exp(0.15 * z[4])
+            entropy = 1.2 - 0.7 * progress * entropy_scale
             if exp.diverge_step is not None and step >= exp.diverge_step:
                 blow = step - exp.diverge_step
                 ref_kl *= 2.0**blow
@@ -487,17 +488,16 @@ class Landscape:
                 if blow >= 12:
                     reward = ref_kl = ppo_kl = grad_norm = entropy = math.nan
             lr_now = lr * min(1.0, step / warmup) if warmup > 0 else lr
-            response = self._response_length(progress)
             metrics: dict[str, float | int] = {
                 "critic/score/mean": reward,
-                "critic/rewards/mean": reward - (k * ref_kl if bool(g("algorithm.use_kl_in_reward")) else 0.0),
+                "critic/rewards/mean": reward - (k * ref_kl if kl_in_reward else 0.0),
                 "actor/ppo_kl": ppo_kl,
                 "actor/pg_clipfrac": min(1.0, 0.002 + 2.0 * ppo_kl) if ppo_kl == ppo_kl else math.nan,
                 "actor/grad_norm": grad_norm,
                 "actor/entropy": entropy,
                 "actor/lr": lr_now,
                 "response_length/mean": response * math.exp(0.02 * z[5]),
-                "prompt_length/mean": float(self._s("response_length").get("prompt", 300)),
+                "prompt_length/mean": prompt,
                 "timing_s/gen": phases["gen"],
                 "timing_s/old_log_prob": phases.get("old_log_prob", 0.0),
                 "timing_s/update_actor": phases.get("update_actor", 0.0) + phases.get("optimizer", 0.0),
@@ -516,7 +516,7 @@ class Landscape:
             if "values" in phases:
                 metrics["timing_s/values"] = phases["values"]
                 metrics["timing_s/update_critic"] = phases["update_critic"]
-            if bool(g("algorithm.use_kl_in_reward")):
+            if kl_in_reward:
                 metrics["actor/reward_kl_penalty"] = ref_kl
                 metrics["actor/reward_kl_penalty_coeff"] = k
             yield StepRecord(step, step_time, metrics, util, used_gb)
