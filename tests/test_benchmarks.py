@@ -70,7 +70,7 @@ def test_gpu_hour_ratio_at_zero_and_never() -> None:
 
 @pytest.mark.slow
 def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_SWEEP_BENCH_REFERENCES": str(tmp_path / "references")}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--no-overhead", "--out", str(tmp_path), "--reps-for", "gp=1"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
@@ -105,6 +105,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
     for row in data["rows"]:
         assert 0.0 <= row["false_win_rate"] <= 1.0
     assert (tmp_path / "curves.html").stat().st_size > 1000
+    assert list((tmp_path / "references").glob("best-default-*.json"))  # its reference, kept out of the repository
     assert any(line.startswith("default (tune): ≥95% in") for line in data["acceptance"])
 
 
