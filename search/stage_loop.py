@@ -271,12 +271,11 @@ def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
     out: list[tuple[str, Config]] = []
     for stage in ctx.spec.stages[:index]:
         stored = StageStudy.stored_stage(ctx.storage, ctx.spec, stage)
-        result = None if stored is None else stored.result
-        if result is None or result.winner_trial is not None or found_nothing(result):
+        if stored is None or stored.result is None:
             continue
-        if result.decision.startswith("skipped"):
+        result = stored.result
+        if result.winner_trial is not None or found_nothing(result) or result.decision.startswith("skipped"):
             continue
-        assert stored is not None
         ranked, _ = ranked_candidates(stored.trials())
         if ranked and ranked[0][0][0] > 1 + stage.stop.tolerance:
             out.append((stage.name, dict(ranked[0][1].overrides)))

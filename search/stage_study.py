@@ -45,6 +45,8 @@ TRIALS_REFRESH_S = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class StoredStage:
+    """An earlier stage as another stage reads it: its stored result, its trials on request."""
+
     result: StageResult | None
     study: optuna.Study
 

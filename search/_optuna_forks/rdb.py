@@ -123,6 +123,7 @@ _STORED_DISTRIBUTIONS = (
     .join(_TRIALS, _TRIALS.c.trial_id == _PARAMS.c.trial_id)
     .where(_TRIALS.c.study_id == sa.bindparam("b_study_id"),
            _PARAMS.c.param_name.in_(sa.bindparam("b_names", expanding=True)))
+    .distinct()  # a distribution per trial that holds it: in a large study, thousands of copies
 )  # fmt: skip
 _FINISH_TRIAL = (
     _TRIALS.update().where(_TRIALS.c.trial_id == sa.bindparam("b_trial_id"), _TRIALS.c.state.in_(_UNFINISHED))
