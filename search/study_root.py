@@ -33,12 +33,7 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str
     except optuna.exceptions.DuplicatedStudyError:
         pass
     root = optuna.load_study(study_name=spec.name, storage=storage)
-    stored = root.user_attrs.get(SPEC_ATTR)
-    for _ in range(25):  # another `run` may have created it this instant and not stored it yet
-        if stored is not None:
-            break
-        time.sleep(0.2)
-        stored = root.user_attrs.get(SPEC_ATTR)
+    stored = _stored_definition(root)
     if stored is None:
         raise BadInputError(
             f"the database already has an Optuna study named {spec.name!r} that verl-sweep did not "
@@ -69,6 +64,17 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str
     if changed:  # resume and workers read the stored definition: give them the new settings too
         root.set_user_attr(SPEC_ATTR, data)
     return changed
+
+
+def _stored_definition(root: optuna.Study) -> Any:
+    """The definition stored on the root study; None if there is none after 5 s. A `run` stores
+    it just after creating the root, so a worker or another `run` may find the root without it."""
+    for _ in range(25):
+        stored = root.user_attrs.get(SPEC_ATTR)
+        if stored is not None:
+            return stored
+        time.sleep(0.2)
+    return root.user_attrs.get(SPEC_ATTR)
 
 
 #: a definition field that may change while its stage has not finished (``save_spec``)
@@ -124,6 +130,8 @@ def load_spec(storage: optuna.storages.BaseStorage, name: str) -> StudySpec:
         hint = _known_studies_hint(name, known)
         raise StudyNotFoundError(f"no study named {name!r} in this database.{hint}") from None
     stored = root.user_attrs.get(SPEC_ATTR)
+    if stored is None and "." not in name:
+        stored = _stored_definition(root)
     if stored is None:
         study, _, stage = name.rpartition(".")
         if study and study in optuna.get_all_study_names(storage):

@@ -82,7 +82,9 @@ def unpooled_storage(storage: str) -> Iterator[Any]:
         opened.engine.dispose()
 
 
-def wait_for_root(storage: str, name: str, timeout_s: float = 60) -> None:
+def wait_for_root(storage: str, name: str, timeout_s: float = 180) -> None:
+    """Wait for ``run`` to create the study: on a 2-core machine loaded by other tests its
+    start took over a minute."""
     import optuna
 
     import sqlalchemy

@@ -93,8 +93,8 @@ def test_model_facts_from_config_json(tmp_path: Path) -> None:
 
 
 def test_two_runs_creating_one_study_at_once_both_proceed(tmp_path: Path) -> None:
-    """The second `run` saw the new root study before the first stored its definition, and
-    said the study was not verl-sweep's."""
+    """The second `run` (or a worker) saw the new root study before the first stored its
+    definition, and said the study was not verl-sweep's."""
     import threading
 
     import optuna
@@ -111,6 +111,12 @@ def test_two_runs_creating_one_study_at_once_both_proceed(tmp_path: Path) -> Non
     late = threading.Timer(0.5, lambda: root.set_user_attr(SPEC_ATTR, spec_to_dict(spec)))
     late.start()
     save_spec(storage, spec)  # the second run: waits for the definition instead of refusing
+    late.join()
+    # A worker started as soon as the root study exists (test_workers) read it the same way.
+    root = optuna.create_study(study_name="joined", storage=storage, direction="maximize")
+    late = threading.Timer(0.5, lambda: root.set_user_attr(SPEC_ATTR, spec_to_dict(spec.model_copy(update={"name": "joined"}))))
+    late.start()
+    assert load_spec(storage, "joined").name == "joined"
     late.join()
     other = optuna.create_study(study_name="foreign", storage=storage, direction="maximize")
     with pytest.raises(Bad, match="that verl-sweep did not create"):

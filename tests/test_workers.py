@@ -81,8 +81,8 @@ def test_sixteen_workers_share_one_postgres_study(tmp_path: Path) -> None:
         wait_for_root(url, name)
         for i in range(1, 16):
             procs.append(start_cli("worker", name, "--storage", url, cwd=tmp_path, log=logs / f"w{i:02d}.log"))
-        for p in procs:
-            assert p.wait(timeout=900) == 0, (logs / "w00.log").read_text()[-3000:]
+        for i, p in enumerate(procs):
+            assert p.wait(timeout=900) == 0, (logs / f"w{i:02d}.log").read_text()[-3000:]
     finally:
         stop_all(procs)
     text = "\n".join(f.read_text() for f in sorted(logs.iterdir()))
