@@ -44,6 +44,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def tell(study: optuna.Study, trial: optuna.trial.Trial, value: float | None = None, *,
+         state: TrialState | None = None) -> None:
+    """``study.tell``, raising UpdateFinishedTrialError (as every other write to the trial does)
+    when another process closed the trial meanwhile (a stage run ahead moved aside, a heartbeat
+    that looked stale): Optuna's tell raises a ValueError then, "Cannot tell a FAIL trial"."""
+    try:
+        study.tell(trial, value, state=state)
+    except ValueError:
+        if not study._storage.get_trial(trial._trial_id).state.is_finished():
+            raise
+        raise optuna.exceptions.UpdateFinishedTrialError(
+            f"trial {trial.number} was closed by another process") from None
+
+
 @dataclasses.dataclass
 class ActiveTrial:
     """A trial whose run this process follows."""
@@ -102,7 +116,7 @@ class TrialRunner:
 
     def _skip(self, trial: optuna.trial.Trial, closed_as: CloseReason, reason: str) -> bool:
         set_attrs(trial, skipped_attrs(closed_as, reason))
-        self.study.study.tell(trial, state=TrialState.FAIL)
+        tell(self.study.study, trial, state=TrialState.FAIL)
         return False
 
     def _start_asked(self, trial: optuna.trial.Trial) -> bool:
@@ -134,7 +148,7 @@ class TrialRunner:
         try:
             overrides = self.space.suggest(trial, base) if (role is not Role.INCUMBENT or trial.params) else {}
         except SpaceError as e:
-            study.tell(trial, state=TrialState.FAIL)
+            tell(study, trial, state=TrialState.FAIL)
             raise BadInputError(f"stage {self.stage_name}: {e}") from None
         if role is Role.INCUMBENT:
             overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
@@ -175,7 +189,7 @@ class TrialRunner:
         record = self.study.record(trial._trial_id)
         if record.state.is_finished():
             return  # closed meanwhile by another process, which queued it again where needed
-        self.study.study.tell(trial, state=TrialState.FAIL)
+        tell(self.study.study, trial, state=TrialState.FAIL)
         liveness.requeue(self.study.study, record.frozen, reason=reason)
         self.study.stale = True
 
@@ -328,7 +342,7 @@ class TrialRunner:
             return
         set_attrs(trial, reason_attrs(outcome.reason))
         if outcome.state in (ProbeState.PRUNED, ProbeState.STOPPED):
-            study.tell(trial, state=TrialState.PRUNED)
+            tell(study, trial, state=TrialState.PRUNED)
             console.trial_finished(study, trial.number, item.role, item.overrides, reason=outcome.reason,
                                    state="pruned")
             return
@@ -341,7 +355,7 @@ class TrialRunner:
             if oom:
                 trial.set_constraint("oom", 1.0)
         record = self.study.record(trial._trial_id)
-        study.tell(trial, state=TrialState.FAIL)
+        tell(study, trial, state=TrialState.FAIL)
         retried = False
         if failure is not None and failure.retryable and record.attempt < self.spec.probe.max_retries:
             again = dataclasses.replace(record.assignment, attempt=record.attempt + 1)

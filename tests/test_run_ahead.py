@@ -158,3 +158,26 @@ def test_a_worker_stays_while_a_dead_process_s_confirmation_run_looks_alive(tmp_
 
     assert last.nothing_left_for_me(records([rerun(alive_owner)]))
     assert not last.nothing_left_for_me(records([rerun(alive_owner), rerun(_dead_owner())]))
+
+
+def test_a_trial_closed_by_another_process_before_its_tell_is_dropped_not_a_crash(tmp_path: Path) -> None:
+    """The owner of a run-ahead trial tells it just after another worker closed it as wasted:
+    Optuna's tell says ValueError ("Cannot tell a FAIL trial"), which ended a worker with
+    exit 1; it must be the UpdateFinishedTrialError that the runner drops the result on."""
+    import pytest
+
+    from search.trials import tell
+
+    url = f"sqlite:///{tmp_path}/closed.db"
+    mine = optuna.create_study(study_name="s", storage=open_storage(url))
+    other = optuna.load_study(study_name="s", storage=open_storage(url, create=False))  # another process
+    for state in (TrialState.PRUNED, TrialState.FAIL, None):
+        trial = mine.ask()
+        other._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        with pytest.raises(optuna.exceptions.UpdateFinishedTrialError, match="closed by another process"):
+            tell(mine, trial, None if state else 1.0, state=state)
+    trial = mine.ask()
+    with pytest.raises(ValueError, match="Cannot tell with state"):  # a wrong call is still one
+        tell(mine, trial, state=TrialState.RUNNING)
+    tell(mine, trial, 2.0)
+    assert mine.trials[-1].value == 2.0
