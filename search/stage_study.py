@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 #: how often a driver re-reads a stage's trials when nothing happened locally (many workers
 #: polling every 50 ms would otherwise saturate the database)
 TRIALS_REFRESH_S = 1.0
+#: how many times opening a stage study starts over when other workers move it aside meanwhile
+_OPEN_ATTEMPTS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,40 +89,52 @@ class StageStudy:
         stage = policy.stage
         name = stage_study_name(spec, stage)
         pruner = build_pruner(stage.pruner, prune_from=policy.prune_from, late_from=policy.late_prune_from)
-        try:
-            study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
-                                        sampler=build_sampler(stage, 0, learn_ooms=learn_ooms), pruner=pruner)
-            study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
-            attrs = created_study_attrs(base=base, stage=stage.model_dump(mode="json"),
-                                        probe_steps=policy.settings.steps)
-            if ahead_of is not None:
-                # Its run ids stay unique if it is moved aside and the stage opened again.
-                attrs.update(ahead_study_attrs(ahead_of=ahead_of, run_prefix=f"{name}.ahead{study._study_id}"))
-            for key, value in attrs.items():
-                study.set_user_attr(key, value)
-            return cls(study, storage), True
-        except optuna.exceptions.DuplicatedStudyError:
-            pass
-        existing = cls(optuna.load_study(study_name=name, storage=storage), storage)
-        # Its creator sets the base (and whether it runs ahead) before "initialized".
-        existing.wait_initialized()
-        stored = StageStudyAttrs.of(existing.study.user_attrs)
-        if stored.base_config is not None and stored.base_config != base:
-            if ahead_of is not None:
-                return None  # another worker runs this stage ahead from another leader
-            if stored.ahead_of:
-                # Opened ahead from a leader that then lost: move it aside, start afresh.
-                existing.vacate(why="the stage before chose another config", launcher=launcher, on_vacated=on_vacated)
-                return cls.open(storage, spec, policy, base, launcher=launcher, on_vacated=on_vacated,
-                                learn_ooms=learn_ooms)
-            raise SweepError(
-                f"stage {stage.name}: the database's base config differs from the chain computed "
-                "now; the study was changed after it started. Start a new study name."
-            )
-        n = len(existing.study.get_trials(deepcopy=False))
-        study = optuna.load_study(study_name=name, storage=storage, sampler=build_sampler(stage, n, learn_ooms=learn_ooms),
-                                   pruner=pruner)
-        return cls(study, storage), False
+        # Another worker may move a study opened ahead aside (rename it) between any two of the
+        # calls below: then the name is free again, or names a newer study, and opening starts over.
+        for _ in range(_OPEN_ATTEMPTS):
+            try:
+                study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                                            sampler=build_sampler(stage, 0, learn_ooms=learn_ooms), pruner=pruner)
+                study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
+                attrs = created_study_attrs(base=base, stage=stage.model_dump(mode="json"),
+                                            probe_steps=policy.settings.steps)
+                if ahead_of is not None:
+                    # Its run ids stay unique if it is moved aside and the stage opened again.
+                    attrs.update(ahead_study_attrs(ahead_of=ahead_of, run_prefix=f"{name}.ahead{study._study_id}"))
+                for key, value in attrs.items():
+                    study.set_user_attr(key, value)
+                return cls(study, storage), True
+            except optuna.exceptions.DuplicatedStudyError:
+                pass
+            try:
+                existing = cls(optuna.load_study(study_name=name, storage=storage), storage)
+            except KeyError:
+                continue  # moved aside since create_study found it
+            # Its creator sets the base (and whether it runs ahead) before "initialized".
+            existing.wait_initialized()
+            stored = existing.attrs()
+            if stored.base_config is not None and stored.base_config != base:
+                if ahead_of is not None:
+                    return None  # another worker runs this stage ahead from another leader
+                if stored.ahead_of:
+                    # Opened ahead from a leader that then lost: move it aside, start afresh.
+                    existing.vacate(why="the stage before chose another config", launcher=launcher,
+                                    on_vacated=on_vacated)
+                    continue
+                raise SweepError(
+                    f"stage {stage.name}: the database's base config differs from the chain computed "
+                    "now; the study was changed after it started. Start a new study name."
+                )
+            n = len(existing.study.get_trials(deepcopy=False))
+            try:
+                study = optuna.load_study(study_name=name, storage=storage,
+                                          sampler=build_sampler(stage, n, learn_ooms=learn_ooms), pruner=pruner)
+            except KeyError:
+                continue
+            if study._study_id == existing.study_id:  # else moved aside and opened again meanwhile
+                return cls(study, storage), False
+        raise SweepError(f"stage {stage.name}: its study was moved aside by other workers {_OPEN_ATTEMPTS} times "
+                         "while this worker opened it; start it again (nothing is lost).")
 
     @staticmethod
     def record_skipped(storage: optuna.storages.RDBStorage, spec: StudySpec, stage: StageSettings, base: Config,
@@ -147,7 +161,7 @@ class StageStudy:
         or a fresh trial could take a place in the budget before them."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.stored_attrs().initialized:
+            if self.attrs().initialized:  # by id: it may be moved aside meanwhile
                 return
             time.sleep(0.5)
 

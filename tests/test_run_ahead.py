@@ -181,3 +181,34 @@ def test_a_trial_closed_by_another_process_before_its_tell_is_dropped_not_a_cras
         tell(mine, trial, state=TrialState.RUNNING)
     tell(mine, trial, 2.0)
     assert mine.trials[-1].value == 2.0
+
+
+def test_opening_a_stage_while_another_worker_moves_it_aside_starts_over(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Another worker moved the study opened ahead aside (its leader lost) between this
+    worker's create_study (the name was taken) and its load of that name: the load raised
+    KeyError 'Record does not exist.', and the worker exited 1 (16 workers on PostgreSQL, a
+    world whose leaders lose often). Opening starts over instead, and creates the stage."""
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    stage, before = spec.stages[1], spec.stages[0].name
+    policy = StagePolicy(spec, stage, ProbeSettings(steps=50, speed_only=False, warmup_steps=5, hang_timeout_s=60,
+                                                    n_gpus=2))
+    baseline = spec.baseline_config()
+    leader = merge(baseline, {"actor_rollout_ref.actor.optim.lr": 2e-6})
+    opened = StageStudy.open(storage, spec, policy, leader, ahead_of=f"demo.{before}")
+    assert opened is not None
+    ahead = opened[0]
+    ahead.mark_initialized()
+    real_load = optuna.load_study
+
+    def load_as_the_other_worker_moves_it_aside(**kwargs):  # type: ignore[no-untyped-def]
+        if kwargs["study_name"] == ahead.name and not ahead.moved_aside():
+            ahead.vacate(why="the stage before chose another config")  # the other worker, at this instant
+        return real_load(**kwargs)
+
+    monkeypatch.setattr(optuna, "load_study", load_as_the_other_worker_moves_it_aside)
+    reopened = StageStudy.open(storage, spec, policy, baseline)
+    assert reopened is not None
+    real, created = reopened
+    assert created and real.name == f"demo.{stage.name}" and real.study_id != ahead.study_id
+    assert real.attrs().base_config == baseline and ahead.moved_aside()
