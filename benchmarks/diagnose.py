@@ -34,7 +34,7 @@ class _StageConsole(M._RecordingConsole):
         super().stage_finished(name, result)
         h = M.gpu_hours(self.launcher)
         self.stages.append({"name": name, "base": dict(self.base), "config": dict(result.config), "eta": result.eta,
-                            "decision": result.decision, "gpu_h": h - self._start_h,
+                            "decision": result.summary, "gpu_h": h - self._start_h,
                             "trials": self.trials[self._start_trials:]})  # fmt: skip
         self._start_h, self._start_trials = h, len(self.trials)
 

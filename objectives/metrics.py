@@ -31,6 +31,17 @@ logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
+# -- verl's metric keys (0.9.1), named here once -------------------------------------------
+#: the raw task score (``critic/rewards/*`` is after the in-reward KL)
+REWARD_KEY = "critic/score/mean"
+#: a training step's time (validation and start-up excluded)
+STEP_TIME_KEY = "timing_s/step"
+TOKENS_KEY = "perf/total_num_tokens"
+THROUGHPUT_KEY = "perf/throughput"
+GRAD_KEY = "actor/grad_norm"
+KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
+LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
+
 # How many bytes of the first line we remember to notice a file that was rewritten from the
 # start (verl re-opens it "wb" on restart) even when it has already grown past our offset.
 _FIRST_LINE_PROBE = 4096

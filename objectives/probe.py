@@ -16,10 +16,11 @@ from typing import Any
 from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
 from objectives.failures import FailureKind, diagnose, failure_text
 from objectives.health import HealthVerdict, screen
-from objectives.metrics import MetricsFollower, StepMetrics
+from objectives.metrics import STEP_TIME_KEY, MetricsFollower, StepMetrics
 from objectives.score import (
     MIN_RUNNING_STEPS,
     MIN_SCORED_STEPS,
+    Metric,
     Score,
     ScoreError,
     score_reward_rate,
@@ -50,9 +51,11 @@ class ProbeState(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
     steps: int
-    speed_only: bool = False
+    #: what the probe is scored on (``search.stage.Stage`` says, from what the knobs move)
+    metric: Metric = Metric.REWARD_RATE
     warmup_steps: int = 0
     hang_timeout_s: float = 1800.0
+    #: stop a run that diverges or plateaus (learning probes; a speed probe's reward is noise)
     health_screen: bool = True
     n_gpus: int = 1
     #: bootstrap resamples of a finished probe's score (its interval). The rate itself is
@@ -159,7 +162,7 @@ class Probe:
         if new and self.first_step_at is None:
             first = next((s for s in self.follower.series if s.step >= 1), None)
             if first is not None:
-                self.first_step_at = now - float(first.data.get("timing_s/step") or 0.0)
+                self.first_step_at = now - float(first.data.get(STEP_TIME_KEY) or 0.0)
         # Screen before the last-step check: a run that diverges in its last steps is unhealthy too.
         verdict = self._health_verdict() if new else None
         if verdict is not None:
@@ -201,7 +204,7 @@ class Probe:
         return None
 
     def _health_verdict(self) -> HealthVerdict | None:
-        if not self.settings.health_screen or self.settings.speed_only:
+        if not self.settings.health_screen:
             return None
         return screen(self.steps, plateau_max_rise=CONVERGED_RISE)
 
@@ -216,7 +219,7 @@ class Probe:
     def _score(self, steps: list[StepMetrics], *, n_boot: int | None = None, final: bool = True,
                min_steps: int = MIN_SCORED_STEPS) -> Score:
         n_boot = self.settings.n_boot if n_boot is None else n_boot
-        if self.settings.speed_only:
+        if self.settings.metric is Metric.THROUGHPUT:
             return score_throughput(
                 steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus, n_boot=n_boot
             )

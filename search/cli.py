@@ -275,7 +275,7 @@ def _print_summary(spec, storage) -> None:  # type: ignore[no-untyped-def]
 
     results = finished_results(storage, spec)
     for r in results:
-        print(f"  {r.stage}: {r.decision}")
+        print(f"  {r.stage}: {r.summary}")
     print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
 
 

@@ -110,13 +110,13 @@ class Console:
             self._refresh_stage()
 
     def stage_skipped(self, name: str, result: "StageResult") -> None:
-        self.line(f"== stage {name}: already finished ({result.decision})")
+        self.line(f"== stage {name}: already finished ({result.summary})")
 
     def stage_finished(self, name: str, result: "StageResult") -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        self.line(f"== stage {name} done: {result.decision}")
+        self.line(f"== stage {name} done: {result.summary}")
 
     def eta_s(self) -> float | None:
         """Seconds until the stage's budget is used: median probe time × trials left ÷ the
@@ -267,7 +267,7 @@ def print_status_table(data: dict[str, Any]) -> None:
     # One line per trial, whatever the width: lines a user can grep.
     for stage in data["stages"]:
         if stage.get("winner"):
-            console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False, soft_wrap=True)
+            console.print(f"{stage['name']}: {stage['winner']['summary']}", markup=False, soft_wrap=True)
         if stage.get("reasons"):
             console.print("  trials not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
                           markup=False, soft_wrap=True)

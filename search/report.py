@@ -313,7 +313,7 @@ def _summary_table(status: dict[str, Any]) -> str:
         counts = " ".join(f"{n} {k}" for k, n in sorted((s.get("counts") or {}).items())) or "—"
         eta = (f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" if winner else "—")
         rows.append([s["name"], s["space"], s["state"], counts, s.get("gpu_hours", 0.0),
-                     s.get("gpu_hours_saved", 0.0), eta, winner.get("decision", "—")])
+                     s.get("gpu_hours_saved", 0.0), eta, winner.get("summary", "—")])
     return _table(["stage", "space", "state", "trials", "GPU-h", "GPU-h saved by pruning", "η [90%]", "decision"], rows)
 
 
@@ -417,7 +417,7 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> str
     for data in stages:
         parts.append(f"<h2>Stage {_e(data.stage.name)} ({_e(data.stage.space)})</h2>")
         winner = data.status.get("winner")
-        parts.append(f"<p>{_e(winner['decision'])}</p>" if winner else f"<p class=\"note\">{_e(data.status['state'])}</p>")
+        parts.append(f"<p>{_e(winner['summary'])}</p>" if winner else f"<p class=\"note\">{_e(data.status['state'])}</p>")
         if not data.trials:
             continue
         for fig in (eta_figure(data), reward_figure(data), slice_figure(data)):

@@ -13,15 +13,15 @@ import dataclasses
 import datetime
 import enum
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from optuna.trial import TrialState
 
-from objectives.probe import ProbeSettings
 from search import liveness
 from search.errors import BadInputError
-from search.policy import SLOW_START, QueuedRun, StagePolicy, found_nothing, ranked_candidates, slow_start
-from search.records import Role, StageResult, TrialRecord, stage_study_name
+from search.policy import QueuedRun, StagePolicy, ranked_candidates, slow_start
+from search.records import Decision, Role, StageResult, TrialRecord, stage_study_name
+from search.stage import Stage
 from search.stage_study import StageClock, StageStudy
 from search.storage import HEARTBEAT_INTERVAL_S, with_retries
 from search.trials import TrialRunner
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from launchers.base import Launcher
     from search.console import Console
-    from search.study_file import StageSettings, StudySpec
+    from search.study_file import StudySpec
 
 
 class Tick(enum.Enum):
@@ -73,7 +73,7 @@ class StageLoop:
         self.space = space
         self.ahead_of = ahead_of
         attrs = study.attrs()
-        self.runner = TrialRunner(ctx.spec, ctx.launcher, ctx.console, study, policy, space, base,
+        self.runner = TrialRunner(ctx.launcher, ctx.console, study, policy, space, base,
                                   run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}")
         self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
         self.last_heartbeat = 0.0
@@ -92,25 +92,24 @@ class StageLoop:
         another worker already runs it ahead from another leader, or its space rejects the
         leader (the real chain reports that once it gets there)."""
         spec, console = ctx.spec, ctx.console
-        stage = spec.stages[index]
         try:
-            space = ctx.build_space(stage.space, model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm,
-                                    base=base, options=stage.params, where=f"stages[{index}]",
-                                    baseline=spec.baseline_config())
+            plan = Stage.of(spec, index)
+            space = plan.build_space(base, build=ctx.build_space)
         except SpaceError as e:
             if ahead_of is not None:
                 return None
             raise BadInputError(str(e)) from None
-        seen = None if space.speed_only else slow_start_seen(ctx, index)
-        if seen is None and not space.speed_only and ahead_of is not None:
+        seen = slow_start_seen(ctx, index) if plan.learns else False
+        if seen is None and ahead_of is not None:
             return None  # the probe length is decided by the stage still running
-        policy = StagePolicy(spec, stage, probe_settings(spec, stage, space, slow_start=bool(seen)))
-        if seen and ahead_of is None and policy.stretch > 1:
-            console.note(f"{stage_study_name(spec, stage)}: probes of {policy.settings.steps} steps, not "
+        plan = Stage.of(spec, index, slow_start=bool(seen))
+        policy = StagePolicy(plan)
+        if seen and ahead_of is None and plan.stretch > 1:
+            console.note(f"{stage_study_name(spec, plan.settings)}: probes of {plan.probe_steps} steps, not "
                          f"{spec.probe.steps}: the incumbent's reward was still accelerating at the end of the "
                          "first learning stage's probes (a slow start)")
 
-        opened = with_retries(lambda: StageStudy.open(ctx.storage, spec, policy, base, ahead_of=ahead_of,
+        opened = with_retries(lambda: StageStudy.open(ctx.storage, plan, base, ahead_of=ahead_of,
                                                       launcher=ctx.launcher, on_vacated=_vacated_note(console),
                                                       learn_ooms=not space.oom_clamped),
                               what="open the stage study")
@@ -119,9 +118,9 @@ class StageLoop:
         study, created = opened
         carried: list[TrialRecord] = []
         if created:
-            earlier = StageStudy.earlier_runs(ctx.storage, spec, index, base, policy.settings.steps)
+            earlier = StageStudy.earlier_runs(ctx.storage, spec, index, base, plan.probe_steps)
             leaders = undecided_leaders(ctx, index) if space.takes_earlier_leaders else []
-            carried = study.enqueue_initial(spec, stage, space, base, carried=earlier, leaders=leaders)
+            carried = study.enqueue_initial(plan, space, base, carried=earlier, leaders=leaders)
             study.mark_initialized()
         loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of)
         if ahead_of is None:
@@ -135,7 +134,7 @@ class StageLoop:
         return loop
 
     def announce(self) -> None:
-        self.ctx.console.stage_started(self.index, self.stage, self.base, self.space.explain(),
+        self.ctx.console.stage_started(self.index, self.stage.settings, self.base, self.space.explain(),
                                        self.stage.budget.max_trials)
 
     # -- one pass ---------------------------------------------------------------------------------
@@ -145,48 +144,46 @@ class StageLoop:
         ctx, study, policy, runner = self.ctx, self.study, self.policy, self.runner
         launcher = ctx.launcher
         wall_used = self.clock.used(launcher.clock())
-        trials = study.trials()
+        view = study.view()  # this pass's view: read again only after events that add or close trials
         budget_s = self.stage.budget.max_wall_clock_s
         over_time = budget_s is not None and wall_used >= budget_s
         allowed = may_start_more and not over_time
-        may_start = allowed and policy.may_start(trials)
+        may_start = allowed and policy.may_start(view)
         wants_ahead = False
         if not runner.active and not may_start:
-            trials = study.trials(fresh=True)  # decide on the database as it is now
-            if allowed and policy.may_start(trials):
-                # The cached view was behind: another worker queued work (e.g. a required
+            view = study.view(fresh=True)  # decide on the database as it is now
+            if allowed and policy.may_start(view):
+                # The view held was behind: another worker queued work (e.g. a required
                 # confirmation) that this stage still needs; never decide without it.
                 may_start = True
-            elif self._waiting_on_others(trials):
+            elif self._waiting_on_others(view):
                 # Idle while other workers finish the stage: confirm the top candidates now
                 # (required re-runs first), then re-run them again while that fits in the
                 # wait; with nothing to re-run, start the next stage from the current leader.
                 if allowed and launcher.free_slots() > 0:
-                    if (self._queue_confirmations(trials, extra=False) or self._queue_confirmations(trials, extra=True)
-                            or self._queue_early_confirmation(trials)):
+                    if (self._queue_confirmations(view, extra=False) or self._queue_confirmations(view, extra=True)
+                            or self._queue_early_confirmation(view)):
                         pass
-                    elif self.nothing_left_for_me(trials):
+                    elif self.nothing_left_for_me(view):
                         ctx.console.note(f"{study.name}: only other workers' confirmations are left; "
                                          "leaving (they finish the study)")
                         return Tick.LEAVE
                     else:
                         wants_ahead = True
-            elif over_time or not self._queue_confirmations(trials, extra=False):
+            elif over_time or not self._queue_confirmations(view, extra=False):
                 return Tick.OVER
-        if may_start and launcher.free_slots() > 0:
-            # Count on the database as it is now: with many workers, a cached view starts
-            # trials the others have already filled the budget with.
-            may_start = policy.may_start(study.trials(fresh=True))
+        # Each start reads the stage once, after its ask, and the policy admits the trial on
+        # that view (``TrialRunner.start``): with many workers, a view held from before starts
+        # nothing that the others have already filled the budget with.
         while may_start and launcher.free_slots() > 0:
             started = runner.start()
-            trials = study.trials(fresh=True)
+            view = study.view()
             if not started:
                 break
-            may_start = policy.may_start(trials)
+            may_start = policy.may_start(view)
         runner.poll()
-        runner.stop_runs_that_no_longer_count(study.trials())
-        if runner.tell_finished(study.trials()):
-            study.stale = True
+        runner.stop_runs_that_no_longer_count(view)
+        runner.tell_finished(view)
         now = time.monotonic()
         if now - self.last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
             runner.heartbeat()
@@ -198,11 +195,11 @@ class StageLoop:
             self.last_saved = now
         return Tick.RUN_AHEAD if wants_ahead else Tick.GO_ON
 
-    def _waiting_on_others(self, trials: list[TrialRecord]) -> bool:
+    def _waiting_on_others(self, trials: Sequence[TrialRecord]) -> bool:
         """Trials RUNNING in other processes (workers) that this stage's result needs."""
         return any(t.state == TrialState.RUNNING and t.number not in self.runner.active for t in trials)
 
-    def nothing_left_for_me(self, trials: list[TrialRecord]) -> bool:
+    def nothing_left_for_me(self, trials: Sequence[TrialRecord]) -> bool:
         """A worker in the last stage, idle, whose stage only waits on other processes'
         confirmation runs: nothing it could start there or ahead. A run whose process on this
         host is gone (SIGKILL) is work left: the next heartbeat round queues it again, and
@@ -221,7 +218,7 @@ class StageLoop:
             self.study.queue(rerun.of.params, rerun.assignment)
         return bool(reruns)
 
-    def _queue_confirmations(self, trials: list[TrialRecord], *, extra: bool) -> bool:
+    def _queue_confirmations(self, trials: Sequence[TrialRecord], *, extra: bool) -> bool:
         reruns = self.policy.confirmations(trials, extra=extra, now=datetime.datetime.now())
         if self._queue(reruns):
             partners = [r.assignment for r in reruns if r.assignment.role is Role.INCUMBENT]
@@ -233,7 +230,7 @@ class StageLoop:
                                       + ", ".join(f"trial {r.of.number}" for r in reruns))
         return bool(reruns)
 
-    def _queue_early_confirmation(self, trials: list[TrialRecord]) -> bool:
+    def _queue_early_confirmation(self, trials: Sequence[TrialRecord]) -> bool:
         rerun = self.policy.early_confirmation(trials)
         if rerun is None:
             return False
@@ -273,8 +270,7 @@ def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
         stored = StageStudy.stored_stage(ctx.storage, ctx.spec, stage)
         if stored is None or stored.result is None:
             continue
-        result = stored.result
-        if result.winner_trial is not None or found_nothing(result) or result.decision.startswith("skipped"):
+        if not stored.result.decision.may_leave_a_leader:
             continue
         ranked, _ = ranked_candidates(stored.trials())
         if ranked and ranked[0][0][0] > 1 + stage.stop.tolerance:
@@ -283,39 +279,26 @@ def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
 
 
 def slow_start_seen(ctx: Context, index: int) -> bool | None:
-    """Did a learning stage before ``index`` decide on a slow start (``policy.SLOW_START``)?
+    """Did a learning stage before ``index`` decide on a slow start (``Decision.SLOW_START``)?
     None while a stage before it is still being decided and its incumbent runs so far do not
     rule one out (stage ``index`` is then being opened ahead). Read from the stored decisions,
     so a resume and every worker decide the same."""
     if ctx.spec.probe.slow_start_factor == 1:
         return False
-    for stage in ctx.spec.stages[:index]:
+    for earlier, stage in enumerate(ctx.spec.stages[:index]):
+        if not Stage.of(ctx.spec, earlier).learns:
+            continue  # a speed stage decides no slow start
         stored = StageStudy.stored_stage(ctx.storage, ctx.spec, stage)
         if stored is None:
             continue
         if stored.result is not None:
-            if stored.result.decision.startswith(SLOW_START):
+            if stored.result.decision is Decision.SLOW_START:
                 return True
             continue
         trials = stored.trials()
-        scores = [t.score for t in trials if t.state == TrialState.COMPLETE and t.score is not None]
-        if any(s.metric == "throughput" for s in scores):
-            continue  # a speed stage
         runs = [t.score for t in trials if t.role is Role.INCUMBENT and t.state == TrialState.COMPLETE
                 and t.score is not None]
         if not runs or slow_start(runs):
             return None  # no reading yet, or its decision will be a slow start
         # (no reading from runs too short for one: the decision will not be a slow start either)
     return False
-
-
-def probe_settings(spec: StudySpec, stage: StageSettings, space: Space, *, slow_start: bool = False) -> ProbeSettings:
-    """How the stage's probes run, resolved once: a speed-only space runs short probes with
-    their own warm-up; a learning stage after a slow start runs longer ones."""
-    return ProbeSettings(
-        steps=spec.stage_probe_steps(stage, speed_only=space.speed_only, slow_start=slow_start),
-        speed_only=space.speed_only,
-        warmup_steps=spec.probe.speed_warmup_steps if space.speed_only else spec.probe.warmup_steps,
-        hang_timeout_s=spec.probe.hang_timeout_s,
-        n_gpus=spec.hardware.n_gpus,
-    )

@@ -241,15 +241,6 @@ class StudySpec(_Strict):
                 )
         return self
 
-    def stage_probe_steps(self, stage: StageSettings, *, speed_only: bool = False, slow_start: bool = False) -> int:
-        """The stage's probe length: its own, else the study's (× ``probe.slow_start_factor``
-        for a learning stage after a slow start was seen)."""
-        if stage.probe_steps:
-            return stage.probe_steps
-        if speed_only:
-            return self.probe.speed_steps
-        return self.probe.steps * (self.probe.slow_start_factor if slow_start else 1)
-
     def baseline_config(self) -> dict[str, Any]:
         """The baseline overrides plus what the study's facts imply (algorithm, GPU count,
         sequence lengths); the base config of stage 1."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from spaces import bounds as B
 from spaces import limits as L
-from spaces.base import Space, SpaceError, check_options, where_or
+from spaces.base import Moves, Space, SpaceError, check_options, where_or
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
 from spaces.overrides import Config
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["FAILURE_KIND_ATTR", "HARDWARE_ATTR", "MAX_TOKEN_LEN_CHOICES", "OOM_KIND", "SPACES", "SystemsSpace",
-           "build_space", "hardware_tag", "oom_ceiling"]
+           "build_space", "hardware_tag", "oom_ceiling", "space_class"]
 
 class _BoundedSpace(Space):
     """A space over one float/int parameter with a safe bound, optionally clamped by OOMs."""
@@ -270,6 +270,7 @@ class TokenBudgetSpace(_BoundedSpace):
     param = "token_budget"
     key = L.TOKEN_BUDGET
     oom_clamped = True
+    moves = Moves.SPEED
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
@@ -289,10 +290,6 @@ class TokenBudgetSpace(_BoundedSpace):
 
     def explain(self) -> list[str]:
         return [*super().explain(), *self.budget.lines]
-
-    @property
-    def speed_only(self) -> bool:
-        return True
 
 
 class LRSpace(_BoundedSpace):
@@ -446,7 +443,7 @@ class PolishSpace(CompositeSpace):
         return [line for part in self.parts for line in part.explain()]
 
 
-SpaceFactory = Callable[..., Space]
+SpaceFactory = type[Space]
 
 SPACES: dict[str, SpaceFactory] = {
     "mini_batch": MiniBatchSpace,
@@ -457,6 +454,16 @@ SPACES: dict[str, SpaceFactory] = {
     "systems": SystemsSpace,
     "polish": PolishSpace,
 }
+
+
+def space_class(kind: str, *, where: str = "") -> SpaceFactory:
+    """The space registered as ``kind``; SpaceError naming the registered ones."""
+    if kind not in SPACES:
+        raise SpaceError(
+            f"{where + '.' if where else ''}space must be one of {sorted(SPACES)}, but got {kind!r}. "
+            "Use one of those."
+        )
+    return SPACES[kind]
 
 
 def build_space(
@@ -475,13 +482,10 @@ def build_space(
     ``where`` prefixes error messages with the study-file field (e.g. ``stages[2].params``);
     ``baseline`` is the study's baseline (the polish stage keeps its bounds relative to it).
     """
-    if kind not in SPACES:
-        raise SpaceError(
-            f"{where + '.' if where else ''}space must be one of {sorted(SPACES)}, but got {kind!r}. "
-            "Use one of those."
-        )
-    extra = {"baseline": dict(baseline or base)} if SPACES[kind] is PolishSpace else {}
-    return SPACES[kind](
+    factory = space_class(kind, where=where)
+    extra = {"baseline": dict(baseline or base)} if factory is PolishSpace else {}
+    make: Callable[..., Space] = factory  # every registered space takes the study's facts
+    return make(
         model=model, hardware=hardware, algorithm=algorithm, base=dict(base),
         options=dict(options or {}), where=where, **extra,
     )

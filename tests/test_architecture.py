@@ -151,3 +151,44 @@ def test_only_the_records_know_the_trial_attribute_names() -> None:
                     if "role" in names:
                         bad.append(f"{path.relative_to(REPO)}:{node.lineno} compares a role with a string")
     assert bad == []
+
+
+def _sources() -> dict[str, ast.AST]:
+    """Every module of ours and of the benchmarks, parsed, by path."""
+    return {str(p.relative_to(REPO)): ast.parse(p.read_text()) for package in (*OURS, "benchmarks")
+            for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def test_what_a_stage_moves_is_read_in_one_module() -> None:
+    """A space says what its knobs move (``Space.moves``); only ``search.stage.Stage`` reads it
+    and derives the probe length, warm-up, scorer and pruning from it (the spaces declare it)."""
+    readers = set()
+    for path, tree in _sources().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("moves", "speed_only") and isinstance(node.ctx, ast.Load):
+                readers.add(path)
+            if isinstance(node, ast.Name) and node.id == "speed_only":
+                readers.add(path)
+    assert readers == {"search/stage.py"}
+
+
+def test_no_stage_decision_is_read_from_its_text() -> None:
+    """Decisions are data (``records.Decision``): only the reader of what earlier releases
+    stored (``search/compat.py``) may look at the text of a decision or a close reason."""
+    bad = []
+    for path, tree in _sources().items():
+        if path == "search/compat.py":
+            continue
+        for node in ast.walk(tree):
+            searched = None  # the text a call or comparison looks into
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "startswith", "endswith", "find", "split", "partition"):
+                searched = node.func.value
+            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                searched = node.comparators[0]
+            if searched is not None and any(word in ast.unparse(searched) for word in ("decision", "summary")):
+                bad.append(f"{path}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in (
+                    "WASTED_PREFIX", "KEPT", "SLOW_START"):
+                bad.append(f"{path}:{node.lineno} {node.id}")
+    assert bad == []

@@ -11,9 +11,9 @@ import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from objectives.probe import ProbeSettings
 from search.policy import StagePolicy
-from search.records import TrialRecord, records
+from search.stage import Stage
+from search.records import Decision, TrialRecord, records
 from search.storage import open_storage
 from search.study_file import Budget, StageSettings, load_study
 
@@ -22,7 +22,8 @@ SPEC = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 1
 
 
 def _policy(stage: StageSettings | None = None) -> StagePolicy:
-    return StagePolicy(SPEC, stage or SPEC.stages[0], ProbeSettings(steps=SPEC.probe.steps))
+    spec = SPEC if stage is None else SPEC.model_copy(update={"stages": [stage]})
+    return StagePolicy(Stage.of(spec, 0))
 
 
 def _trials(study: optuna.Study) -> list[TrialRecord]:
@@ -173,7 +174,7 @@ def test_a_leader_clear_of_the_incumbent_wins_once_it_has_three_runs(tmp_path: P
     leader = _leader_over_two_runs(study)
     base = SPEC.baseline_config()
     two = policy.decide(_trials(study), base)
-    assert two.winner_trial is None and two.decision.startswith("no significant gain")
+    assert two.winner_trial is None and two.decision is Decision.UNDECIDED
     assert [t.number for t in policy.undecided_leader(_trials(study))] == [leader.number]
     _scored(study, "rerun", 1.06, 14, rerun_of=leader.number)
     three = policy.decide(_trials(study), base)
