@@ -19,7 +19,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -36,9 +35,8 @@ from launchers.base import (
     RunState,
     RunStatus,
     probe_environment,
-    write_spec,
 )
-from launchers.local import merge_overrides, probe_pins, stderr_tail
+from launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 
 logger = logging.getLogger(__name__)
 
@@ -131,24 +129,24 @@ class RayJobLauncher(Launcher):
             ) from e
 
     # -- paths -------------------------------------------------------------------------------
-    def _paths(self, run_id: str) -> tuple[Path, Path]:
-        """(local run dir, run dir on shared storage)."""
+    def _paths(self, run_id: str) -> tuple[RunDir, RunDir]:
+        """(local run dir, run dir on shared storage: where the job writes its metrics)."""
         run_dir = self._run_dir(run_id)
-        remote_dir = self.shared_dir / run_id
+        remote_dir = RunDir(self.shared_dir / run_id)
         try:
-            remote_dir.mkdir(parents=True, exist_ok=True)
+            remote_dir.path.mkdir(parents=True, exist_ok=True)
         except OSError:
             pass  # not mounted here; verl's logger will fail loudly on the node instead
         return run_dir, remote_dir
 
     def _handle(self, run_id: str, started_at: float) -> RunHandle:
         run_dir, remote_dir = self._paths(run_id)
-        log_path = run_dir / "stdout.log"
+        log_path = run_dir.stdout
         return RunHandle(
             run_id=run_id,
             launcher=self.name,
-            run_dir=run_dir,
-            metrics_path=remote_dir / "metrics.jsonl",
+            run_dir=run_dir.path,
+            metrics_path=remote_dir.metrics,
             stdout_path=log_path,
             stderr_path=log_path,  # Ray keeps one log per job: stdout and stderr interleaved
             external_id=run_id,
@@ -158,8 +156,7 @@ class RayJobLauncher(Launcher):
     # -- hooks -------------------------------------------------------------------------------
     def _start(self, spec: RunSpec) -> RunHandle:
         run_dir, remote_dir = self._paths(spec.run_id)
-        metrics_path = remote_dir / "metrics.jsonl"
-        pins = probe_pins(spec.run_id, remote_dir, metrics_path)
+        pins = probe_pins(spec.run_id, remote_dir)
         if self.gpus_per_probe is not None:
             pins.append(f"trainer.n_gpus_per_node={self.gpus_per_probe}")
         argv = [*self.command, *merge_overrides(spec.overrides, pins)]
@@ -186,11 +183,8 @@ class RayJobLauncher(Launcher):
                     f"job {spec.run_id!r} must be readable after Ray said it exists, but it is not. Retry."
                 ) from e
             return handle
-        write_spec(
-            run_dir,
-            spec,
-            {"launcher": self.name, "address": self.address, "argv": argv, "started_at": started_at},
-        )
+        run_dir.write_spec(spec, {"launcher": self.name, "address": self.address, "argv": argv,
+                                  "started_at": started_at})
         return self._handle(spec.run_id, started_at)
 
     def _poll(self, handle: RunHandle) -> RunState:
@@ -239,8 +233,8 @@ class RayJobLauncher(Launcher):
             return None
         started_at = self.clock()
         try:
-            started_at = float(json.loads((self.root_dir / run_id / "spec.json").read_text())["started_at"])
-        except (OSError, ValueError, KeyError):
+            started_at = float(RunDir(self.root_dir / run_id).read_spec()["started_at"])
+        except (KeyError, TypeError, ValueError):
             pass  # spec written by another driver's root; the start time is approximate
         return self._handle(run_id, started_at)
 

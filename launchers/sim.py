@@ -17,6 +17,7 @@ from typing import Mapping
 
 from launchers.base import Clock, LauncherError, RunSpec
 from launchers.local import LocalLauncher
+from launchers.run_dir import RunDir
 from launchers.simulator.landscape import LandscapeError, load_landscape
 
 SIMULATOR_COMMAND: tuple[str, ...] = (sys.executable, "-m", "launchers.simulator")
@@ -87,6 +88,6 @@ class SimLauncher(LocalLauncher):
         return {
             "VERL_SIM_TIME_SCALE": repr(self.time_scale),
             "VERL_SIM_LANDSCAPE": self.landscape,
-            "VERL_SIM_GPU_SAMPLES_PATH": str(run_dir / "gpu_samples.jsonl"),
+            "VERL_SIM_GPU_SAMPLES_PATH": str(RunDir(run_dir).gpu_samples),
             "VERL_SIM_PARENT_PID": str(os.getpid()),  # the probe's parent: see the simulator's _watch_parent
         }

@@ -17,6 +17,7 @@ from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
 from objectives.failures import FailureKind, diagnose, failure_text
 from objectives.health import HealthVerdict, screen
 from objectives.metrics import STEP_TIME_KEY, MetricsFollower, StepMetrics
+from objectives.sources import run_sources
 from objectives.score import (
     MIN_RUNNING_STEPS,
     MIN_SCORED_STEPS,
@@ -118,9 +119,8 @@ class Probe:
     def _follow(self, handle: RunHandle) -> None:
         self.started_at = self.launcher.clock()
         self._real_last_progress = time.monotonic()
-        self.follower = MetricsFollower(
-            handle.metrics_path, console_path=handle.stdout_path, clock=self.launcher.clock
-        )
+        self.follower = MetricsFollower(run_sources(handle.run_dir, metrics_path=handle.metrics_path),
+                                        clock=self.launcher.clock)
 
     def _real_silence_s(self) -> float:
         """Real seconds since the last new metrics (or the start). On a compressed clock (the
@@ -173,7 +173,7 @@ class Probe:
             return self._outcome
         state = self.launcher.poll(self.handle)
         if state.status.is_finished:
-            if self.follower.read_new() and (verdict := self._health_verdict()) is not None:  # the last lines
+            if self.follower.read_new(final=True) and (verdict := self._health_verdict()) is not None:  # the last lines
                 return self._stopped_by_health(verdict)
             if self.follower.last_step >= self.settings.steps or (
                 state.status is RunStatus.SUCCEEDED and self.follower.last_step > 0
@@ -260,5 +260,5 @@ class Probe:
     def _gpu_summary(self) -> dict[str, Any] | None:
         if self.handle is None:
             return None
-        samples = read_samples(self.handle.run_dir / "gpu_samples.jsonl")
+        samples = read_samples(self.handle.files.gpu_samples)
         return summarise(samples, self.follower.series if self.follower else [])

@@ -17,6 +17,8 @@ from rich.console import Console as RichConsole
 from rich.table import Column
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from objectives.metrics import REWARD_KEY
+
 if TYPE_CHECKING:
     import optuna
 
@@ -158,7 +160,7 @@ class Console:
         if self._progress is None or task is None or probe.follower is None:
             return
         series = probe.follower.series
-        reward = series[-1].data.get("critic/score/mean") if series else None
+        reward = series[-1].data.get(REWARD_KEY) if series else None
         reward_text = "—" if reward is None else f"{reward:.3f}"
         step = probe.follower.last_step
         self._progress.update(task, total=probe.settings.steps, completed=min(step, probe.settings.steps),

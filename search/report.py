@@ -22,7 +22,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from objectives.metrics import read_all
+from objectives.metrics import REWARD_KEY
+from objectives.sources import read_run
 from search import export
 from search.records import Role, TrialRecord, records, stage_study_name
 from search.status import finished_results, study_status, trial_gpu_summary
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REWARD_KEY = "critic/score/mean"
 #: fewest complete trials (and varied parameters) before an importance estimate means anything
 MIN_TRIALS_FOR_IMPORTANCE = 5
 MIN_PARAMS_FOR_IMPORTANCE = 2
@@ -118,7 +118,7 @@ def _load(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> tuple[dict
 def _reward_curve(run_dir: str | None) -> tuple[list[int], list[float]]:
     if not run_dir:
         return [], []
-    points = [(m.step, m.get(REWARD_KEY)) for m in read_all(Path(run_dir) / "metrics.jsonl")]
+    points = [(m.step, m.get(REWARD_KEY)) for m in read_run(run_dir)]
     points = [(s, r) for s, r in points if r is not None]
     stride = max(1, math.ceil(len(points) / MAX_CURVE_POINTS))
     thinned = points[::stride]

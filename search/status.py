@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from objectives.metrics import read_all
+from launchers.run_dir import RunDir
+from objectives.metrics import STEP_TIME_KEY
+from objectives.sources import read_run
 from search import liveness
 from search.policy import incumbent_run_etas
 from search.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
@@ -22,17 +24,14 @@ if TYPE_CHECKING:
     import optuna
 
 
-STEP_TIME_KEY = "timing_s/step"
-
-
 def gpu_samples_summary(run_dir: Path | str) -> dict[str, Any] | None:
     """``objectives.utilisation.summarise`` of a run directory's ``gpu_samples.jsonl`` (with
     the GPU count); None when the run recorded no sample."""
     from objectives.utilisation import read_samples, summarise
 
     run_dir = Path(run_dir)
-    samples = read_samples(run_dir / "gpu_samples.jsonl")
-    summary = summarise(samples, read_all(run_dir / "metrics.jsonl")) if samples else None
+    samples = read_samples(RunDir(run_dir).gpu_samples)
+    summary = summarise(samples, read_run(run_dir)) if samples else None
     if summary is None or summary.get("mean_util_pct") is None:
         return None
     summary["n_gpus"] = len({g.get("index") for s in samples for g in s["gpus"]})
@@ -48,11 +47,10 @@ def trial_gpu_summary(t: TrialRecord) -> dict[str, Any] | None:
 
 
 def mean_step_time_s(t: TrialRecord, n_gpus: int) -> float | None:
-    """Mean training-step time of a trial: verl's ``timing_s/step`` from its metrics file, else
-    its GPU time spread over its steps (which counts start-up too, so it overestimates)."""
+    """Mean training-step time of a trial: verl's ``timing_s/step`` from its metrics, else its
+    GPU time spread over its steps (which counts start-up too, so it overestimates)."""
     if t.run_dir:
-        times = [v for m in read_all(Path(t.run_dir) / "metrics.jsonl")
-                 if (v := m.get(STEP_TIME_KEY)) is not None]
+        times = [v for m in read_run(t.run_dir) if (v := m.get(STEP_TIME_KEY)) is not None]
         if times:
             return sum(times) / len(times)
     probe = t.probe

@@ -16,7 +16,7 @@ OURS = {"search", "spaces", "objectives", "launchers"}
 ALLOWED = {
     "spaces": {"spaces"},
     "launchers": {"launchers"},
-    "objectives": {"objectives", "spaces", "launchers.base"},
+    "objectives": {"objectives", "spaces", "launchers.base", "launchers.run_dir"},
     "search": OURS,
 }
 

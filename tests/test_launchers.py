@@ -17,7 +17,8 @@ from launchers import LAUNCHERS, make_launcher
 from launchers import gpu as gpu_mod
 from launchers import process as proc_mod
 from launchers.base import LauncherError, RunSpec, RunStatus
-from launchers.local import KV_CACHE_KEY, LocalLauncher, merge_overrides, private_ray_dir
+from launchers.local import KV_CACHE_KEY, LocalLauncher, private_ray_dir
+from launchers.run_dir import merge_overrides
 from launchers.sim import SimClock, SimLauncher
 from launcher_contract import (
     FAKE_PROBE,

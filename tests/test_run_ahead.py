@@ -21,7 +21,7 @@ from search.console import Console
 from search.driver import StudyRunner
 from search.stage import Stage
 from search.records import CloseReason, records
-from search.stage_study import StageStudy
+from search.stage_study import TRIALS_REFRESH_S, StageStudy
 from search.storage import open_storage
 from search.study_file import load_study
 from spaces import build_space
@@ -129,6 +129,7 @@ def test_a_worker_whose_run_ahead_is_moved_aside_under_it_stops_cleanly(tmp_path
 
     real = other.open_stage(index, baseline)  # the incumbent won: moved aside
     assert real is not None and real.study.study_id != ahead.study.study_id
+    time.sleep(TRIALS_REFRESH_S)  # the view a worker holds is read again at least this often
     for _ in range(3):
         ahead.tick(may_start_more=False)  # its trial was closed: the probe is stopped
     assert not ahead.active
