@@ -64,9 +64,11 @@ def mean_step_time_s(t: TrialRecord, n_gpus: int) -> float | None:
 
 def gpu_hours_saved(stage: Stage, trials: list[TrialRecord]) -> float:
     """GPU-hours that pruning (and early stops) saved: for each pruned trial, the steps it did not
-    run of its stage's probe × its mean step time × GPUs. An estimate: it assumes the step time
-    would have held."""
-    full = stage.probe_steps
+    run × its mean step time × GPUs. A full probe runs as long as the longest complete one
+    (probes are stopped from outside, a step or two past their length), else the stage's probe
+    length. An estimate: it assumes the step time would have held."""
+    done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
+    full = max(done, default=0) or stage.probe_steps
     n_gpus = stage.spec.hardware.n_gpus
     saved_s = 0.0
     for t in trials:

@@ -110,7 +110,7 @@ def test_pins_are_appended_and_win_over_caller_overrides(tmp_path: Path) -> None
     handle = launcher.start(spec)
     wait_for(launcher, handle, lambda s: s.status.is_finished, 60)
     argv = json.loads((handle.run_dir / "spec.json").read_text())["argv"]
-    tail = argv[len(argv) - 10 :]
+    tail = argv[len(argv) - 11 :]
     run_dir = handle.run_dir
     assert tail == [
         "trainer.resume_mode=disable",
@@ -120,6 +120,7 @@ def test_pins_are_appended_and_win_over_caller_overrides(tmp_path: Path) -> None
         f"hydra.run.dir={run_dir}/hydra",
         "trainer.logger=[console,file]",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir}/metrics.jsonl",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={run_dir}/tensorboard",
         "+ray_kwargs.ray_init.address=local",
         f"+ray_kwargs.ray_init._temp_dir={private_ray_dir(run_dir)}",
         "trainer.n_gpus_per_node=2",
