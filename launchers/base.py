@@ -143,6 +143,9 @@ class Launcher(abc.ABC):
     name: str = "base"
     #: how long the driver waits between two polls, on this launcher's clock
     poll_interval_s: float = 0.05
+    #: probes run on real GPUs, so a config whose estimated memory cannot fit is refused
+    #: before launch; a simulator's own world decides what runs out of memory
+    real_gpus: bool = True
 
     def __init__(self, root_dir: Path | str, *, clock: Clock = time.time) -> None:
         self.root_dir = Path(root_dir).resolve()
@@ -219,7 +222,11 @@ class Launcher(abc.ABC):
         return None
 
     # -- helpers for implementations --------------------------------------------------------
-    def _run_dir(self, run_id: str) -> RunDir:
-        """The run's directory under ``root_dir``, created: every launcher's runs have the
-        files of ``launchers.run_dir``."""
+    def _run_dir(self, run_id: str) -> Path:
+        """The run's directory under ``root_dir``, created."""
+        return self._files(run_id).path
+
+    def _files(self, run_id: str) -> RunDir:
+        """The run's directory under ``root_dir`` (created) with the files every launcher's runs
+        have (``launchers.run_dir``)."""
         return RunDir.make(self.root_dir, run_id)

@@ -230,7 +230,7 @@ class LocalLauncher(Launcher):
                 f"a probe's n_gpus must be <= gpus_per_probe ({self.gpus_per_probe}), but got {spec.n_gpus}. "
                 "Raise gpus_per_probe or lower the probe's GPU count."
             )
-        run_dir = self._run_dir(spec.run_id)
+        run_dir = self._files(spec.run_id)
         old = proc_mod.read_record(run_dir.path)
         if old is not None and proc_mod.is_alive(old):
             raise LauncherError(

@@ -131,7 +131,7 @@ class RayJobLauncher(Launcher):
     # -- paths -------------------------------------------------------------------------------
     def _paths(self, run_id: str) -> tuple[RunDir, RunDir]:
         """(local run dir, run dir on shared storage: where the job writes its metrics)."""
-        run_dir = self._run_dir(run_id)
+        run_dir = self._files(run_id)
         remote_dir = RunDir(self.shared_dir / run_id)
         try:
             remote_dir.path.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,7 @@ class ReplayLauncher(Launcher):
     ``gpus_per_probe`` GPUs; a start beyond them raises ``NoCapacityError``."""
 
     name = "replay"
+    real_gpus = False
     #: virtual seconds between two polls of the driver (a probe step takes minutes)
     poll_interval_s = 30.0
 
@@ -175,7 +176,7 @@ class ReplayLauncher(Launcher):
                 f"a free GPU slot is needed to start {spec.run_id!r}, but all {self.max_concurrent} are busy. "
                 "Wait until poll reports a run finished."
             )
-        run_dir = self._run_dir(spec.run_id)
+        run_dir = self._files(spec.run_id)
         run_dir.clear_outputs()
         pins = [*probe_pins(spec.run_id, run_dir), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
         argv = merge_overrides(spec.overrides, pins)

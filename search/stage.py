@@ -121,7 +121,8 @@ class Stage:
         """How its probes run and are scored."""
         return ProbeSettings(steps=self.probe_steps, metric=self.metric, warmup_steps=self.warmup_steps,
                              hang_timeout_s=self.spec.probe.hang_timeout_s, health_screen=self.learns,
-                             n_gpus=self.spec.hardware.n_gpus)
+                             n_gpus=self.spec.hardware.n_gpus,
+                             settle_tolerance=0.0 if self.learns else self.spec.probe.speed_settle_tolerance)
 
     # -- pruning ----------------------------------------------------------------------------------
     @property

@@ -253,7 +253,7 @@ class _Playback(Launcher):
         return 1
 
     def _start(self, spec: RunSpec) -> RunHandle:
-        handle = RunHandle.in_dir(spec.run_id, self.name, self._run_dir(spec.run_id).path)
+        handle = RunHandle.in_dir(spec.run_id, self.name, self._run_dir(spec.run_id))
         if not self.finish:
             shutil.copy(self.recording, handle.metrics_path)
         return handle
