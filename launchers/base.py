@@ -14,9 +14,12 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from launchers.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from launchers.options import Option
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +144,11 @@ class Launcher(abc.ABC):
     """
 
     name: str = "base"
+    #: the options a study file may set under ``launcher.options`` (``launchers.options``):
+    #: the keyword arguments of the constructor, but the clock
+    OPTIONS: tuple[Option, ...] = ()
+    #: can be built on any machine (no GPU, no cluster): ``validate`` builds it to check the options
+    builds_anywhere: bool = False
     #: how long the driver waits between two polls, on this launcher's clock
     poll_interval_s: float = 0.05
     #: probes run on real GPUs, so a config whose estimated memory cannot fit is refused

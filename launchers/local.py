@@ -41,6 +41,7 @@ from launchers.base import (
     RunStatus,
     probe_environment,
 )
+from launchers.options import Option
 from launchers.run_dir import RunDir, error_lines, merge_overrides, override_key, probe_pins, stderr_tail, tail
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,16 @@ class LocalLauncher(Launcher):
     """Runs probes as processes on this machine, one GPU slot each (see module docstring)."""
 
     name = "local"
+    OPTIONS: tuple[Option, ...] = (
+        Option("gpu_ids", "list[int]", nullable=True, help="NVML indices of the GPUs to use (default: every visible one)"),
+        Option("gpus_per_probe", "int", help="GPUs a probe runs on"),
+        Option("probes_per_gpu", "int", help="probes sharing a GPU (small models only)"),
+        Option("command", "list[str]", nullable=True, help="what runs a probe (default: python -m verl.trainer.main_ppo)"),
+        Option("min_free_gpu_memory_gb", "float", help="a slot's GPUs need this much free memory to start a probe"),
+        Option("extra_env", "dict[str, str]", nullable=True, help="environment variables of every probe"),
+        Option("sample_gpus", "bool", help="record NVML samples of a probe's GPUs"),
+        Option("kill_grace_s", "float", help="seconds between SIGTERM and SIGKILL when a probe is stopped"),
+    )
 
     def __init__(
         self,

@@ -13,16 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from launchers.base import LauncherError
-
 #: the type names an option may have
 _TYPES = ("int", "float", "str", "bool", "list[int]", "list[str]", "dict[str, str]")
 
 
-class OptionError(LauncherError):
-    """A study's launcher options that the launcher does not take; bad input."""
-
-    bad_input = True
+class OptionError(ValueError):
+    """A study's launcher options that the launcher does not take (bad input); one line."""
 
 
 @dataclasses.dataclass(frozen=True)

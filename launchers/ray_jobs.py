@@ -36,6 +36,7 @@ from launchers.base import (
     RunStatus,
     probe_environment,
 )
+from launchers.options import Option
 from launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,18 @@ class RayJobLauncher(Launcher):
     """Probes as Ray jobs, queued on a custom slot resource (see module docstring)."""
 
     name = "ray"
+    OPTIONS: tuple[Option, ...] = (
+        Option("address", "str", required=True, help="the Ray dashboard's job address, e.g. http://head:8265"),
+        Option("max_concurrent", "int", required=True, from_study="launcher.max_concurrent",
+               help="the cluster's slot count: jobs beyond it wait as pending"),
+        Option("slot_resource", "str", help="the custom resource each job holds one of"),
+        Option("command", "list[str]", nullable=True, help="what runs a probe (default: python -m verl.trainer.main_ppo)"),
+        Option("shared_dir", "str", nullable=True, help="storage the jobs write their metrics to, read here"),
+        Option("gpus_per_probe", "int", nullable=True, help="trainer.n_gpus_per_node of every probe"),
+        Option("extra_env", "dict[str, str]", nullable=True, help="environment variables of every job"),
+        Option("stop_timeout_s", "float", help="seconds a stopped job has to end"),
+        Option("log_mirror_interval_s", "float", help="seconds between copies of a running job's log"),
+    )
 
     def __init__(
         self,

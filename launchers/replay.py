@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
 
 from launchers.base import Launcher, LauncherError, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus
+from launchers.options import Option
 from launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,19 @@ class ReplayLauncher(Launcher):
 
     name = "replay"
     real_gpus = False
+    builds_anywhere = True
+    OPTIONS: tuple[Option, ...] = (
+        Option("max_concurrent", "int", from_study="launcher.max_concurrent", help="probes at once"),
+        Option("landscape", "str", help="the simulated world: a shipped landscape's name or a file"),
+        # fake GPUs: as many a probe as a node of the study's hardware
+        Option("gpus_per_probe", "int", from_study="hardware.gpus_per_node", help="fake GPUs a probe runs on"),
+        Option("startup_s", "float", nullable=True, help="virtual seconds a probe takes to start (null: the landscape's)"),
+        Option("poll_advance_s", "float", help="virtual seconds each poll moves the clock"),
+        Option("write_console", "bool", help="write verl's console lines to stdout.log"),
+        Option("write_gpu_samples", "bool", help="write gpu_samples.jsonl"),
+        Option("verl_record", "bool", help="write verl's whole step record (false: the modelled keys only)"),
+        Option("gpu_memory_gb", "float", nullable=True, help="the simulated GPUs' memory (null: the landscape's)"),
+    )
     #: virtual seconds between two polls of the driver (a probe step takes minutes)
     poll_interval_s = 30.0
 

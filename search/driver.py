@@ -32,6 +32,7 @@ from search.stage_study import StageStudy
 from search.storage import describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec
 from search.study_root import load_spec, save_spec, stored_stage_result
+from spaces import build_space
 from spaces.base import Space
 from spaces.overrides import Config
 
@@ -57,7 +58,7 @@ class StudyRunner:
         launcher: Launcher,
         *,
         console: Console,
-        build_space: Callable[..., Space],
+        build_space: Callable[..., Space] = build_space,
         poll_interval_s: float | None = None,
         leave_at_end: bool = False,
     ) -> None:

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from launchers import DEFAULT_KIND
 from launchers.user_files import UserFileError, load_json, parse_yaml, read_user_text
 from search.errors import BadInputError
 from search.masking import mask_url
@@ -70,12 +71,24 @@ class _Strict(BaseModel):
 
 
 class LauncherSection(_Strict):
-    kind: Literal["sim", "local", "ray", "replay"] = "sim"
+    #: a registered launcher kind (``launchers.LAUNCHERS``)
+    kind: StrictStr = DEFAULT_KIND
     max_concurrent: Int = Field(default=2, ge=1, le=1024)
-    #: passed to the launcher's constructor (e.g. time_scale, landscape, address, gpu_ids)
+    #: the options the launcher declares (``Launcher.OPTIONS``: e.g. time_scale, landscape,
+    #: address, gpu_ids), checked against them by ``search.launch``
     options: dict[str, Any] = Field(default_factory=dict)
 
     _check_options = field_validator("options")(_check_plain)
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        from launchers import LAUNCHERS
+
+        if kind not in LAUNCHERS:
+            kinds = [repr(k) for k in LAUNCHERS]
+            raise ValueError(f"must be {', '.join(kinds[:-1])} or {kinds[-1]}, but got {_short(kind)}")
+        return kind
 
 
 class Budget(_Strict):

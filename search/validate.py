@@ -76,8 +76,9 @@ _BASELINE_BOUNDS = {
 
 
 def probes_per_gpu(spec: StudySpec) -> int:
-    """How many probes share one GPU (the local launcher's ``probes_per_gpu``; 1 elsewhere)."""
-    value = spec.launcher.options.get("probes_per_gpu", 1) if spec.launcher.kind == "local" else 1
+    """How many probes share one GPU (the launcher's ``probes_per_gpu`` option where it has one,
+    the local launcher's; 1 elsewhere)."""
+    value = spec.launcher.options.get("probes_per_gpu", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 

@@ -192,3 +192,19 @@ def test_no_stage_decision_is_read_from_its_text() -> None:
                     "WASTED_PREFIX", "KEPT", "SLOW_START"):
                 bad.append(f"{path}:{node.lineno} {node.id}")
     assert bad == []
+
+
+def test_launcher_kinds_are_spelled_once() -> None:
+    """A launcher kind is its class's ``name`` (``launchers.LAUNCHERS`` is built from them): no
+    other code of ours names one, so a new launcher is registered in one place."""
+    from launchers import LAUNCHERS
+
+    spelled = []
+    for path, tree in _sources().items():
+        if path.startswith("benchmarks/"):
+            continue
+        names = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 and [ast.unparse(t) for t in node.targets] == ["name"] and path.startswith("launchers/")}
+        spelled += [f"{path}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and node.value in LAUNCHERS and id(node) not in names]
+    assert spelled == []

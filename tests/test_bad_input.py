@@ -623,11 +623,11 @@ def test_read_only_commands_never_write_a_schema(study_db: Path, tmp_path: Path)
 def test_a_flag_that_switches_the_launcher_drops_the_other_kinds_options(study_db: Path, tmp_path: Path, capsys: Any) -> None:
     """Class 7: `--launcher local` on a sim study leaves the sim options out, saying which,
     instead of Python's "unexpected keyword argument 'time_scale'"."""
-    from search.cli import _launcher_options
+    from search.launch import launcher_options
     from search.study_file import parse_study
 
     spec = parse_study(_tiny())
-    assert _launcher_options(spec, "local", announce=True) == {}
+    assert launcher_options(spec, "local", on_dropped=print) == {}
     out = capsys.readouterr().out
     assert "--launcher local: leaving out the study's sim options landscape, time_scale (local takes " in out
     before = _fingerprint(study_db)
