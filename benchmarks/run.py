@@ -32,21 +32,25 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-#: the best-reachable references, computed once per landscape and method version; a test points
-#: it elsewhere so that its runs leave the repository as they found it
-CACHE = Path(os.environ.get("VERL_SWEEP_BENCH_REFERENCES") or REPO / "benchmarks" / "references")
+#: the best-reachable references, computed once per landscape and method version, are written
+#: here: outside the repository ($VERL_SWEEP_BENCH_REFERENCES, else $XDG_CACHE_HOME or
+#: ~/.cache, under verl-sweep/bench-references), so that a run never leaves files to commit
+CACHE = Path(os.environ.get("VERL_SWEEP_BENCH_REFERENCES")
+             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl-sweep" / "bench-references")
+#: the references of the shipped worlds as computed when they were published: read, never written
+SHIPPED = REPO / "benchmarks" / "references"
 #: bump when best_reachable's method changes (it is part of the cache key)
 BEST_VERSION = 3
 METHODS = ("verl-sweep", "manual", "random", "tpe", "gp", "bohb", "smac", "dehb")
 #: the peers (benchmarks/peers.py): the best of them is what verl-sweep is measured against
 PEERS = ("random", "tpe", "gp", "bohb", "smac", "dehb")
 #: the landscapes verl-sweep's defaults (spaces/stages.py, studies/demo.yaml) were tuned on
-#: (batch_lr, default, kl_edge through issues 8-26; coupled3 in issue 27, whose figures led
+#: (batch_lr, default and kl_edge from the start; coupled3 later, whose figures led
 #: the polish stage to search KL on/off); every other shipped landscape is in the report
 #: split: no default was changed while looking at its figures.
 TUNE_SPLIT = ("batch_lr", "coupled3", "default", "kl_edge")
 #: landscapes written blind in the session that used the report split's figures to change the
-#: method (issue 27: the slow-start probes, paired η): no run was made on them before the
+#: method (the slow-start probes, paired η): no run was made on them before the
 #: benchmark that reports them
 HELDOUT_SPLIT = ("heldout_coupled_noisy", "heldout_mb_edge", "heldout_oom_kl", "heldout_slow_ppo")
 
@@ -66,7 +70,7 @@ def split_of(landscape: str) -> str:
 
 def split_landscapes(split: str) -> list[str]:
     """The landscapes of ``split``: ``all`` (every shipped one), or comma-separated splits
-    (``tune,report`` is issue 27's benchmark; ``blind`` names the files of benchmarks/blind)."""
+    (``tune,report`` is the published benchmark; ``blind`` names the files of benchmarks/blind)."""
     from launchers.simulator import shipped_landscapes
 
     shipped = shipped_landscapes()
@@ -147,8 +151,8 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     peers' joint space (``n_random`` trials, which holds every config the chain can reach),
     coordinate passes on fine grids of each numeric knob, and the study's own stage chain
     run on the noise-free model (each stage's space on the chain's base, ``n_random`` points
-    a stage). Judged at :func:`true_steps`. Cached in benchmarks/.cache by the landscape
-    file's and the study's content."""
+    a stage). Judged at :func:`true_steps`. Cached in ``CACHE`` (or read from the shipped
+    ``SHIPPED``) by the landscape file's and the study's content."""
     from launchers.simulator import load_landscape
     from spaces.overrides import merge
 
@@ -159,8 +163,9 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     key = hashlib.sha1(json.dumps([BEST_VERSION, landscape.data, spec.model_dump(mode="json"), n_random], sort_keys=True,
                                   default=str).encode()).hexdigest()[:16]  # fmt: skip
     cached = CACHE / f"best-{landscape.name}-{key}.json"
-    if cached.is_file():
-        return json.loads(cached.read_text())
+    for known in (cached, SHIPPED / cached.name):
+        if known.is_file():
+            return json.loads(known.read_text())
     import optuna
 
     space = FairJointSpace(spec)
@@ -412,7 +417,7 @@ def format_table(rows: list[dict[str, Any]], budget_h: dict[str, float]) -> str:
 
 
 def acceptance(rows: list[dict[str, Any]]) -> list[str]:
-    """Issue 27's criteria, measured: one line per landscape."""
+    """The benchmark's acceptance criteria, measured: one line per landscape."""
     out = []
     for landscape in dict.fromkeys(r["landscape"] for r in rows):
         by = {r["method"]: r for r in rows if r["landscape"] == landscape}
@@ -475,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--landscape", action="append", help="landscape name or YAML file (repeatable)")
     parser.add_argument("--split", default="all", metavar="SPLIT[,SPLIT]",
                         help="the shipped landscapes of some splits (tune, report, heldout; default all: every "
-                             "shipped one; issue 27's benchmark is tune,report), or blind: the unshipped worlds "
+                             "shipped one; the published benchmark is tune,report), or blind: the unshipped worlds "
                              "of benchmarks/blind; ignored with --landscape")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated subset of {','.join(METHODS)} (default: every one installed)")

@@ -1,4 +1,4 @@
-"""Issue 10: do LocalLauncher's GPU slots hold on a real multi-GPU machine?
+"""Do LocalLauncher's GPU slots hold on a real multi-GPU machine?
 
 Queues ``--n-probes`` (5) stand-in probes on a LocalLauncher with ``--gpus-per-probe`` (2)
 GPUs each over every GPU NVML sees (4 → 2 slots). Each probe (this file with ``--probe``)

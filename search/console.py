@@ -18,6 +18,7 @@ from rich.table import Column
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from objectives.metrics import REWARD_KEY
+from search.events import StudyListener
 
 if TYPE_CHECKING:
     import optuna
@@ -49,7 +50,7 @@ def _shortest_unique_suffix(key: str, keys: Iterable[str]) -> str:
     return key
 
 
-class Console:
+class Console(StudyListener):
     """What the driver shows. On a terminal (``live``): per stage a bar of trials done against
     the budget with the best η so far and an ETA from the median probe time, and one bar per
     running probe with its step and current reward; finished trials print one line each above

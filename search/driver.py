@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import optuna
 
@@ -25,6 +25,7 @@ from launchers.base import Launcher
 from search import _optuna_forks
 from search.console import Console
 from search.errors import SweepError
+from search.events import Broadcast, StudyListener
 from search.records import Decision, StageResult
 from search.stage import Stage
 from search.stage_loop import Context, StageLoop, Tick
@@ -58,10 +59,13 @@ class StudyRunner:
         launcher: Launcher,
         *,
         console: Console,
+        listeners: Sequence[StudyListener] = (),
         build_space: Callable[..., Space] = build_space,
         poll_interval_s: float | None = None,
         leave_at_end: bool = False,
     ) -> None:
+        """``console`` shows the study; ``listeners`` follow its events too (``search.events``:
+        a benchmark's trace, a tracker)."""
         _optuna_forks.install()
         self.spec = spec
         # A worker (not the driver that reports the result) leaves once the last stage has
@@ -70,7 +74,7 @@ class StudyRunner:
         self.left = False
         self.storage = storage
         self.launcher = launcher
-        self.console = console
+        self.console: StudyListener = Broadcast(console, *listeners) if listeners else console
         self.build_space = build_space
         self.poll_interval_s = launcher.poll_interval_s if poll_interval_s is None else poll_interval_s
         self.ctx = Context(spec, storage, launcher, console, build_space, leave_at_end=leave_at_end)

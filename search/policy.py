@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 EXTRA_RERUN_MIN_WAIT = 0.9
 #: a leader above 1 + tolerance whose interval clears the incumbent (η 1) but still reaches
 #: 1 + tolerance wins once it has this many runs (its first run, picked as the stage's best,
-#: is then diluted by two fresh seeds). Issue 27: with a 2-run incumbent the interval's half
+#: is then diluted by two fresh seeds). With a 2-run incumbent the interval's half
 #: width cannot fall below ~1.2× a run's seed spread, so gains of 4-7% (true) that the report
 #: landscapes' mini-batch, KL, lr and λ stages found were kept out in 6 of 10 stage decisions
 #: at η 1.03-1.09 over 3 runs.
@@ -38,7 +38,7 @@ CLEAR_OF_INCUMBENT_RUNS = 3
 #: a leader above 1 + tolerance that has had every run it may get (``confirm_max_runs``) and
 #: is still undecided wins if it beats the incumbent with at least this probability (normal
 #: on the log scale of its interval): further runs cannot be had, and keeping the incumbent
-#: throws away the better bet. Issue 27: on 3x noise that grows with lr, true lr gains of 5-9%
+#: throws away the better bet. On simulated 3x noise that grows with lr, true lr gains of 5-9%
 #: measured η 1.04-1.05 over 5 runs with intervals reaching 0.96-0.97.
 LIKELY_BETTER = 0.8
 Trials = Sequence[TrialRecord]
@@ -342,7 +342,7 @@ class StagePolicy:
         above the incumbent (η > 1) but not significantly above 1 + tolerance, its interval
         reaching above it. A seed moves two configs' curves alike, so each such run turns a run
         compared with the incumbent's mean (whose spread over its 2 runs never shrinks) into a
-        paired one. Issue 27: on the 3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77
+        paired one. On the simulated 3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77
         over 5 runs, 3 of them unpaired, or fell to η 1.012 when one unpaired seed was bad for
         every config. Each seed is tried once (a failed run is not queued again here)."""
         ranked = ranked_candidates(trials)[0] if ranked is None else ranked

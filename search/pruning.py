@@ -30,7 +30,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
     already ran to step N, and an early running rate must not overrule that evidence.
     A candidate that changes the KL pull is not pruned before ``late_from``: it starts slower
-    and may end higher (issue 27: from step 100, the KL stage of heldout_oom_kl stopped every
+    and may end higher (from step 100, the KL stage of the simulated heldout_oom_kl stopped every
     candidate at steps 125-200, its best worth +8%)."""
 
     def __init__(self, *, margin: float = 0.03, n_warmup_steps: int = 100, patience: int = 2,

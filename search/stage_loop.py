@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import optuna
 
     from launchers.base import Launcher
-    from search.console import Console
+    from search.events import StudyListener
     from search.study_file import StudySpec
 
 
@@ -52,7 +52,7 @@ class Context:
     spec: StudySpec
     storage: optuna.storages.RDBStorage
     launcher: Launcher
-    console: Console
+    console: StudyListener
     build_space: Callable[..., Space]
     #: a worker that leaves once the last stage has nothing left but other processes' runs
     leave_at_end: bool = False
@@ -255,7 +255,7 @@ class StageLoop:
         self.study.vacate(why=why, launcher=self.ctx.launcher, on_vacated=_vacated_note(self.ctx.console))
 
 
-def _vacated_note(console: Console) -> Callable[[str, str, str], None]:
+def _vacated_note(console: StudyListener) -> Callable[[str, str, str], None]:
     def note(name: str, why: str, lost: str) -> None:
         console.note(f"{name}: closed the runs started ahead ({why}); kept as {lost}")
 

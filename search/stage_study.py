@@ -250,7 +250,7 @@ class StageStudy:
             self.queue(params, Assignment(role=Role.INCUMBENT, seed=seed))
         # The previous stage's other runs of this config (the winner's confirmations on fresh
         # seeds) are incumbent runs too, outside the budget: a 2-run incumbent's spread kept
-        # the interval of every η from falling below ~1.2× a run's seed spread (issue 27).
+        # the interval of every η from falling below ~1.2× a run's seed spread.
         incumbent_seeds = {spec.seeds[r % len(spec.seeds)] for r in range(spec.probe.incumbent_repeats)}
         for seed in sorted(carried):
             if seed not in incumbent_seeds and carried[seed].score is not None:

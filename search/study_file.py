@@ -286,13 +286,13 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     at once), then the polish: mini-batch × lr (× KL) together from the chain's winner."""
     stages = [
         # Speed probes are 30 steps: an 80-trial sweep of the 8 coupled layout knobs, modelled
-        # jointly, costs about four 500-step runs (issue 27: with 30 the leader came in the
+        # jointly, costs about four 500-step runs (on the simulated benchmark, with 30 the leader came in the
         # last third of the sweep, and the layout held 3-7% of the best reachable η).
         StageSettings(name="systems", space="systems", budget=Budget(max_trials=80), confirm_top=1,
                       stop=StopRule(stable_trials=80), sampler=SamplerSettings(multivariate=True)),
         # The token budget is the other speed-only knob (30-step probes): right after the
         # layout, so that the learning stages are judged, and their 500-step probes paid, at
-        # the final throughput (issue 27: the demo study's spend fell ~25%).
+        # the final throughput (the demo study's simulated spend fell ~25%).
         StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=10)),
         StageSettings(name="minibatch", space="mini_batch", budget=Budget(max_trials=8)),
         StageSettings(name="kl", space="kl", budget=Budget(max_trials=8)),

@@ -37,7 +37,7 @@ from spaces.overrides import Config, merge, to_overrides
 
 if TYPE_CHECKING:
     from launchers.base import Launcher
-    from search.console import Console
+    from search.events import StudyListener
     from search.policy import StagePolicy
     from search.stage_study import StageStudy
     from search.study_file import StudySpec
@@ -77,7 +77,7 @@ class ActiveTrial:
 class TrialRunner:
     """The runs of one stage that this process follows (``active``, by trial number)."""
 
-    def __init__(self, launcher: Launcher, console: Console, study: StageStudy, policy: StagePolicy, space: Space,
+    def __init__(self, launcher: Launcher, console: StudyListener, study: StageStudy, policy: StagePolicy, space: Space,
                  base: Config, *, run_prefix: str) -> None:
         self.stage = policy.stage
         self.spec = policy.spec

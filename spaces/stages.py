@@ -76,7 +76,7 @@ class _BoundedSpace(Space):
 
     def _spread(self, n: int, exclude: Any = None) -> list[float]:
         """``n`` values spread evenly over the bound, both ends included (on the log scale where
-        it is log): a safe range often ends where the optimum lies (issue 27: the best config's
+        it is log): a safe range often ends where the optimum lies (in the simulated benchmark the best config's
         lr was the 5e-6 bound in 4 of the 5 runs diagnosed that missed 95% of the best)."""
         low, high = float(self.bound.low), float(self.bound.high)
         values = []
@@ -390,7 +390,7 @@ class PolishSpace(CompositeSpace):
 
     kind = "polish"
     OPTIONS = frozenset({"mini_batch", "kl", "lr"})
-    #: a mini-batch, KL or lr gain an earlier stage found but could not decide (issue 27: on
+    #: a mini-batch, KL or lr gain an earlier stage found but could not decide (on
     #: the report landscapes true 4-7% gains of the mini-batch stage) is tried again here,
     #: on the chain's winner
     takes_earlier_leaders = True

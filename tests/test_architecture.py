@@ -208,3 +208,17 @@ def test_launcher_kinds_are_spelled_once() -> None:
         spelled += [f"{path}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
                     if isinstance(node, ast.Constant) and node.value in LAUNCHERS and id(node) not in names]
     assert spelled == []
+
+
+def test_no_code_cites_an_issue_number() -> None:
+    """The tracker is not in the repository: a comment says why, not which issue asked."""
+    import re
+
+    cited = re.compile(r"\b[Ii]ssues? ?\d+|(?<![\w&])#\d+\b(?!;)")
+    found = []
+    for folder in (*OURS, "benchmarks", "tests", "scripts"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if cited.search(line) and "optuna#" not in line and "its issue #" not in line:
+                    found.append(f"{path.relative_to(REPO)}:{number}")
+    assert found == []

@@ -337,7 +337,7 @@ def test_the_budget_of_a_stage_not_finished_is_taken_from_the_file(tmp_path: Pat
     assert len(trials) == 3, [(t.number, t.state.name) for t in trials]
 
 
-# -- issue 25: every bad input, hostile file and broken environment ---------------------------
+# -- every bad input, hostile file and broken environment ----------------------------------------
 # Each case: exit 2, exactly one line on stderr, no traceback, and no database created (or the
 # database it names unchanged). The classes follow the issue: files that are not what they
 # seem (1), numbers and types (2), what verl would refuse (3), storage (4), output paths and

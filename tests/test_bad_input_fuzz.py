@@ -1,4 +1,4 @@
-"""Issue 25: randomly mutated study files (hypothesis) thrown at what `validate` and `run`
+"""Randomly mutated study files (hypothesis) thrown at what `validate` and `run`
 do with a file before they launch anything, in-process. Every outcome is success or a
 BadInputError of short lines (exit 2 at the CLI): never another exception, never a hang."""
 

@@ -1,4 +1,4 @@
-"""The polish stage first tries the leaders earlier stages could not decide (issue 27), moved
+"""The polish stage first tries the leaders earlier stages could not decide, moved
 onto the chain's winner; a stage that found nothing, or decided, hands nothing on."""
 
 from __future__ import annotations

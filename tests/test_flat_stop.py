@@ -1,4 +1,4 @@
-"""stop_when_flat (issue 27): a study whose first stages found nothing skips the rest, records
+"""stop_when_flat: a study whose first stages found nothing skips the rest, records
 why, and a resume from the database reads the same chain without running a probe."""
 
 from __future__ import annotations
@@ -73,6 +73,6 @@ def test_a_definition_stored_before_stop_when_flat_existed_is_the_same_study(tmp
     save_spec(storage, spec)
     root = optuna.load_study(study_name=spec.name, storage=storage)
     old = dict(root.user_attrs[SPEC_ATTR])
-    old.pop("stop_when_flat")  # as the version before issue 27 stored it
+    old.pop("stop_when_flat")  # as the versions before stop_when_flat stored it
     root.set_user_attr(SPEC_ATTR, old)
     assert save_spec(storage, spec) == []

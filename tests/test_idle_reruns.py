@@ -1,6 +1,6 @@
 """Confirmations queued by idle workers at the same moment: no two runs of a point share a
 seed, a duplicate required re-run is dropped, and extra re-runs stop when the fresh seeds of
-the point are used up (issue 7)."""
+the point are used up."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path
 
 
 def test_a_leader_clear_of_the_incumbent_wins_once_it_has_three_runs(tmp_path: Path) -> None:
-    """Issue 27: η 1.06 whose interval clears the incumbent (η 1) but still reaches 1 + 2%
+    """η 1.06 whose interval clears the incumbent (η 1) but still reaches 1 + 2%
     is undecided over 2 runs (it gets a third) and wins over 3; before, it was kept out."""
     study = _scored_study(tmp_path)
     policy = _policy(SPEC.stages[-2].model_copy(update={"confirm_max_runs": 5}))

@@ -1,4 +1,4 @@
-"""Idle workers run the next stage ahead from the current leader (issue 7). When another
+"""Idle workers run the next stage ahead from the current leader. When another
 config wins, that stage is moved aside: its runs are closed as wasted (a dead owner's probe
 killed), its name freed, and the stage opens afresh from the winner."""
 

@@ -1,4 +1,4 @@
-"""A slow start (issue 27): when the first learning stage's incumbent runs show the reward
+"""A slow start: when the first learning stage's incumbent runs show the reward
 still rising fastest at the probe's end, that stage keeps its incumbent (its candidates were
 ranked by early speed) and the later learning stages probe ``probe.slow_start_factor`` times
 longer; a resume reads the same from the database. A world whose curve bends inside the
