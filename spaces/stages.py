@@ -335,6 +335,36 @@ class LamSpace(_BoundedSpace):
         return {self.param: float(value)} if self._in_bound(value) else None
 
 
+class EntropySpace(_BoundedSpace):
+    """``actor.entropy_coeff`` in 0-0.01 (off by default: no default stage asks it)."""
+
+    kind = "entropy"
+    param = "entropy_coeff"
+    key = "actor_rollout_ref.actor.entropy_coeff"
+    #: verl 0.9.1's value where the config sets none (actor.yaml): no bonus
+    VERL_DEFAULT = 0.0
+
+    def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
+                 base: Config, options: Mapping[str, Any], where: str = "") -> None:
+        where = where_or(where, "entropy")
+        check_options(options, B.BOUND_OPTIONS, where)
+        super().__init__(B.ENTROPY_COEFF.narrowed(options, where=where), hardware=hardware, where=where)
+
+    def _value(self, base: Config) -> Any:
+        value = L.setting(base, self.key)
+        return self.VERL_DEFAULT if value is None else value
+
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        return {self.key: self._suggest_value(trial)}
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        value = self._value(base)
+        return {self.param: float(value)} if self._in_bound(value) else None
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        return [{self.param: v} for v in self._spread(n, exclude=self._value(base))]
+
+
 class CompositeSpace(Space):
     """Several spaces asked together on one base: their suggestions merged; an incumbent only
     when every part has one."""
@@ -451,6 +481,7 @@ SPACES: dict[str, SpaceFactory] = {
     "token_budget": TokenBudgetSpace,
     "lr": LRSpace,
     "lam": LamSpace,
+    "entropy": EntropySpace,
     "systems": SystemsSpace,
     "polish": PolishSpace,
 }
