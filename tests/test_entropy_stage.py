@@ -37,7 +37,7 @@ def test_the_space_suggests_inside_its_bound_and_reads_verl_s_default() -> None:
                                "an entropy bonus up to 0.01 (verl's default 0: none); changed by the study"]
     assert space.incumbent_params(base) == {"entropy_coeff": 0.0}  # verl's default, unset in the baseline
     assert space.starting_points(base, 3) == [{"entropy_coeff": 0.0025}, {"entropy_coeff": 0.005}]
-    with pytest.raises(SpaceError, match=r"entropy\.high: must be within the safe bound"):
+    with pytest.raises(SpaceError, match=r"entropy\.high: must be ≤ 0\.01 \(safe bound: an entropy bonus up to 0\.01"):
         build_space("entropy", model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm, base=base,
                     options={"high": 0.1})
 
