@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from spaces import bounds as B
 from spaces import limits as L
+from spaces import memory as M
 from spaces.base import Moves, Space, SpaceError, check_options, where_or
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import hardware_tag, oom_ceiling, study_trials
-from spaces.overrides import Config
+from spaces.overrides import Config, merge
 
 if TYPE_CHECKING:
     import optuna
@@ -37,6 +38,9 @@ DEPRECATED_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size
 MAX_NUM_SEQS = "actor_rollout_ref.rollout.max_num_seqs"
 ENFORCE_EAGER = "actor_rollout_ref.rollout.enforce_eager"
 FREE_CACHE_ENGINE = "actor_rollout_ref.rollout.free_cache_engine"
+#: a starting point's estimated peak stays within this share of the usable memory (the
+#: estimate's own error, and the allocator's fragmentation at larger passes)
+FIT_HEADROOM = 0.8
 #: verl 0.9.1's defaults for the keys above (rollout.yaml, ref.yaml)
 DEFAULTS: dict[str, Any] = {ROLLOUT_LOG_PROB_MICRO: None, REF_LOG_PROB_MICRO: None, MAX_NUM_SEQS: 256,
                             ENFORCE_EAGER: False, FREE_CACHE_ENGINE: True}
@@ -307,6 +311,64 @@ class SystemsSpace(Space):
             return None
         params["gpu_memory_utilization"] = float(memory)
         return params
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """The fewest, largest passes that fit: when host work per pass sets the pace (on one
+        H200 a 0.36B model's update took 128 passes of ~0.5 s, each ~30 ms of arithmetic),
+        a step shrinks with the number of passes, and memory is what bounds their size. From
+        the incumbent's layout and memory fraction: gradient checkpointing on, CUDA graphs on,
+        vLLM's batch as large as can matter, and the largest micro-batches (static), then the
+        largest token limits (dynamic batching), whose estimated peak stays within
+        ``FIT_HEADROOM`` of the usable memory (``spaces.memory``)."""
+        incumbent = self.incumbent_params(base)
+        if incumbent is None or n < 1:
+            return []
+        sp = L.ulysses_size(base)
+        common = {**incumbent}
+        for name, value in (("gradient_checkpointing", True), ("activation_offload", False),
+                            ("max_num_seqs", self.choices["max_num_seqs"][-1]), ("enforce_eager", False),
+                            ("free_cache_engine", True)):
+            if len(self.choices[name]) > 1 and value in self.choices[name]:
+                common[name] = value
+        for stale in [k for k in common if k.startswith(("micro_batch_sp", "log_prob_micro_batch_sp",
+                                                          "ppo_max_token_len_per_gpu_sp", "log_prob_token_factor"))]:
+            del common[stale]
+        points: list[dict[str, Any]] = []
+        variants: list[tuple[bool, list[tuple[str, list[Any]]]]] = [
+            (False, [(f"micro_batch_sp{sp}", self.micro_choices.get(sp, [])),
+                     (f"log_prob_micro_batch_sp{sp}", self.log_prob_choices.get(sp, []))]),
+            (True, [(f"ppo_max_token_len_per_gpu_sp{sp}", self.token_lens.get(sp, [])),
+                    ("log_prob_token_factor", self.choices["log_prob_token_factor"])]),
+        ]
+        for dynamic, knobs in variants:
+            if dynamic not in self.choices["use_dynamic_bsz"]:
+                continue
+            point = {**common}
+            if len(self.choices["use_dynamic_bsz"]) > 1:
+                point["use_dynamic_bsz"] = dynamic
+            sized = [(name, [v for v in values if v is not None]) for name, values in knobs]
+            if any(not values for _, values in sized):
+                continue
+            for name, values in sized:  # each at its smallest, then each grown as far as it fits
+                point[name] = values[0]
+            for name, values in sized:
+                for value in reversed(values):
+                    if self._fits({**point, name: value}, base):
+                        point[name] = value
+                        break
+            if self._fits(point, base) and point != incumbent and point not in points:
+                points.append(point)
+        return points[:n]
+
+    def _fits(self, params: dict[str, Any], base: Config) -> bool:
+        import optuna
+
+        try:
+            config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
+        except (KeyError, ValueError):
+            return False
+        found = M.estimate(self.model, self.hardware, config)
+        return found is None or found.peak_gb <= FIT_HEADROOM * M.usable_gb(self.hardware)
 
     @staticmethod
     def _uses_ref(base: Config) -> bool:

@@ -4,6 +4,7 @@ batch and CUDA graphs) and sets the ones that have a single valid value."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ from spaces.overrides import merge
 DATA = Path(__file__).parent / "data" / "real-verl-0.9.1"
 H200 = HardwareFacts(gpus_per_node=1, gpu_memory_gb=141)
 QWEN_05B = ModelFacts(hidden_size=896, num_attention_heads=14, n_params_b=0.358, max_prompt_length=256,
-                      max_response_length=1024)
+                      max_response_length=1024, num_hidden_layers=24, num_key_value_heads=2, intermediate_size=4864,
+                      vocab_size=320)
 QUICKSTART: dict[str, Any] = {
     L.TRAIN_BATCH: 64, L.MINI_BATCH: 16, L.MICRO_BATCH: 4, L.ROLLOUT_N: 8, L.ROLLOUT_NAME: "vllm",
     L.ADV_ESTIMATOR: "grpo", L.ROLLOUT_TP: 1, L.GPU_MEMORY: 0.4, S.ROLLOUT_LOG_PROB_MICRO: 8,
@@ -170,3 +172,70 @@ def test_the_shipped_h200_study_validates_with_verl() -> None:
     problems, lines = validate_study(spec)
     assert problems == []
     assert spec.probe.speed_settle_tolerance == 0.05 and spec.launcher.options["probes_per_gpu"] == 1
+
+
+def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
+    from spaces import memory as M
+
+    space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
+                        options={})
+    static, dynamic = space.starting_points(QUICKSTART, 2)
+    # on 141 GB the whole per-GPU mini-batch (16 × 8) is one pass, the log-prob batch two
+    assert static["use_dynamic_bsz"] is False and static["micro_batch_sp1"] == 128
+    assert static["log_prob_micro_batch_sp1"] == 256
+    assert dynamic["use_dynamic_bsz"] is True and dynamic["ppo_max_token_len_per_gpu_sp1"] == 32768
+    for point in (static, dynamic):
+        assert point["max_num_seqs"] == 512 and point["enforce_eager"] is False and point["gradient_checkpointing"]
+        assert point["gpu_memory_utilization"] == QUICKSTART[L.GPU_MEMORY]  # the incumbent's share
+    # on a 24 GB GPU the same study gets smaller passes, each estimated to fit
+    small = HardwareFacts(gpus_per_node=1, gpu_memory_gb=24)
+    base = {**QUICKSTART, L.GPU_MEMORY: 0.3}
+    space = build_space("systems", model=QWEN_05B, hardware=small, algorithm=Algorithm.GRPO, base=base, options={})
+    points = space.starting_points(base, 2)
+    assert points and points[0]["micro_batch_sp1"] < 128
+    for point in points:
+        config = merge(base, space.suggest(optuna.trial.FixedTrial(point), base))
+        found = M.estimate(QWEN_05B, small, config)
+        assert found is not None and found.peak_gb <= S.FIT_HEADROOM * M.usable_gb(small)
+
+
+def _recorded_config(name: str) -> dict[str, Any]:
+    import json
+
+    from spaces.overrides import parse_overrides
+
+    overrides = json.loads((DATA / "h200-0.5b" / f"{name}.spec.json").read_text())["overrides"]
+    return dict(parse_overrides([o for o in overrides if "=" in o]))
+
+
+@pytest.mark.parametrize("name", ["baseline", "template"])
+def test_the_memory_estimate_holds_the_h200_peaks_within_a_quarter(name: str) -> None:
+    """NVML's peak of each recorded probe (1 s samples, the probe alone on the GPU) against the
+    pre-flight's estimate of its config: within ±25% (measured: −0.9% and −0.5%)."""
+    from objectives.utilisation import read_samples, summarise
+    from spaces import memory as M
+
+    config = _recorded_config(name)
+    measured = summarise(read_samples(DATA / "h200-0.5b" / f"{name}.gpu_samples.jsonl"))
+    assert measured is not None
+    found = M.estimate(QWEN_05B, H200, config)
+    assert found is not None
+    assert abs(found.peak_gb / measured["peak_mem_gb"] - 1) <= 0.25, (found.lines, measured["peak_mem_gb"])
+
+
+def test_validate_refuses_a_baseline_that_cannot_fit_with_the_arithmetic(tmp_path: Path) -> None:
+    """A 7B model on a 1 GB GPU was accepted and run; now `validate` says why it cannot fit."""
+    import yaml
+
+    from search.study_file import load_study
+    from search.validate import validate_study
+
+    data = yaml.safe_load((Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml").read_text())
+    data["model"].update(n_params_b=7.0, hidden_size=3584, num_attention_heads=28, num_hidden_layers=28,
+                         intermediate_size=18944, vocab_size=152064)
+    data["hardware"]["gpu_memory_gb"] = 1.0
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(data))
+    problems, _ = validate_study(load_study(path), with_verl=False)
+    assert any(re.match(r"baseline: estimated peak GPU memory [\d.]+ GB per GPU must fit 0\.94 × 1 GB = 0\.9 GB, "
+                        r"but the (rollout|update|log-prob) = .* GB\. Lower the memory fraction", p) for p in problems), problems
