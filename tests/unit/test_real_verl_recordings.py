@@ -21,8 +21,8 @@ from objectives.metrics import MetricsFollower, parse_console_line, read_all
 from objectives.sources import FileLoggerSource
 from objectives.score import eta, score_reward_rate, score_throughput
 
-DATA = Path(__file__).parent / "data" / "real-verl-0.9.1"
-DEVICE_RUN = Path(__file__).parent / "data" / "device-run-2026-12-01"
+DATA = Path(__file__).parent.parent / "data" / "real-verl-0.9.1"
+DEVICE_RUN = Path(__file__).parent.parent / "data" / "device-run-2026-12-01"
 PROBE_STEPS = 11  # studies/tiny-h200.yaml's probe.steps in the device run
 WARMUP = 1
 

@@ -22,7 +22,7 @@ from search.storage import open_storage
 from search.study_root import load_spec, stored_stage_result
 from spaces import build_space
 
-RELEASE_DB = Path(__file__).parent / "data" / "release-0de9162" / "studies.db"
+RELEASE_DB = Path(__file__).parent.parent / "data" / "release-0de9162" / "studies.db"
 
 #: what release 0de9162 decided in each stage of the database, and how its sentence began
 STORED = {

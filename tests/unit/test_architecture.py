@@ -4,6 +4,7 @@ the launcher interface, search/ composes everything; heavy packages are imported
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,7 @@ def test_only_the_records_know_the_trial_attribute_names() -> None:
     assert bad == []
 
 
+@functools.lru_cache(maxsize=1)
 def _sources() -> dict[str, ast.AST]:
     """Every module of ours and of the benchmarks, parsed, by path."""
     return {str(p.relative_to(REPO)): ast.parse(p.read_text()) for package in (*OURS, "benchmarks")

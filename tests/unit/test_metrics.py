@@ -21,7 +21,7 @@ from objectives.metrics import (
     write_lines,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 
 
 class FakeClock:

@@ -17,7 +17,7 @@ from search.records import Decision, TrialRecord, records
 from search.storage import open_storage
 from search.study_file import Budget, StageSettings, load_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPEC = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
 
 
