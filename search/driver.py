@@ -77,7 +77,7 @@ class StudyRunner:
         self.console: StudyListener = Broadcast(console, *listeners) if listeners else console
         self.build_space = build_space
         self.poll_interval_s = launcher.poll_interval_s if poll_interval_s is None else poll_interval_s
-        self.ctx = Context(spec, storage, launcher, console, build_space, leave_at_end=leave_at_end)
+        self.ctx = Context(spec, storage, launcher, self.console, build_space, leave_at_end=leave_at_end)
         self._stop_requested: str | None = None
         #: this process's runs ahead into the next stage, and whether the loop follows them now
         self.ahead: StageLoop | None = None
