@@ -265,3 +265,12 @@ def test_the_h200_speed_probes_replay_to_the_scores_the_study_stored(tmp_path: P
             break
     assert outcome is not None and outcome.state is ProbeState.COMPLETE and outcome.last_step == last_step
     assert outcome.score is not None and outcome.score.rate == pytest.approx(rate, rel=1e-6)
+
+
+def test_a_node_with_layouts_to_choose_gets_no_batching_starting_points() -> None:
+    """On 8 GPUs the rollout TP and Ulysses sizes are the search's first subject: the sampler's
+    own draws over them start the stage, not the largest-passes points."""
+    node = HardwareFacts(gpus_per_node=8, gpu_memory_gb=80)
+    base = {**QUICKSTART, L.ROLLOUT_TP: 2, L.TRAIN_BATCH: 256, L.MINI_BATCH: 64}
+    space = build_space("systems", model=QWEN_05B, hardware=node, algorithm=Algorithm.GRPO, base=base, options={})
+    assert len(space.choices["rollout_tp"]) > 1 and space.starting_points(base, 3) == []
