@@ -71,14 +71,17 @@ def split_of(landscape: str) -> str:
 
 def split_landscapes(split: str) -> list[str]:
     """The landscapes of ``split``: ``all`` (every shipped one), or comma-separated splits
-    (``tune,report`` is issue 27's benchmark; ``blind`` names the files of benchmarks/blind)."""
+    (``tune,report``: the shipped worlds of the timed benchmark; ``blind``: the files of
+    benchmarks/blind not yet used to change the method; ``retired``: those that were, now in
+    the tune split)."""
     from launchers.simulator import shipped_landscapes
 
     shipped = shipped_landscapes()
     shipped_splits = ("tune", "report", "heldout")
     by_split = {name: [n for n in shipped if split_of(n) == name] for name in shipped_splits}
     unshipped = [str(path) for path in sorted(BLIND_DIR.glob("*.yaml"))]
-    by_split["tune"] += [path for path in unshipped if split_of(path) == "tune"]
+    # benchmarks/blind's worlds whose misses changed the method: tune worlds now, not shipped
+    by_split["retired"] = [path for path in unshipped if split_of(path) == "tune"]
     by_split["blind"] = [path for path in unshipped if split_of(path) == "blind"]
     splits = list(shipped_splits) if split == "all" else split.split(",")
     if unknown := [s for s in splits if s not in by_split]:
@@ -483,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--landscape", action="append", help="landscape name or YAML file (repeatable)")
     parser.add_argument("--split", default="all", metavar="SPLIT[,SPLIT]",
                         help="the shipped landscapes of some splits (tune, report, heldout; default all: every "
-                             "shipped one; issue 27's benchmark is tune,report), or blind: the unshipped worlds "
-                             "of benchmarks/blind; ignored with --landscape")
+                             "shipped one; the timed benchmark is tune,report), blind: the unshipped worlds of "
+                             "benchmarks/blind, or retired: those of them that changed the method (tune worlds "
+                             "now); ignored with --landscape")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated subset of {','.join(METHODS)} (default: every one installed)")
     parser.add_argument("--reps", type=int, default=None, help="repetitions per landscape and method (default 10; 2 with --quick)")

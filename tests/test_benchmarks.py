@@ -312,8 +312,9 @@ def test_split_names_the_landscapes_of_each_split_and_refuses_others() -> None:
     from benchmarks.run import TUNE_SPLIT, split_landscapes, split_of
 
     issue = split_landscapes("tune,report")
-    tune = split_landscapes("tune")
-    assert issue[: len(tune)] == tune and {Path(n).stem for n in tune} == set(TUNE_SPLIT)
+    tune, retired = split_landscapes("tune"), split_landscapes("retired")
+    assert issue[: len(tune)] == tune and {Path(n).stem for n in tune + retired} == set(TUNE_SPLIT)
+    assert {split_of(n) for n in retired} == {"tune"} and all(n.endswith(".yaml") for n in retired)
     assert not {Path(n).stem for n in split_landscapes("blind")} & set(TUNE_SPLIT)
     assert {split_of(n) for n in issue} == {"tune", "report"} and len(issue) >= 10
     everything = split_landscapes("all")
