@@ -62,11 +62,13 @@ BLIND_DIR = REPO / "benchmarks" / "blind"
 
 
 def split_of(landscape: str) -> str:
-    if Path(landscape).stem in TUNE_SPLIT:
+    """A landscape's split, by its name or the stem of its file."""
+    name = Path(landscape).stem if landscape.endswith(".yaml") else landscape
+    if name in TUNE_SPLIT:
         return "tune"
-    if landscape in HELDOUT_SPLIT:
+    if name in HELDOUT_SPLIT:
         return "heldout"
-    return "blind" if (BLIND_DIR / f"{landscape}.yaml").is_file() else "report"
+    return "blind" if (BLIND_DIR / f"{name}.yaml").is_file() else "report"
 
 
 def split_landscapes(split: str) -> list[str]:

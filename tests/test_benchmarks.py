@@ -315,7 +315,8 @@ def test_split_names_the_landscapes_of_each_split_and_refuses_others() -> None:
     tune, retired = split_landscapes("tune"), split_landscapes("retired")
     assert issue[: len(tune)] == tune and {Path(n).stem for n in tune + retired} == set(TUNE_SPLIT)
     assert {split_of(n) for n in retired} == {"tune"} and all(n.endswith(".yaml") for n in retired)
-    assert not {Path(n).stem for n in split_landscapes("blind")} & set(TUNE_SPLIT)
+    blind = split_landscapes("blind")
+    assert blind and {split_of(n) for n in blind} == {"blind"} and not {Path(n).stem for n in blind} & set(TUNE_SPLIT)
     assert {split_of(n) for n in issue} == {"tune", "report"} and len(issue) >= 10
     everything = split_landscapes("all")
     assert set(issue) < set(everything) and {split_of(n) for n in everything} == {"tune", "report", "heldout"}
