@@ -113,6 +113,28 @@ def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
     return problems
 
 
+#: launcher kinds whose probes run on real GPUs (a simulator's world decides its own OOMs)
+REAL_GPU_LAUNCHERS = ("local", "ray")
+
+
+def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str]:
+    """The memory pre-flight of the baseline: its estimate goes to the report lines; on real
+    GPUs a baseline whose estimated peak cannot fit is refused with the arithmetic (on a
+    simulator, only shown)."""
+    from spaces.memory import estimate, fit_problem
+
+    found = estimate(spec.model, spec.hardware, base)
+    if found is None:
+        return []
+    lines.append("baseline memory per GPU (estimate):")
+    lines += [f"  {line}" for line in found.lines]
+    problem = fit_problem(spec.model, spec.hardware, base)
+    if problem is None or spec.launcher.kind not in REAL_GPU_LAUNCHERS:
+        return []
+    return [f"baseline: {problem}. Lower the memory fraction or the micro-batch, switch gradient checkpointing "
+            "or offload on, or declare larger GPUs."]
+
+
 def one_line(problems: list[str], study_file: object) -> str:
     """What ``run`` says of a file it refuses: the first problem, and how many more there are
     (``validate`` lists them all, one line each)."""
@@ -179,6 +201,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
     if type_problems(base):  # the spaces compute with these values too: nothing more to check
         return problems, lines
     problems += baseline_problems(spec, base)
+    problems += memory_problems(spec, base, lines)
     configs: list[tuple[str, Config]] = [("baseline", base)]
     for index, stage in enumerate(spec.stages):
         where = f"stages[{index}]"

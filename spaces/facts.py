@@ -37,6 +37,12 @@ class ModelFacts(BaseModel):
     n_params_b: StrictFloat = Field(gt=0, le=10_000, description="Parameter count in billions.")
     max_prompt_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
     max_response_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
+    #: the shape the memory pre-flight computes with (``spaces.memory``); a config.json fills
+    #: them in, and without them they are inferred from the parameter count
+    num_hidden_layers: StrictInt | None = Field(default=None, ge=1, le=100_000)
+    num_key_value_heads: StrictInt | None = Field(default=None, ge=1, le=10_000)
+    intermediate_size: StrictInt | None = Field(default=None, ge=1, le=10_000_000)
+    vocab_size: StrictInt | None = Field(default=None, ge=1, le=100_000_000)
 
     @model_validator(mode="after")
     def _sizes_known(self) -> "ModelFacts":
