@@ -168,7 +168,7 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     from spaces.stages import build_space
 
     landscape = load_landscape(landscape_name)
-    key = hashlib.sha1(json.dumps([BEST_VERSION, landscape.data, spec.model_dump(mode="json"), n_random], sort_keys=True,
+    key = hashlib.sha1(json.dumps([BEST_VERSION, landscape.data, _study_for_key(spec), n_random], sort_keys=True,
                                   default=str).encode()).hexdigest()[:16]  # fmt: skip
     cached = CACHE / f"best-{landscape.name}-{key}.json"
     if cached.is_file():
@@ -233,6 +233,21 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     CACHE.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(result, indent=2))
     return result
+
+
+#: study fields added after the kept references were computed: at these values they change
+#: neither a world nor the joint space, so a reference's key leaves them out and stays valid
+NEUTRAL_STUDY_FIELDS = {("probe", "speed_settle_tolerance"): 0.0, ("model", "num_hidden_layers"): None,
+                        ("model", "num_key_value_heads"): None, ("model", "intermediate_size"): None,
+                        ("model", "vocab_size"): None}
+
+
+def _study_for_key(spec: Any) -> dict[str, Any]:
+    data = spec.model_dump(mode="json")
+    for (section, name), neutral in NEUTRAL_STUDY_FIELDS.items():
+        if name in data.get(section, {}) and data[section][name] == neutral:
+            del data[section][name]
+    return data
 
 
 def reference(landscape_name: str, quick: bool) -> dict[str, Any]:
