@@ -513,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="fewer (or more) repetitions for one method, e.g. gp=2 for the slowest peer (repeatable)")
     parser.add_argument("--budget", type=float, default=3000.0,
                         help="the peers' GPU-hour budget when verl-sweep is not run (else: its median spend)")
+    parser.add_argument("--budget-from", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="without verl-sweep in the run: the peers' budget per landscape from an earlier "
+                             "run's results.json (verl-sweep's median spend there)")
     parser.add_argument("--quick", action="store_true", help="1 landscape, 2 reps, small budgets (for tests)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -558,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     first = [m for m in methods if m not in PEERS]
     peers = [m for m in methods if m in PEERS]
 
+    earlier = json.loads(args.budget_from.read_text())["budget_gpu_h"] if args.budget_from else {}
+
     def tasks_of(group: list[str], budget: dict[str, float]) -> list[tuple[str, str, int, bool, float]]:
         return [(name, m, rep, args.quick, budget.get(name, args.budget))
                 for name in landscapes for rep in range(max(reps_of[m] for m in group) if group else 0)
@@ -570,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
             spent = [r["gpu_h"] for r in done if r["landscape"] == name and r["method"] == "verl-sweep"]
             if spent:
                 out[name] = statistics.median(spent)
+            elif names[name] in earlier:
+                out[name] = float(earlier[names[name]])
         return out
 
     if args.jobs > 1:
