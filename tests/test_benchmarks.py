@@ -72,7 +72,8 @@ def test_gpu_hour_ratio_at_zero_and_never() -> None:
 def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_SWEEP_BENCH_REFERENCES": str(tmp_path / "references")}
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--no-overhead", "--out", str(tmp_path), "--reps-for", "gp=1"],
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--no-overhead", "--out", str(tmp_path), "--reps-for", "gp=1",
+         "--reps-for", "optuna-gp=1"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -84,8 +85,8 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path) -> None:
         assert f"{'default':<21} {'tune':<7} {method}" in proc.stdout
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["reps"] == 2 and data["landscapes"] == ["default"] and data["methods"] == methods
-    assert len(data["runs"]) == 2 * len(methods) - ("gp" in methods)  # --reps-for gp=1
-    assert data["reps_per_method"].get("gp", 1) == 1
+    assert len(data["runs"]) == 2 * len(methods) - ("gp" in methods) - ("optuna-gp" in methods)  # --reps-for …=1
+    assert data["reps_per_method"].get("gp", 1) == 1 and data["reps_per_method"].get("optuna-gp", 1) == 1
     spent = sorted(r["gpu_h"] for r in data["runs"] if r["method"] == "verl-sweep")
     for run in data["runs"]:  # the peers stop once verl-sweep's median GPU-hours are spent
         if run["method"] not in ("verl-sweep", "manual"):
