@@ -238,3 +238,30 @@ def test_validate_refuses_a_baseline_that_cannot_fit_with_the_arithmetic(tmp_pat
     problems, _ = validate_study(load_study(path), with_verl=False)
     assert any(re.match(r"baseline: estimated peak GPU memory [\d.]+ GB per GPU must fit 0\.94 × 1 GB = 0\.9 GB, "
                         r"but the (rollout|update|log-prob) = .* GB\. Lower the memory fraction", p) for p in problems), problems
+
+
+@pytest.mark.parametrize(("name", "last_step", "rate"), [("baseline", 3, 2361.1156), ("template", 4, 2308.8774)])
+def test_the_h200_speed_probes_replay_to_the_scores_the_study_stored(tmp_path: Path, name: str, last_step: int,
+                                                                     rate: float) -> None:
+    """The two probes of the 0.5B study (Dec 4), played back a step a poll through the probe
+    with the study's settings: each ends where it ended on the device (the baseline's steps 2
+    and 3 agree within 1.9%; the template's 3 and 4 within 2.6%, after a 21% jump) with the
+    tokens/s the database holds."""
+    from objectives.probe import Probe, ProbeSettings, ProbeState
+    from search.study_file import load_study
+
+    spec = load_study(Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml")
+    launcher = _OneLineAPoll(tmp_path, DATA / "h200-0.5b" / f"{name}.metrics.jsonl")
+    settings = ProbeSettings(steps=spec.probe.speed_steps, speed_only=True, warmup_steps=spec.probe.speed_warmup_steps,
+                             settle_tolerance=spec.probe.speed_settle_tolerance, n_boot=0)
+    probe = Probe(launcher, RunSpec(run_id=name, overrides=()), settings)
+    probe.start()
+    outcome = None
+    while outcome is None and launcher.shown < len(launcher.lines) + 1:
+        launcher.poll(probe.handle)  # type: ignore[arg-type]
+        outcome = probe.poll()
+        if launcher.shown == len(launcher.lines) and outcome is None:
+            outcome = probe.poll()
+            break
+    assert outcome is not None and outcome.state is ProbeState.COMPLETE and outcome.last_step == last_step
+    assert outcome.score is not None and outcome.score.rate == pytest.approx(rate, rel=1e-6)
