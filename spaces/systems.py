@@ -50,6 +50,19 @@ def _base_value(base: Config, key: str) -> Any:
     return base.get(key, L.VERL_DEFAULTS.get(key, DEFAULTS.get(key)))
 
 
+def effective(config: Config, key: str) -> Any:
+    """The value verl runs ``config`` with for ``key``: its own, else what verl's config makes
+    of it (the log-prob passes follow the update's dynamic batching and token limit), else
+    verl's default."""
+    if key in config:
+        return config[key]
+    if key in (ROLLOUT_LOG_PROB_DYNAMIC, REF_LOG_PROB_DYNAMIC):
+        return bool(L.setting(config, L.USE_DYNAMIC_BSZ))
+    if key in (ROLLOUT_LOG_PROB_TOKENS, REF_LOG_PROB_TOKENS):
+        return L.setting(config, L.MAX_TOKEN_LEN)
+    return _base_value(config, key)
+
+
 def _divisors(total: int, candidates: tuple[int, ...], keep: Any, *, deprecated_set: bool) -> list[int | None]:
     """The candidates that divide ``total``, with ``keep`` (the base's value) if it divides
     too. A base that leaves the size unset keeps that choice (None, first: the incumbent's);
@@ -145,8 +158,8 @@ class SystemsSpace(Space):
             for s in sps if (train * n) % dps[s] == 0}
         replicas = max(1, hardware.n_gpus // (max(tps) if tps else 1) // dp_r // pp)  # fewest replicas, most each
         per_replica = -(-train * n // replicas)
-        seqs = [v for v in MAX_NUM_SEQS_CHOICES if v < per_replica] + [
-            next((v for v in MAX_NUM_SEQS_CHOICES if v >= per_replica), MAX_NUM_SEQS_CHOICES[-1])]
+        seqs = sorted({v for v in MAX_NUM_SEQS_CHOICES if v < per_replica}
+                      | {next((v for v in MAX_NUM_SEQS_CHOICES if v >= per_replica), MAX_NUM_SEQS_CHOICES[-1])})
         base_seqs = _base_value(base, MAX_NUM_SEQS)
         if isinstance(base_seqs, int) and not isinstance(base_seqs, bool) and base_seqs not in seqs:
             seqs = sorted({*seqs, base_seqs})
