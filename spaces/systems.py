@@ -90,8 +90,8 @@ class SystemsSpace(Space):
     Besides the layout, what decides a small model's step time is host work per pass (on one
     H200 with a 0.36B model, verl's quickstart settings left the GPU idle ~80% of a step): the
     micro-batches of the update and the log-prob passes (or dynamic batching with token
-    limits for each), vLLM's sequences per batch, CUDA graphs (``enforce_eager``) and whether
-    the engine frees its cache between phases.
+    limits for each). vLLM's sequences per batch, CUDA graphs (``enforce_eager``) and whether
+    the engine frees its cache between phases are swept when the stage lists them.
     """
 
     kind = "systems"
@@ -187,7 +187,13 @@ class SystemsSpace(Space):
         self.choices: dict[str, list[Any]] = {}
         for name in self.LISTS:
             valid = defaults[name]
-            asked = options.get(name, valid)
+            # vLLM's own knobs are swept when listed; by default they keep the base's value
+            # (one choice, not asked): always present, they cost a many-knob sampler its
+            # grip on the layout (the simulated benchmark lost 2 of 10 runs on two worlds).
+            mine = {"max_num_seqs": MAX_NUM_SEQS, "enforce_eager": ENFORCE_EAGER,
+                    "free_cache_engine": FREE_CACHE_ENGINE}.get(name)
+            kept = _base_value(base, mine) if mine else None
+            asked = options.get(name, [kept] if mine and kept in valid else valid)
             if not isinstance(asked, list) or not asked:
                 raise SpaceError(f"{where}.{name}: must be a non-empty list, but got {asked!r}. List the values to try.")
             for i, value in enumerate(asked):
