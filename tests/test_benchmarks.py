@@ -150,6 +150,7 @@ def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_pa
     from spaces.overrides import merge
 
     monkeypatch.setattr(R, "CACHE", tmp_path)
+    monkeypatch.setattr(R, "SHIPPED", tmp_path)  # computed here, never a kept reference
     spec = R.demo_spec(landscape)
     best = R.best_reachable(landscape, spec, n_random=25)
     space = FairJointSpace(spec)
