@@ -90,8 +90,9 @@ class SystemsSpace(Space):
     Besides the layout, what decides a small model's step time is host work per pass (on one
     H200 with a 0.36B model, verl's quickstart settings left the GPU idle ~80% of a step): the
     micro-batches of the update and the log-prob passes (or dynamic batching with token
-    limits for each). vLLM's sequences per batch, CUDA graphs (``enforce_eager``) and whether
-    the engine frees its cache between phases are swept when the stage lists them.
+    limits for each), swept by default where the layout has one choice. vLLM's sequences per
+    batch, CUDA graphs (``enforce_eager``) and whether the engine frees its cache between
+    phases are swept when the stage lists them (see ``kept`` below).
     """
 
     kind = "systems"
@@ -185,16 +186,29 @@ class SystemsSpace(Space):
             "enforce_eager": [False, True],
             "free_cache_engine": [True, False],
         }
+        # Knobs that keep the base's value unless the stage lists them. vLLM's own, always:
+        # present in every trial, they cost a many-knob sampler its grip on the layout (the
+        # simulated benchmark lost 2 of 10 runs on two worlds). The passes' batching, where the
+        # layout has choices: there the layout is stage 0's subject (seed 000), and the
+        # batching knobs beside it cost 3 of 10 runs on a simulated world; with one layout
+        # (one GPU) the batching is what is left to search.
+        kept: dict[str, Any] = {name: _base_value(base, key) for name, key in (
+            ("max_num_seqs", MAX_NUM_SEQS), ("enforce_eager", ENFORCE_EAGER), ("free_cache_engine", FREE_CACHE_ENGINE))}
+        if len(tps) > 1 or len(sps) > 1:
+            limit, log_prob_limit = base.get(L.MAX_TOKEN_LEN), base.get(ROLLOUT_LOG_PROB_TOKENS)
+            factor = (log_prob_limit // limit if isinstance(limit, int) and isinstance(log_prob_limit, int) and limit
+                      and log_prob_limit % limit == 0 else 1)
+            kept.update(micro_batch=_base_value(base, L.MICRO_BATCH), log_prob_token_factor=factor,
+                        log_prob_micro_batch=_base_value(base, ROLLOUT_LOG_PROB_MICRO))
         self.choices: dict[str, list[Any]] = {}
         for name in self.LISTS:
             valid = defaults[name]
             # vLLM's own knobs are swept when listed; by default they keep the base's value
             # (one choice, not asked): always present, they cost a many-knob sampler its
             # grip on the layout (the simulated benchmark lost 2 of 10 runs on two worlds).
-            mine = {"max_num_seqs": MAX_NUM_SEQS, "enforce_eager": ENFORCE_EAGER,
-                    "free_cache_engine": FREE_CACHE_ENGINE}.get(name)
-            kept = _base_value(base, mine) if mine else None
-            asked = options.get(name, [kept] if mine and kept in valid else valid)
+            asked = options.get(name, valid)
+            if name not in options and name in kept:
+                asked = [kept[name]] if kept[name] in valid else valid
             if not isinstance(asked, list) or not asked:
                 raise SpaceError(f"{where}.{name}: must be a non-empty list, but got {asked!r}. List the values to try.")
             for i, value in enumerate(asked):

@@ -288,3 +288,16 @@ def test_a_node_with_layouts_to_choose_gets_no_batching_starting_points() -> Non
     base = {**QUICKSTART, L.ROLLOUT_TP: 2, L.TRAIN_BATCH: 256, L.MINI_BATCH: 64}
     space = build_space("systems", model=QWEN_05B, hardware=node, algorithm=Algorithm.GRPO, base=base, options={})
     assert len(space.choices["rollout_tp"]) > 1 and space.starting_points(base, 3) == []
+
+
+def test_on_a_node_with_layouts_the_batching_is_swept_when_listed() -> None:
+    node = HardwareFacts(gpus_per_node=8, gpu_memory_gb=80)
+    base = {**QUICKSTART, L.ROLLOUT_TP: 2, L.TRAIN_BATCH: 256, L.MINI_BATCH: 64}
+    default = build_space("systems", model=QWEN_05B, hardware=node, algorithm=Algorithm.GRPO, base=base, options={})
+    asked = {name for params, _ in sample(default, base, n=40) for name in params}
+    assert {"rollout_tp", "ulysses"} <= asked
+    assert not {n for n in asked if n.startswith(("micro_batch", "log_prob_"))}
+    listed = build_space("systems", model=QWEN_05B, hardware=node, algorithm=Algorithm.GRPO, base=base,
+                         options={"micro_batch": [4, 8, 16], "log_prob_micro_batch": [8, 32]})
+    asked = {name for params, _ in sample(listed, base, n=40) for name in params}
+    assert {"micro_batch_sp1", "log_prob_micro_batch_sp1"} <= asked
