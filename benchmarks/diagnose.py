@@ -23,7 +23,9 @@ from benchmarks import methods as M
 from benchmarks.run import _true_eta, reference, rep_spec, true_steps
 
 
-class _StageConsole(M._RecordingConsole):
+class _StageTrace(M.StageTrace):
+    """Each stage's decision with the trials told in it."""
+
     def __init__(self, launcher: Any) -> None:
         super().__init__(launcher)
         self.stages: list[dict[str, Any]] = []
@@ -34,7 +36,7 @@ class _StageConsole(M._RecordingConsole):
         super().stage_finished(name, result)
         h = M.gpu_hours(self.launcher)
         self.stages.append({"name": name, "base": dict(self.base), "config": dict(result.config), "eta": result.eta,
-                            "decision": result.decision, "gpu_h": h - self._start_h,
+                            "decision": result.summary, "gpu_h": h - self._start_h,
                             "trials": self.trials[self._start_trials:]})  # fmt: skip
         self._start_h, self._start_trials = h, len(self.trials)
 
@@ -48,14 +50,12 @@ def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:
     base_rate = landscape.true_rate(spec.baseline_config(), steps)
     with tempfile.TemporaryDirectory(prefix="vs-diag-") as tmp:
         launcher = M.replay_launcher(Path(tmp), landscape_name)
-        console = _StageConsole(launcher)
-        runner = M._TracingRunner(spec, M._storage(), launcher, console=console, build_space=M.build_space,
-                                  poll_interval_s=M.POLL_S)  # fmt: skip
-        runner.run()
+        trace = _StageTrace(launcher)
+        M.run_staged(spec, launcher, trace=trace)
         launcher.close()
     true = lambda c: _true_eta(landscape, c, base_rate, steps)  # noqa: E731
     out = []
-    for s in console.stages:
+    for s in trace.stages:
         measured = [(true(c), role, e) for _, role, c, e in s["trials"]]
         out.append({"name": s["name"], "base": true(s["base"]), "chosen": true(s["config"]), "measured_eta": s["eta"],
                     "best_seen": max([m[0] for m in measured] or [true(s["base"])]), "gpu_h": s["gpu_h"],

@@ -1,5 +1,5 @@
 """The joint space every peer searches: one flat, static set of parameters that covers every
-config the stage chain can reach (issue 27, point 3).
+config the stage chain can reach.
 
 Built from the study's own stage spaces, with three corrections over the old joint space
 (the stages' spaces merged on the baseline):

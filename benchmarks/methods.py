@@ -3,7 +3,7 @@
 - ``verl-sweep``: :class:`search.driver.StudyRunner` as shipped, on the demo study's stages.
 - the HPO peers (random, TPE, GP, BOHB-style, SMAC3, DEHB) are in :mod:`benchmarks.peers`,
   over :class:`benchmarks.joint.FairJointSpace` (the joint space these methods used before
-  issue 27 always turned KL on and capped the token budget below the chain's bound).
+  it was widened always turned KL on and capped the token budget below the chain's bound).
 - ``manual``: the source's procedure (docs/method.md §1), one parameter at a time, one probe at a
   time, on the same Probe and η code.
 
@@ -24,8 +24,8 @@ from objectives.probe import Probe, ProbeSettings, ProbeState
 from objectives.score import Score, eta as eta_of
 from search.console import Console
 from search.driver import StageResult, StudyRunner
+from search.events import StudyListener
 from search.study_file import StudySpec
-from spaces import build_space
 from spaces.overrides import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
@@ -72,33 +72,27 @@ def finish_trace(trace: Trace, launcher: ReplayLauncher, probe_steps: int, start
     return trace
 
 
-class _RecordingConsole(Console):
-    """A silent console that records each decision with the GPU-hours spent by then."""
+class StageTrace(StudyListener):
+    """Follows a study (``search.events``): each decision and each told trial, with the
+    GPU-hours the launcher had spent by then."""
 
-    def __init__(self, launcher: ReplayLauncher, on_trial: Callable[..., None] | None = None) -> None:
-        super().__init__(quiet=True)
+    def __init__(self, launcher: ReplayLauncher) -> None:
         self.launcher = launcher
         self.base: Config = {}
         self.stage_ends: list[tuple[float, Config]] = []
         self.trials: list[tuple[float, str, Config, float | None]] = []
         self.stopped_early: set[str] = set()
 
+    def stage_started(self, index: int, stage: Any, base: dict[str, Any], explain: list[str], budget: int) -> None:
+        self.base = dict(base)
+
     def stage_finished(self, name: str, result: StageResult) -> None:
-        super().stage_finished(name, result)
         self.stage_ends.append((gpu_hours(self.launcher), dict(result.config)))
 
-    def trial_finished(self, study: Any, number: int, role: str, overrides: dict[str, Any], **kwargs: Any) -> None:
-        super().trial_finished(study, number, role, overrides, **kwargs)
-        self.trials.append((gpu_hours(self.launcher), role, merge(self.base, overrides), kwargs.get("eta")))
-        if kwargs.get("state") == "pruned":  # the driver's run id (search.trials.TrialRunner._start_asked)
+    def trial_finished(self, study: Any, number: int, role: Any, overrides: dict[str, Any], **details: Any) -> None:
+        self.trials.append((gpu_hours(self.launcher), role, merge(self.base, overrides), details.get("eta")))
+        if details.get("state") == "pruned":  # the driver's run id (search.trials.TrialRunner._start_asked)
             self.stopped_early.add(f"{study.study_name}.t{number:04d}")
-
-
-class _TracingRunner(StudyRunner):
-    def run_stage(self, index: int, stage: Any, base: Config) -> StageResult | None:
-        assert isinstance(self.console, _RecordingConsole)
-        self.console.base = dict(base)
-        return super().run_stage(index, stage, base)
 
 
 def _storage() -> Any:
@@ -109,14 +103,13 @@ def _storage() -> Any:
     return storage_class()("sqlite:///:memory:", heartbeat_interval=60, grace_period=120)
 
 
-def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, runner_cls: type[StudyRunner] | None = None) -> Trace:
-    """verl-sweep as shipped: the staged driver; the choice changes at each stage's end."""
-    console = _RecordingConsole(launcher)
-    cls = runner_cls or _TracingRunner
-    runner = cls(spec, _storage(), launcher, console=console, build_space=build_space, poll_interval_s=POLL_S)
-    runner.run()
-    points = [(0.0, spec.baseline_config()), *console.stage_ends]
-    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), console.stopped_early)
+def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, trace: StageTrace | None = None) -> Trace:
+    """verl-sweep as shipped: the staged driver, followed by a ``StageTrace``; the choice
+    changes at each stage's end."""
+    trace = trace or StageTrace(launcher)
+    StudyRunner(spec, _storage(), launcher, console=Console(quiet=True), listeners=[trace], poll_interval_s=POLL_S).run()
+    points = [(0.0, spec.baseline_config()), *trace.stage_ends]
+    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), trace.stopped_early)
 
 
 def _startup(launcher: ReplayLauncher) -> float:

@@ -1,4 +1,4 @@
-"""The HPO peers (issue 27, point 4): each searches :class:`benchmarks.joint.FairJointSpace`
+"""The HPO peers verl-sweep is measured against: each searches :class:`benchmarks.joint.FairJointSpace`
 with its own ask/tell loop, on the same ReplayLauncher (simulator, noise, probe code, η-free
 reward rate) and until the same GPU-hour budget is spent.
 

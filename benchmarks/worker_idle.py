@@ -1,4 +1,4 @@
-"""Issue 7, acceptance point 3: how idle are workers at stage boundaries? (SIMULATED)
+"""How idle are workers at stage boundaries, where one waits for the others? (SIMULATED)
 
 N processes share one study through one database: one ``verl-sweep run`` and N-1
 ``verl-sweep worker``, each with the simulator launcher and one probe slot. Every probe is a

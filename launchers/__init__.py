@@ -23,25 +23,30 @@ from launchers.ray_jobs import RayJobLauncher
 from launchers.sim import SimLauncher
 from launchers.replay import ReplayLauncher
 
-LAUNCHERS: dict[str, type[Launcher]] = {
-    "sim": SimLauncher,
-    "local": LocalLauncher,
-    "ray": RayJobLauncher,
-    "replay": ReplayLauncher,
-}
+#: every launcher, by its kind (its ``name``: the one place a kind is spelled), as a study
+#: file's ``launcher.kind`` and ``--launcher`` name it
+LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (SimLauncher, LocalLauncher, RayJobLauncher,
+                                                                  ReplayLauncher)}
+#: the kind of a study file that names none: the simulator, which runs anywhere
+DEFAULT_KIND = SimLauncher.name
+
+
+def launcher_class(kind: str) -> type[Launcher]:
+    """The launcher registered as ``kind``; LauncherError naming the registered ones."""
+    try:
+        return LAUNCHERS[kind]
+    except KeyError:
+        valid = ", ".join(sorted(LAUNCHERS))
+        raise LauncherError(f"launcher kind must be one of {valid}, but got {kind!r}. Pick one of those.") from None
 
 
 def make_launcher(kind: str, root_dir: Path | str, **options: Any) -> Launcher:
     """Build the launcher registered as ``kind``; raises LauncherError for an unknown kind."""
-    try:
-        cls = LAUNCHERS[kind]
-    except KeyError:
-        valid = ", ".join(sorted(LAUNCHERS))
-        raise LauncherError(f"launcher kind must be one of {valid}, but got {kind!r}. Pick one of those.") from None
-    return cls(root_dir, **options)
+    return launcher_class(kind)(root_dir, **options)
 
 
 __all__ = [
+    "DEFAULT_KIND",
     "LAUNCHERS",
     "Launcher",
     "LauncherError",
@@ -53,5 +58,6 @@ __all__ = [
     "RunState",
     "RunStatus",
     "SimLauncher",
+    "launcher_class",
     "make_launcher",
 ]

@@ -10,13 +10,16 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-import json
 import logging
-import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from launchers.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from launchers.options import Option
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +76,6 @@ class RunSpec:
                 raise LauncherError(f"override must be one line, but got {item!r}.")
 
 
-WORKER_ERRORS_FILE = "worker_errors.log"
-
-
 @dataclasses.dataclass(frozen=True)
 class RunHandle:
     """Where a started run lives. ``external_id`` is the pid or the Ray submission id."""
@@ -90,18 +90,25 @@ class RunHandle:
     started_at: float = 0.0
 
     @property
+    def files(self) -> RunDir:
+        """The run directory's files (``launchers.run_dir``); its metrics may be elsewhere
+        (``metrics_path``: a Ray job writes them on shared storage)."""
+        return RunDir(self.run_dir)
+
+    @property
     def worker_errors_path(self) -> Path:
         """Error lines a launcher kept from the run's own Ray workers' logs, when it failed:
         the root cause Ray did not forward to the run's stderr (on the H200, vLLM's reason for
         "Engine core initialization failed" was only there)."""
-        return self.run_dir / WORKER_ERRORS_FILE
+        return self.files.worker_errors
 
     @classmethod
     def in_dir(cls, run_id: str, launcher: str, run_dir: Path, *, external_id: str = "",
                started_at: float = 0.0) -> "RunHandle":
-        """A run whose files have the standard names inside ``run_dir``."""
-        return cls(run_id=run_id, launcher=launcher, run_dir=run_dir, metrics_path=run_dir / "metrics.jsonl",
-                   stdout_path=run_dir / "stdout.log", stderr_path=run_dir / "stderr.log",
+        """A run whose files have the standard names inside ``run_dir`` (``RunDir``)."""
+        files = RunDir(run_dir)
+        return cls(run_id=run_id, launcher=launcher, run_dir=run_dir, metrics_path=files.metrics,
+                   stdout_path=files.stdout, stderr_path=files.stderr,
                    external_id=external_id, started_at=started_at)  # fmt: skip
 
 
@@ -128,19 +135,6 @@ def probe_environment(*layers: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def write_spec(run_dir: Path, spec: RunSpec, extra: Mapping[str, Any] | None = None) -> None:
-    """Record the spec in the run directory (``spec.json``) for people and for re-attaching."""
-    payload = {
-        "run_id": spec.run_id,
-        "overrides": list(spec.overrides),
-        "n_gpus": spec.n_gpus,
-        "env": dict(spec.env),
-        "metadata": dict(spec.metadata),
-        **(extra or {}),
-    }
-    (run_dir / "spec.json").write_text(json.dumps(payload, indent=2))
-
-
 class Launcher(abc.ABC):
     """Starts probes and reports their state.
 
@@ -150,6 +144,11 @@ class Launcher(abc.ABC):
     """
 
     name: str = "base"
+    #: the options a study file may set under ``launcher.options`` (``launchers.options``):
+    #: the keyword arguments of the constructor, but the clock
+    OPTIONS: tuple[Option, ...] = ()
+    #: can be built on any machine (no GPU, no cluster): ``validate`` builds it to check the options
+    builds_anywhere: bool = False
     #: how long the driver waits between two polls, on this launcher's clock
     poll_interval_s: float = 0.05
     #: probes run on real GPUs, so a config whose estimated memory cannot fit is refused
@@ -232,43 +231,10 @@ class Launcher(abc.ABC):
 
     # -- helpers for implementations --------------------------------------------------------
     def _run_dir(self, run_id: str) -> Path:
-        run_dir = self.root_dir / run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return run_dir
+        """The run's directory under ``root_dir``, created."""
+        return self._files(run_id).path
 
-
-# -- reading a run's logs ------------------------------------------------------------------
-#: a log line worth keeping as evidence when a run failed
-_ERROR_LINE = re.compile(r"Error\b|Exception\b|Traceback|out of memory|less than desired", re.IGNORECASE)
-
-
-def error_lines(lines: list[str]) -> list[str]:
-    """The lines that may carry a failure's cause (stripped), in order."""
-    return [line.strip() for line in lines if _ERROR_LINE.search(line)]
-
-
-def tail(path: Path | str, n_lines: int = 20, *, max_bytes: int = 1 << 20) -> str:
-    """The last ``n_lines`` lines of a log file ("" when it does not exist).
-
-    Reads backwards in blocks so a multi-gigabyte stdout costs only its end; undecodable
-    bytes are replaced, never raised.
-    """
-    if n_lines < 1:
-        raise ValueError(f"n_lines must be >= 1, but got {n_lines}. Pass e.g. 20.")
-    path = Path(path)
-    try:
-        handle = path.open("rb")
-    except FileNotFoundError:
-        return ""
-    with handle:
-        handle.seek(0, os.SEEK_END)
-        end = handle.tell()
-        data = b""
-        pos = end
-        while pos > 0 and data.count(b"\n") <= n_lines and end - pos < max_bytes:
-            step = min(8192, pos)
-            pos -= step
-            handle.seek(pos)
-            data = handle.read(step) + data
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-n_lines:])
+    def _files(self, run_id: str) -> RunDir:
+        """The run's directory under ``root_dir`` (created) with the files every launcher's runs
+        have (``launchers.run_dir``)."""
+        return RunDir.make(self.root_dir, run_id)

@@ -5,10 +5,10 @@ Contract:
   probes (a small model leaves most of a GPU idle: the tiny H200 study runs 4 at once), so
   (G // g) × probes_per_gpu slots; ``start`` raises ``NoCapacityError`` when every slot is
   busy. A slot frees as soon as ``poll`` sees the exit or ``cancel`` kills it.
-- Each run gets ``<root>/<run_id>/`` with ``spec.json``, ``process.json``, ``stdout.log``,
-  ``stderr.log``, ``metrics.jsonl`` (verl's file logger), ``hydra/`` and, on real GPUs,
-  ``gpu_samples.jsonl``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins of docs/method.md §3
-  (appended after the caller's overrides, which lose any pinned key); a private Ray.
+- Each run gets its run directory (``launchers.run_dir``: spec, stdout, stderr, metrics, GPU
+  samples on real GPUs) and ``process.json``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins
+  (``run_dir.probe_pins``, appended after the caller's overrides, which lose any pinned key); a
+  private Ray.
 - With NVML GPUs present, ``start`` refuses a slot whose GPUs have less than
   ``min_free_gpu_memory_gb`` free. With no GPU and no explicit ``gpu_ids``, construction
   raises ``LauncherError`` (one line; the CLI maps it to exit 2).
@@ -31,9 +31,6 @@ from typing import Mapping, Sequence
 from launchers import gpu as gpu_mod
 from launchers import process as proc_mod
 from launchers.base import (
-    WORKER_ERRORS_FILE,
-    error_lines,
-    tail,
     Clock,
     Launcher,
     LauncherError,
@@ -43,46 +40,13 @@ from launchers.base import (
     RunState,
     RunStatus,
     probe_environment,
-    write_spec,
 )
+from launchers.options import Option
+from launchers.run_dir import RunDir, error_lines, merge_overrides, override_key, probe_pins, stderr_tail, tail
 
 logger = logging.getLogger(__name__)
 
 VERL_COMMAND: tuple[str, ...] = (sys.executable, "-m", "verl.trainer.main_ppo")
-METRICS_OVERRIDE = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
-
-
-def override_key(item: str) -> str:
-    """The config path an override sets: ``+a.b=1`` / ``++a.b=1`` / ``~a.b`` -> ``a.b``."""
-    key = item.split("=", 1)[0].strip()
-    return key.lstrip("~+")
-
-
-def probe_pins(run_id: str, run_dir: Path, metrics_path: Path) -> list[str]:
-    """The overrides that make a probe clean and findable (docs/method.md §3), shared by every launcher."""
-    return [
-        "trainer.resume_mode=disable",
-        "trainer.val_before_train=false",
-        "trainer.save_freq=-1",
-        f"trainer.experiment_name={run_id}",
-        f"hydra.run.dir={run_dir / 'hydra'}",
-        "trainer.logger=[console,file]",
-        f"{METRICS_OVERRIDE}={metrics_path}",
-    ]
-
-
-def merge_overrides(user: Sequence[str], pins: Sequence[str]) -> list[str]:
-    """Caller overrides followed by the pins; a caller override of a pinned key is dropped
-    (Hydra rejects a ``+key`` given twice, and the pin must win)."""
-    pinned = {override_key(p) for p in pins}
-    kept = []
-    for item in user:
-        if override_key(item) in pinned:
-            if item not in pins:  # the same setting twice is not worth a warning
-                logger.warning("dropping override %r: the launcher pins this key", item)
-            continue
-        kept.append(item)
-    return [*kept, *pins]
 
 
 #: Probes sharing a GPU start together, and vLLM's start-up profiling counts a neighbour's
@@ -141,25 +105,25 @@ def keep_worker_errors(run_dir: Path, *, max_lines: int = 60) -> Path | None:
         kept += [f"({path.name}) {line}" for line in error_lines(lines)]
     if not kept:
         return None
-    target = run_dir / WORKER_ERRORS_FILE
+    target = RunDir(run_dir).worker_errors
     target.write_text("\n".join(kept[-max_lines:]) + "\n")
     return target
-
-
-def stderr_tail(path: Path, *, n_lines: int = 3, max_chars: int = 600) -> str:
-    """The last non-empty lines of a log file, for a one-line failure message."""
-    try:
-        text = tail(path, n_lines=n_lines + 20, max_bytes=16384)
-    except OSError:
-        return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return " | ".join(lines[-n_lines:])[-max_chars:]
 
 
 class LocalLauncher(Launcher):
     """Runs probes as processes on this machine, one GPU slot each (see module docstring)."""
 
     name = "local"
+    OPTIONS: tuple[Option, ...] = (
+        Option("gpu_ids", "list[int]", nullable=True, help="NVML indices of the GPUs to use (default: every visible one)"),
+        Option("gpus_per_probe", "int", help="GPUs a probe runs on"),
+        Option("probes_per_gpu", "int", help="probes sharing a GPU (small models only)"),
+        Option("command", "list[str]", nullable=True, help="what runs a probe (default: python -m verl.trainer.main_ppo)"),
+        Option("min_free_gpu_memory_gb", "float", help="a slot's GPUs need this much free memory to start a probe"),
+        Option("extra_env", "dict[str, str]", nullable=True, help="environment variables of every probe"),
+        Option("sample_gpus", "bool", help="record NVML samples of a probe's GPUs"),
+        Option("kill_grace_s", "float", help="seconds between SIGTERM and SIGKILL when a probe is stopped"),
+    )
 
     def __init__(
         self,
@@ -277,8 +241,8 @@ class LocalLauncher(Launcher):
                 f"a probe's n_gpus must be <= gpus_per_probe ({self.gpus_per_probe}), but got {spec.n_gpus}. "
                 "Raise gpus_per_probe or lower the probe's GPU count."
             )
-        run_dir = self._run_dir(spec.run_id)
-        old = proc_mod.read_record(run_dir)
+        run_dir = self._files(spec.run_id)
+        old = proc_mod.read_record(run_dir.path)
         if old is not None and proc_mod.is_alive(old):
             raise LauncherError(
                 f"run {spec.run_id!r} must not be running already, but pid {old.pid} still is. "
@@ -296,15 +260,13 @@ class LocalLauncher(Launcher):
             self._release(spec.run_id)
             raise
 
-    def _launch(self, spec: RunSpec, run_dir: Path, slot: int) -> RunHandle:
+    def _launch(self, spec: RunSpec, run_dir: RunDir, slot: int) -> RunHandle:
         gpus = self._slots[slot]
         if self._nvml:
             self._preflight(gpus)
-        metrics_path = run_dir / "metrics.jsonl"
-        stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
-        ray_dir = private_ray_dir(run_dir)
+        ray_dir = private_ray_dir(run_dir.path)
         pins = [
-            *probe_pins(spec.run_id, run_dir, metrics_path),
+            *probe_pins(spec.run_id, run_dir),
             # A private Ray per probe: ray.init() would otherwise join any running cluster.
             "+ray_kwargs.ray_init.address=local",
             f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
@@ -316,7 +278,7 @@ class LocalLauncher(Launcher):
             pins.append(kv_pin)
         overrides = merge_overrides(spec.overrides, pins)
         argv = [*self.command, *overrides]
-        env = probe_environment(os.environ, self.extra_env, spec.env, self._probe_env(spec, run_dir))
+        env = probe_environment(os.environ, self.extra_env, spec.env, self._probe_env(spec, run_dir.path))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so CUDA's numbering is NVML's
         # Ray's workers retitle themselves (``ray::IDLE``) with setproctitle, which by default
@@ -324,11 +286,8 @@ class LocalLauncher(Launcher):
         # they have left the probe's process group; SPT_NOENV keeps the environment readable.
         env["SPT_NOENV"] = "1"
         started_at = self.clock()
-        # Remove last attempt's outputs so a reader never mixes two runs.
-        for path in (metrics_path, stdout_path, stderr_path, run_dir / "gpu_samples.jsonl"):
-            path.unlink(missing_ok=True)
-        write_spec(
-            run_dir,
+        run_dir.clear_outputs()
+        run_dir.write_spec(
             spec,
             {
                 "launcher": self.name,
@@ -341,19 +300,19 @@ class LocalLauncher(Launcher):
         )
         _popen, record = proc_mod.spawn(
             argv,
-            run_dir=run_dir,
+            run_dir=run_dir.path,
             env=env,
-            stdout_path=stdout_path,
-            stderr_path=stderr_path,
+            stdout_path=run_dir.stdout,
+            stderr_path=run_dir.stderr,
             markers=(ray_dir,),
             # cwd stays the driver's: relative data/model paths in overrides mean what the user meant.
         )
         self._records[spec.run_id] = record
         if self._sample_gpus:
-            sampler = gpu_mod.GpuSampler(run_dir / "gpu_samples.jsonl", gpus, clock=self.clock)
+            sampler = gpu_mod.GpuSampler(run_dir.gpu_samples, gpus, clock=self.clock)
             sampler.start()
             self._samplers[spec.run_id] = sampler
-        return RunHandle.in_dir(spec.run_id, self.name, run_dir, external_id=str(record.pid), started_at=started_at)
+        return RunHandle.in_dir(spec.run_id, self.name, run_dir.path, external_id=str(record.pid), started_at=started_at)
 
     def _preflight(self, gpus: Sequence[int]) -> None:
         """Refuse GPUs with too little free memory (docs/method.md §1: never start below 5 GB free)."""
@@ -409,10 +368,7 @@ class LocalLauncher(Launcher):
         record = proc_mod.read_record(run_dir)
         if record is None:
             return None
-        try:
-            spec = json.loads((run_dir / "spec.json").read_text())
-        except (OSError, ValueError):
-            spec = {}
+        spec = RunDir(run_dir).read_spec()
         self._records[run_id] = record
         if proc_mod.is_alive(record):
             slot = self._take_slot(run_id, preferred=spec.get("slot"))

@@ -19,7 +19,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -36,9 +35,9 @@ from launchers.base import (
     RunState,
     RunStatus,
     probe_environment,
-    write_spec,
 )
-from launchers.local import merge_overrides, probe_pins, stderr_tail
+from launchers.options import Option
+from launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +54,18 @@ class RayJobLauncher(Launcher):
     """Probes as Ray jobs, queued on a custom slot resource (see module docstring)."""
 
     name = "ray"
+    OPTIONS: tuple[Option, ...] = (
+        Option("address", "str", required=True, help="the Ray dashboard's job address, e.g. http://head:8265"),
+        Option("max_concurrent", "int", required=True, from_study="launcher.max_concurrent",
+               help="the cluster's slot count: jobs beyond it wait as pending"),
+        Option("slot_resource", "str", help="the custom resource each job holds one of"),
+        Option("command", "list[str]", nullable=True, help="what runs a probe (default: python -m verl.trainer.main_ppo)"),
+        Option("shared_dir", "str", nullable=True, help="storage the jobs write their metrics to, read here"),
+        Option("gpus_per_probe", "int", nullable=True, help="trainer.n_gpus_per_node of every probe"),
+        Option("extra_env", "dict[str, str]", nullable=True, help="environment variables of every job"),
+        Option("stop_timeout_s", "float", help="seconds a stopped job has to end"),
+        Option("log_mirror_interval_s", "float", help="seconds between copies of a running job's log"),
+    )
 
     def __init__(
         self,
@@ -131,24 +142,24 @@ class RayJobLauncher(Launcher):
             ) from e
 
     # -- paths -------------------------------------------------------------------------------
-    def _paths(self, run_id: str) -> tuple[Path, Path]:
-        """(local run dir, run dir on shared storage)."""
-        run_dir = self._run_dir(run_id)
-        remote_dir = self.shared_dir / run_id
+    def _paths(self, run_id: str) -> tuple[RunDir, RunDir]:
+        """(local run dir, run dir on shared storage: where the job writes its metrics)."""
+        run_dir = self._files(run_id)
+        remote_dir = RunDir(self.shared_dir / run_id)
         try:
-            remote_dir.mkdir(parents=True, exist_ok=True)
+            remote_dir.path.mkdir(parents=True, exist_ok=True)
         except OSError:
             pass  # not mounted here; verl's logger will fail loudly on the node instead
         return run_dir, remote_dir
 
     def _handle(self, run_id: str, started_at: float) -> RunHandle:
         run_dir, remote_dir = self._paths(run_id)
-        log_path = run_dir / "stdout.log"
+        log_path = run_dir.stdout
         return RunHandle(
             run_id=run_id,
             launcher=self.name,
-            run_dir=run_dir,
-            metrics_path=remote_dir / "metrics.jsonl",
+            run_dir=run_dir.path,
+            metrics_path=remote_dir.metrics,
             stdout_path=log_path,
             stderr_path=log_path,  # Ray keeps one log per job: stdout and stderr interleaved
             external_id=run_id,
@@ -158,8 +169,7 @@ class RayJobLauncher(Launcher):
     # -- hooks -------------------------------------------------------------------------------
     def _start(self, spec: RunSpec) -> RunHandle:
         run_dir, remote_dir = self._paths(spec.run_id)
-        metrics_path = remote_dir / "metrics.jsonl"
-        pins = probe_pins(spec.run_id, remote_dir, metrics_path)
+        pins = probe_pins(spec.run_id, remote_dir)
         if self.gpus_per_probe is not None:
             pins.append(f"trainer.n_gpus_per_node={self.gpus_per_probe}")
         argv = [*self.command, *merge_overrides(spec.overrides, pins)]
@@ -186,11 +196,8 @@ class RayJobLauncher(Launcher):
                     f"job {spec.run_id!r} must be readable after Ray said it exists, but it is not. Retry."
                 ) from e
             return handle
-        write_spec(
-            run_dir,
-            spec,
-            {"launcher": self.name, "address": self.address, "argv": argv, "started_at": started_at},
-        )
+        run_dir.write_spec(spec, {"launcher": self.name, "address": self.address, "argv": argv,
+                                  "started_at": started_at})
         return self._handle(spec.run_id, started_at)
 
     def _poll(self, handle: RunHandle) -> RunState:
@@ -239,8 +246,8 @@ class RayJobLauncher(Launcher):
             return None
         started_at = self.clock()
         try:
-            started_at = float(json.loads((self.root_dir / run_id / "spec.json").read_text())["started_at"])
-        except (OSError, ValueError, KeyError):
+            started_at = float(RunDir(self.root_dir / run_id).read_spec()["started_at"])
+        except (KeyError, TypeError, ValueError):
             pass  # spec written by another driver's root; the start time is approximate
         return self._handle(run_id, started_at)
 

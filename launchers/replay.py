@@ -24,8 +24,9 @@ import random
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
 
-from launchers.base import Launcher, LauncherError, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus, write_spec
-from launchers.local import merge_overrides, probe_pins
+from launchers.base import Launcher, LauncherError, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus
+from launchers.options import Option
+from launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,19 @@ class ReplayLauncher(Launcher):
 
     name = "replay"
     real_gpus = False
+    builds_anywhere = True
+    OPTIONS: tuple[Option, ...] = (
+        Option("max_concurrent", "int", from_study="launcher.max_concurrent", help="probes at once"),
+        Option("landscape", "str", help="the simulated world: a shipped landscape's name or a file"),
+        # fake GPUs: as many a probe as a node of the study's hardware
+        Option("gpus_per_probe", "int", from_study="hardware.gpus_per_node", help="fake GPUs a probe runs on"),
+        Option("startup_s", "float", nullable=True, help="virtual seconds a probe takes to start (null: the landscape's)"),
+        Option("poll_advance_s", "float", help="virtual seconds each poll moves the clock"),
+        Option("write_console", "bool", help="write verl's console lines to stdout.log"),
+        Option("write_gpu_samples", "bool", help="write gpu_samples.jsonl"),
+        Option("verl_record", "bool", help="write verl's whole step record (false: the modelled keys only)"),
+        Option("gpu_memory_gb", "float", nullable=True, help="the simulated GPUs' memory (null: the landscape's)"),
+    )
     #: virtual seconds between two polls of the driver (a probe step takes minutes)
     poll_interval_s = 30.0
 
@@ -176,17 +190,14 @@ class ReplayLauncher(Launcher):
                 f"a free GPU slot is needed to start {spec.run_id!r}, but all {self.max_concurrent} are busy. "
                 "Wait until poll reports a run finished."
             )
-        run_dir = self._run_dir(spec.run_id)
-        metrics_path = run_dir / "metrics.jsonl"
-        stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
-        samples_path = run_dir / "gpu_samples.jsonl"
-        for path in (metrics_path, stdout_path, stderr_path, samples_path):
-            path.unlink(missing_ok=True)
-        pins = [*probe_pins(spec.run_id, run_dir, metrics_path), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
+        run_dir = self._files(spec.run_id)
+        run_dir.clear_outputs()
+        pins = [*probe_pins(spec.run_id, run_dir), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
         argv = merge_overrides(spec.overrides, pins)
-        write_spec(run_dir, spec, {"launcher": self.name, "argv": argv, "landscape": self.landscape_name,
-                                   "started_at": self._now})  # fmt: skip
-        handle = RunHandle.in_dir(spec.run_id, self.name, run_dir, external_id=f"replay:{spec.run_id}", started_at=self._now)
+        run_dir.write_spec(spec, {"launcher": self.name, "argv": argv, "landscape": self.landscape_name,
+                                  "started_at": self._now})  # fmt: skip
+        handle = RunHandle.in_dir(spec.run_id, self.name, run_dir.path, external_id=f"replay:{spec.run_id}",
+                                  started_at=self._now)
         self._begin(handle, spec, argv, started_at=self._now, skip_steps=0)
         return handle
 
@@ -210,8 +221,6 @@ class ReplayLauncher(Launcher):
             return RunState(RunStatus.RUNNING)
         if run.exit_code == 0:
             return RunState(RunStatus.SUCCEEDED, exit_code=0)
-        from launchers.local import stderr_tail
-
         tail = stderr_tail(handle.stderr_path)
         return RunState(RunStatus.FAILED, exit_code=run.exit_code, message=f"exit code {run.exit_code}: {tail}")
 
@@ -226,10 +235,7 @@ class ReplayLauncher(Launcher):
         """Continue a run another launcher started in this root: its lines so far stay, the
         rest follow on this launcher's clock (an unfinished run has no exit in stderr)."""
         run_dir = self.root_dir / run_id
-        spec_path = run_dir / "spec.json"
-        if not spec_path.is_file():
-            return None
-        data = json.loads(spec_path.read_text())
+        data = RunDir(run_dir).read_spec()
         if data.get("launcher") != self.name:
             return None
         spec = RunSpec(run_id=run_id, overrides=tuple(data["overrides"]), n_gpus=int(data["n_gpus"]))
@@ -298,8 +304,7 @@ class ReplayLauncher(Launcher):
     ) -> Iterator[tuple[float, str, Any]]:
         """What ``python -m launchers.simulator argv`` does, as timed events; writing happens
         as each event is taken (so lines appear when the clock passes them)."""
-        from launchers.simulator.__main__ import _gpu_sample
-        from launchers.simulator.trace import console_line, json_line, real_record
+        from launchers.simulator.trace import console_line, gpu_sample, json_line, real_record
         from launchers.simulator.config import ConfigError, get, logger_path, parse_overrides
         from launchers.simulator.landscape import LandscapeError
 
@@ -350,7 +355,7 @@ class ReplayLauncher(Launcher):
             return
         path = logger_path(config)
         metrics = open(path, "a", buffering=1) if path else None
-        samples = (open(handle.run_dir / "gpu_samples.jsonl", "a", buffering=1)
+        samples = (open(handle.files.gpu_samples, "a", buffering=1)
                    if self.write_gpu_samples else None)  # fmt: skip
         for f, key in ((metrics, "metrics"), (samples, "samples")):
             if f is not None:
@@ -373,7 +378,7 @@ class ReplayLauncher(Launcher):
             last = record.step
             if record.step <= skip_steps:
                 if samples is not None:  # keep the jitter stream where the process has it
-                    _gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
+                    gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
                 continue
             t += record.step_time_s
             yield t, "step", record.step
@@ -382,7 +387,7 @@ class ReplayLauncher(Launcher):
             if self.write_console:
                 out.write(console_line(prefix, template, record.step, record.metrics))
             if samples is not None:
-                sample = _gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
+                sample = gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
                 samples.write(json.dumps(sample) + "\n")
         if failure is not None:
             t += expectation.step_time_s * 0.3

@@ -17,6 +17,8 @@ from typing import Mapping
 
 from launchers.base import Clock, LauncherError, RunSpec
 from launchers.local import LocalLauncher
+from launchers.options import Option
+from launchers.run_dir import RunDir
 from launchers.simulator.landscape import LandscapeError, load_landscape
 
 SIMULATOR_COMMAND: tuple[str, ...] = (sys.executable, "-m", "launchers.simulator")
@@ -39,6 +41,17 @@ class SimLauncher(LocalLauncher):
 
     name = "sim"
     real_gpus = False
+    builds_anywhere = True
+    OPTIONS: tuple[Option, ...] = (
+        Option("max_concurrent", "int", from_study="launcher.max_concurrent", help="probes at once"),
+        Option("time_scale", "float", help="simulated seconds per real second"),
+        Option("landscape", "str", help="the simulated world: a shipped landscape's name or a file"),
+        # fake GPUs: as many a probe as a node of the study's hardware
+        Option("gpus_per_probe", "int", from_study="hardware.gpus_per_node", help="fake GPUs a probe runs on"),
+        Option("extra_env", "dict[str, str]", nullable=True, help="environment variables of every probe"),
+        Option("command", "list[str]", help="what runs a probe (default: the simulator process)"),
+        Option("kill_grace_s", "float", help="seconds between SIGTERM and SIGKILL when a probe is stopped"),
+    )
 
     def __init__(
         self,
@@ -88,6 +101,6 @@ class SimLauncher(LocalLauncher):
         return {
             "VERL_SIM_TIME_SCALE": repr(self.time_scale),
             "VERL_SIM_LANDSCAPE": self.landscape,
-            "VERL_SIM_GPU_SAMPLES_PATH": str(run_dir / "gpu_samples.jsonl"),
+            "VERL_SIM_GPU_SAMPLES_PATH": str(RunDir(run_dir).gpu_samples),
             "VERL_SIM_PARENT_PID": str(os.getpid()),  # the probe's parent: see the simulator's _watch_parent
         }

@@ -35,14 +35,9 @@ from typing import Sequence
 
 import numpy as np
 
-from objectives.metrics import StepMetrics
+from objectives.metrics import GRAD_KEY, KL_KEYS, LOSS_KEYS, REWARD_KEY, StepMetrics
 
 logger = logging.getLogger(__name__)
-
-REWARD_KEY = "critic/score/mean"
-GRAD_KEY = "actor/grad_norm"
-KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
-LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ and would distort every rate computed over the series.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import logging
@@ -25,15 +26,22 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-# How many bytes of the first line we remember to notice a file that was rewritten from the
-# start (verl re-opens it "wb" on restart) even when it has already grown past our offset.
-_FIRST_LINE_PROBE = 4096
+# -- verl's metric keys (0.9.1), named here once -------------------------------------------
+#: the raw task score (``critic/rewards/*`` is after the in-reward KL)
+REWARD_KEY = "critic/score/mean"
+#: a training step's time (validation and start-up excluded)
+STEP_TIME_KEY = "timing_s/step"
+TOKENS_KEY = "perf/total_num_tokens"
+THROUGHPUT_KEY = "perf/throughput"
+GRAD_KEY = "actor/grad_norm"
+KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
+LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,80 +172,60 @@ def read_all(path: Path | str, *, include_validation: bool = False) -> list[Step
     return _ordered(series)
 
 
-class _LineTail:
-    """Incremental reader of complete lines from a growing file; notices rewrites."""
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """What a source read since its last read."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.pending = b""
-        self.first_line: bytes | None = None
+    #: records completed since, in the order read (step 0, the validation, included)
+    records: list[StepMetrics]
+    #: the source was rewritten from its start (a restarted run): what it gave before is void
+    restarted: bool = False
+    #: lines that should have been records but were not (a source whose other lines carry no
+    #: metrics, such as the console, says 0)
+    n_garbage: int = 0
 
-    def reset(self) -> None:
-        self.offset, self.pending, self.first_line = 0, b"", None
 
-    def rewritten(self) -> bool:
-        """True when the file shrank or its first line is no longer what we read."""
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return self.offset > 0  # deleted after we read from it
-        if size < self.offset:
-            return True
-        if self.first_line is not None:
-            with self.path.open("rb") as handle:
-                return handle.read(len(self.first_line)) != self.first_line
-        return False
+class MetricSource(abc.ABC):
+    """One place a run's per-step metrics can be read from, incrementally (``objectives.sources``:
+    verl's file logger, its tensorboard events, its console). ``MetricsFollower`` reads the
+    most trusted source that has something to read."""
 
-    def read_lines(self) -> list[bytes]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(chunk)
-        buffer = self.pending + chunk
-        cut = buffer.rfind(b"\n") + 1
-        # A torn last line (the writer is mid-write) waits for its newline.
-        complete, self.pending = buffer[:cut], buffer[cut:]
-        lines = complete.splitlines()
-        if self.first_line is None and lines:
-            # Before the first newline everything read is still pending from offset 0, so
-            # the first complete line we see is the file's first line.
-            self.first_line = lines[0][:_FIRST_LINE_PROBE]
-        return lines
+    #: names the source in logs and in ``MetricsFollower.source``
+    name: str = ""
+
+    @abc.abstractmethod
+    def present(self) -> bool:
+        """There is something to read (its file exists)."""
+
+    @abc.abstractmethod
+    def read_new(self, *, final: bool = False) -> Batch:
+        """What was completed since the last call. ``final``: the run has ended, so whatever
+        the source holds back as possibly incomplete is complete now. Never raises on
+        malformed input."""
 
 
 class MetricsFollower:
     """Reads a run's metrics incrementally while verl writes them.
 
-    Callers (the objective's polling loop) call ``read_new()`` every few seconds and use
+    ``sources`` are the places to read them, most trusted first (``objectives.sources.
+    run_sources``): the first one that has something to read is followed; when a more
+    trusted one appears later it takes over and the series read so far is discarded.
+    Callers (the probe's polling loop) call ``read_new()`` every few seconds and use
     ``series`` for scoring and the health screen, ``last_update_time`` for hang detection.
     Never raises on malformed input: garbage lines are skipped and counted in ``n_garbage``.
-    A rewritten metrics file (a restarted run) clears the series and counts ``restarts``.
-    The console file is used only while the metrics file does not exist; when the file
-    appears later it takes over and the console-derived series is discarded.
+    A rewritten source (a restarted run) clears the series and counts ``restarts``.
     """
 
-    def __init__(
-        self,
-        metrics_path: Path | str,
-        console_path: Path | str | None = None,
-        *,
-        clock: Clock = time.time,
-    ) -> None:
-        self.metrics_path = Path(metrics_path)
-        self.console_path = Path(console_path) if console_path is not None else None
+    def __init__(self, sources: Sequence[MetricSource], *, clock: Clock = time.time) -> None:
+        self.sources = list(sources)
         self.clock = clock
         self.restarts = 0
         self.n_garbage = 0
         self.validation: StepMetrics | None = None
-        self.source: str | None = None  # "file" or "console" once something was read
+        self.source: str | None = None  # the name of the source followed once something was read
         # Starts at construction so a run that never logs a step still looks idle.
         self.last_update_time: float = clock()
-        self._file = _LineTail(self.metrics_path)
-        self._console = _LineTail(self.console_path) if self.console_path else None
+        self._current: MetricSource | None = None
         self._series: dict[int, dict[str, float | None]] = {}
         # ``series`` kept up to date as steps arrive (None: rebuilt on the next read): a probe
         # reads it several times a poll, and rebuilding thousands of steps each time was
@@ -245,49 +233,26 @@ class MetricsFollower:
         self._ordered: list[StepMetrics] | None = None
 
     # -- reading --------------------------------------------------------------------------
-    def read_new(self) -> list[StepMetrics]:
-        """Records completed since the last call (in file order; step 0 excluded)."""
-        if self.metrics_path.exists() or self._file.offset > 0:
-            if self.source == "console":
-                logger.info("metrics file %s appeared; switching from console", self.metrics_path)
-                self._series.clear()
-                self._ordered = None
-                self.validation = None
-            self.source = "file"
-            return self._read(self._file, parse_json_line, count_garbage=True)
-        if self._console is not None and self._console.path.exists():
-            self.source = "console"
-            # Console output holds much else besides metrics: other lines are not garbage.
-            return self._read(self._console, _decode_console, count_garbage=False)
-        return []
-
-    def _read(
-        self,
-        tail: _LineTail,
-        parse: Callable[[bytes], StepMetrics | None],
-        *,
-        count_garbage: bool,
-    ) -> list[StepMetrics]:
-        if tail.rewritten():
+    def read_new(self, *, final: bool = False) -> list[StepMetrics]:
+        """Records completed since the last call (in the source's order; step 0 excluded).
+        ``final``: the run has ended (see ``MetricSource.read_new``)."""
+        current = next((source for source in self.sources if source.present()), None)
+        if current is None:
+            return []
+        if current is not self._current:
+            if self._current is not None:
+                logger.info("%s appeared; switching from %s", current.name, self._current.name)
+                self._clear()
+            self._current, self.source = current, current.name
+        batch = current.read_new(final=final)
+        if batch.restarted:
             self.restarts += 1
-            logger.warning(
-                "%s was rewritten from the start (run restarted); the series starts over",
-                tail.path,
-            )
-            tail.reset()
-            self._series.clear()
-            self._ordered = None
-            self.validation = None
+            logger.warning("the run's %s was rewritten from the start (run restarted); the series starts over",
+                           current.name)
+            self._clear()
+        self.n_garbage += batch.n_garbage
         new: list[StepMetrics] = []
-        for line in tail.read_lines():
-            if not line.strip():
-                continue
-            record = parse(line)
-            if record is None:
-                if count_garbage:
-                    self.n_garbage += 1
-                    logger.debug("skipped a malformed metrics line: %.120r", line)
-                continue
+        for record in batch.records:
             if record.step == 0:
                 self.validation = record
                 continue
@@ -296,6 +261,11 @@ class MetricsFollower:
         if new:
             self.last_update_time = self.clock()
         return new
+
+    def _clear(self) -> None:
+        self._series.clear()
+        self._ordered = None
+        self.validation = None
 
     def _merge(self, record: StepMetrics) -> None:
         """Merge a record into the series; a new last step extends the ordered view, anything
@@ -324,10 +294,6 @@ class MetricsFollower:
     def idle_s(self) -> float:
         """Seconds since a new step last arrived (or since construction)."""
         return self.clock() - self.last_update_time
-
-
-def _decode_console(line: bytes) -> StepMetrics | None:
-    return parse_console_line(line.decode("utf-8", errors="replace"))
 
 
 def write_lines(path: Path | str, records: Iterable[Mapping[str, Any]]) -> None:

@@ -16,10 +16,12 @@ from typing import Any
 from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
 from objectives.failures import FailureKind, diagnose, failure_text
 from objectives.health import HealthVerdict, screen
-from objectives.metrics import MetricsFollower, StepMetrics
+from objectives.metrics import STEP_TIME_KEY, MetricsFollower, StepMetrics
+from objectives.sources import run_sources
 from objectives.score import (
     MIN_RUNNING_STEPS,
     MIN_SCORED_STEPS,
+    Metric,
     Score,
     ScoreError,
     score_reward_rate,
@@ -51,9 +53,11 @@ class ProbeState(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
     steps: int
-    speed_only: bool = False
+    #: what the probe is scored on (``search.stage.Stage`` says, from what the knobs move)
+    metric: Metric = Metric.REWARD_RATE
     warmup_steps: int = 0
     hang_timeout_s: float = 1800.0
+    #: stop a run that diverges or plateaus (learning probes; a speed probe's reward is noise)
     health_screen: bool = True
     n_gpus: int = 1
     #: bootstrap resamples of a finished probe's score (its interval). The rate itself is
@@ -119,9 +123,8 @@ class Probe:
     def _follow(self, handle: RunHandle) -> None:
         self.started_at = self.launcher.clock()
         self._real_last_progress = time.monotonic()
-        self.follower = MetricsFollower(
-            handle.metrics_path, console_path=handle.stdout_path, clock=self.launcher.clock
-        )
+        self.follower = MetricsFollower(run_sources(handle.run_dir, metrics_path=handle.metrics_path),
+                                        clock=self.launcher.clock)
 
     def _real_silence_s(self) -> float:
         """Real seconds since the last new metrics (or the start). On a compressed clock (the
@@ -163,7 +166,7 @@ class Probe:
         if new and self.first_step_at is None:
             first = next((s for s in self.follower.series if s.step >= 1), None)
             if first is not None:
-                self.first_step_at = now - float(first.data.get("timing_s/step") or 0.0)
+                self.first_step_at = now - float(first.data.get(STEP_TIME_KEY) or 0.0)
         # Screen before the last-step check: a run that diverges in its last steps is unhealthy too.
         verdict = self._health_verdict() if new else None
         if verdict is not None:
@@ -174,7 +177,7 @@ class Probe:
             return self._outcome
         state = self.launcher.poll(self.handle)
         if state.status.is_finished:
-            if self.follower.read_new() and (verdict := self._health_verdict()) is not None:  # the last lines
+            if self.follower.read_new(final=True) and (verdict := self._health_verdict()) is not None:  # the last lines
                 return self._stopped_by_health(verdict)
             if self.follower.last_step >= self.settings.steps or (
                 state.status is RunStatus.SUCCEEDED and self.follower.last_step > 0
@@ -205,13 +208,13 @@ class Probe:
         return None
 
     def _settled(self) -> bool:
-        if not (self.settings.speed_only and self.settings.settle_tolerance > 0):
+        if not (self.settings.metric is Metric.THROUGHPUT and self.settings.settle_tolerance > 0):
             return False
         return throughput_settled(self.steps, warmup_steps=self.settings.warmup_steps,
                                   tolerance=self.settings.settle_tolerance)
 
     def _health_verdict(self) -> HealthVerdict | None:
-        if not self.settings.health_screen or self.settings.speed_only:
+        if not self.settings.health_screen:
             return None
         return screen(self.steps, plateau_max_rise=CONVERGED_RISE)
 
@@ -226,7 +229,7 @@ class Probe:
     def _score(self, steps: list[StepMetrics], *, n_boot: int | None = None, final: bool = True,
                min_steps: int = MIN_SCORED_STEPS) -> Score:
         n_boot = self.settings.n_boot if n_boot is None else n_boot
-        if self.settings.speed_only:
+        if self.settings.metric is Metric.THROUGHPUT:
             return score_throughput(
                 steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus, n_boot=n_boot
             )
@@ -267,5 +270,5 @@ class Probe:
     def _gpu_summary(self) -> dict[str, Any] | None:
         if self.handle is None:
             return None
-        samples = read_samples(self.handle.run_dir / "gpu_samples.jsonl")
+        samples = read_samples(self.handle.files.gpu_samples)
         return summarise(samples, self.follower.series if self.follower else [])

@@ -43,6 +43,7 @@ training. What we measure, and why:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import statistics
@@ -50,7 +51,7 @@ from typing import Sequence
 
 import numpy as np
 
-from objectives.metrics import StepMetrics
+from objectives.metrics import REWARD_KEY, STEP_TIME_KEY, THROUGHPUT_KEY, TOKENS_KEY, StepMetrics
 from objectives.shape import late_gain
 from objectives.trend import block_indices, boot_weights, fit_curve, fit_poly, fit_windows
 
@@ -65,12 +66,21 @@ MIN_RUNNING_STEPS = 3
 #: a speed-only probe needs this many for a throughput
 MIN_SPEED_STEPS = 2
 
-REWARD_KEY = "critic/score/mean"
-STEP_TIME_KEY = "timing_s/step"
-TOKENS_KEY = "perf/total_num_tokens"
-THROUGHPUT_KEY = "perf/throughput"
-
 ESTIMATORS = ("curve", "ols", "windows")
+
+
+class Metric(str, enum.Enum):
+    """What a probe is scored on; ``Score.metric`` holds its value."""
+
+    #: reward gain per training second (learning, and the speed it comes at)
+    REWARD_RATE = "reward_rate"
+    #: tokens per second per GPU (speed alone)
+    THROUGHPUT = "throughput"
+
+    @property
+    def min_steps(self) -> int:
+        """Scored steps (after the warm-up) a finished probe needs for this score."""
+        return MIN_SPEED_STEPS if self is Metric.THROUGHPUT else MIN_SCORED_STEPS
 
 
 class ScoreError(Exception):

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from objectives.metrics import StepMetrics
+from objectives.metrics import STEP_TIME_KEY, StepMetrics
 
 IDLE_UTIL_PCT = 10.0
 #: the method's guard: free GPU memory must stay above this
@@ -93,7 +93,7 @@ def _memory_swing(samples: list[dict[str, Any]]) -> float | None:
 def _time_shares(steps: Sequence[StepMetrics]) -> dict[str, Any]:
     total = gen = train = 0.0
     for s in steps:
-        step_time = s.data.get("timing_s/step")
+        step_time = s.data.get(STEP_TIME_KEY)
         if step_time is None or not math.isfinite(step_time):
             continue
         total += step_time

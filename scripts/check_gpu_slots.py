@@ -1,4 +1,4 @@
-"""Issue 10: do LocalLauncher's GPU slots hold on a real multi-GPU machine?
+"""Do LocalLauncher's GPU slots hold on a real multi-GPU machine?
 
 Queues ``--n-probes`` (5) stand-in probes on a LocalLauncher with ``--gpus-per-probe`` (2)
 GPUs each over every GPU NVML sees (4 → 2 slots). Each probe (this file with ``--probe``)
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from launchers import gpu as gpu_mod  # noqa: E402
 from launchers.base import LauncherError, NoCapacityError, RunSpec, RunStatus  # noqa: E402
-from launchers.local import METRICS_OVERRIDE, LocalLauncher  # noqa: E402
+from launchers.local import LocalLauncher  # noqa: E402
+from launchers.run_dir import METRICS_OVERRIDE  # noqa: E402
 
 
 def probe(argv: list[str]) -> int:

@@ -106,139 +106,23 @@ def _open_study(name: str, storage: Optional[str], *, readonly: bool = False):  
     return opened, spec
 
 
-def _make_launcher(spec, kind: Optional[str] = None, runs_dir: Optional[Path] = None):  # type: ignore[no-untyped-def]
-    """The study's launcher (or ``kind``); a launcher that cannot be built (unknown kind, bad
-    option, no GPU here) is bad input."""
-    from launchers import LauncherError, make_launcher
+def _make_launcher(spec, kind: Optional[str] = None):  # type: ignore[no-untyped-def]
+    """The study's launcher, or ``kind``'s (``search.launch``); says which of the study's
+    options another kind leaves out."""
+    from search.launch import build_launcher
 
-    kind = kind or spec.launcher.kind
-    runs_dir = runs_dir or (spec.source_dir or Path.cwd()) / "runs" / spec.name
-    options = _launcher_options(spec, kind, announce=True)
-    _check_runs_dir(runs_dir)
-    try:
-        return make_launcher(kind, runs_dir, **options)
-    except LauncherError as e:
-        raise BadInputError(str(e)) from None
-    except OSError as e:
-        raise BadInputError(f"the runs directory {runs_dir} cannot be created ({e.strerror or e}). Run from a "
-                            "directory where runs/ can be written.") from None
-
-
-def _check_runs_dir(runs_dir: Path) -> None:
-    """Where each probe gets its directory: a ``runs`` that is a file, or not writable, is
-    refused before anything is stored."""
-    existing = runs_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise BadInputError(f"the runs directory {runs_dir} cannot be created: {existing} is not a directory. "
-                            "Move it away, or run the study from another directory.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise BadInputError(f"the runs directory {runs_dir} cannot be created: {existing} is not writable. "
-                            "Run the study from a directory you can write.")
-
-
-#: constructor arguments that are not study options (the CLI or the launcher supplies them)
-_NOT_OPTIONS = {"self", "root_dir", "clock"}
-
-
-def _launcher_parameters(kind: str) -> dict[str, Any]:
-    import inspect
-
-    from launchers import LAUNCHERS
-
-    return {name: p for name, p in inspect.signature(LAUNCHERS[kind].__init__).parameters.items()
-            if name not in _NOT_OPTIONS and p.kind is p.KEYWORD_ONLY}
-
-
-def _option_type_problem(name: str, value: Any, annotation: Any) -> str | None:
-    """A value of the wrong type for a launcher option whose type is a plain scalar (the
-    launcher checks ranges itself); never Python's signature text."""
-    text = str(annotation).replace(" ", "")
-    optional = text.endswith("|None")
-    text = text.removesuffix("|None")
-    if value is None and optional:
-        return None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    integer = isinstance(value, int) and not isinstance(value, bool)
-    if text == "int" and not integer:
-        return f"launcher.options.{name}: must be an integer, but got {value!r}"
-    if text == "list[int]" and not (isinstance(value, list)
-                                    and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        return f"launcher.options.{name}: must be a list of integers, but got {value!r}"
-    if text == "float" and not number:
-        return f"launcher.options.{name}: must be a number, but got {value!r}"
-    if text == "str" and not isinstance(value, str):
-        return f"launcher.options.{name}: must be a string, but got {value!r}"
-    if text == "bool" and not isinstance(value, bool):
-        return f"launcher.options.{name}: must be true or false, but got {value!r}"
-    return None
-
-
-def _launcher_options(spec, kind: str, *, announce: bool = False) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """The study's launcher options for ``kind``. A ``--launcher`` of another kind than the
-    file's drops the options that kind does not take (``announce``: saying which); an option
-    the kind does not take, or of the wrong type, is refused in one line naming the options it
-    takes."""
-    from launchers import LAUNCHERS
-
-    if kind not in LAUNCHERS:
-        raise BadInputError(f"launcher kind must be one of {', '.join(sorted(LAUNCHERS))}, but got {kind!r}. "
-                            "Pick one of those.")
-    parameters = _launcher_parameters(kind)
-    options = dict(spec.launcher.options)
-    unknown = sorted(k for k in options if k not in parameters)
-    if unknown and kind != spec.launcher.kind:
-        for name in unknown:
-            del options[name]
-        if announce:
-            print(f"--launcher {kind}: leaving out the study's {spec.launcher.kind} options {', '.join(unknown)} "
-                  f"({kind} takes {', '.join(sorted(parameters))}).")
-    elif unknown:
-        raise BadInputError(f"launcher.options: the {kind} launcher takes {', '.join(sorted(parameters))}, but got "
-                            f"{', '.join(repr(k) for k in unknown)}. Check the spelling (README: study-file reference).")
-    missing = sorted(name for name, p in parameters.items()
-                     if p.default is p.empty and name not in options and name != "max_concurrent")
-    if missing:
-        raise BadInputError(f"launcher.options: the {kind} launcher needs {', '.join(missing)}, but the study "
-                            f"does not set {'it' if len(missing) == 1 else 'them'}. Add launcher.options."
-                            f"{missing[0]} to the study file (README: study-file reference).")
-    for name, value in options.items():
-        problem = _option_type_problem(name, value, parameters[name].annotation)
-        if problem:
-            raise BadInputError(f"{problem}. See the README's study-file reference.")
-    if kind in ("sim", "ray", "replay"):  # local's slots come from its GPUs
-        options.setdefault("max_concurrent", spec.launcher.max_concurrent)
-    if kind in ("sim", "replay"):  # fake GPUs: as many a probe as a node of the study's hardware
-        options.setdefault("gpus_per_probe", spec.hardware.gpus_per_node)
-    return options
-
-
-def _launcher_problems(spec) -> list[str]:  # type: ignore[no-untyped-def]
-    """What the study's launcher would refuse at ``run``. sim and replay are built (no
-    hardware needed); local and ray need the machine they run on, so only the names of
-    their options are checked here."""
-    import tempfile
-
-    kind = spec.launcher.kind
-    try:
-        _launcher_options(spec, kind)
-        if kind in ("sim", "replay"):
-            with tempfile.TemporaryDirectory(prefix="vs-validate-") as tmp:
-                _make_launcher(spec, runs_dir=Path(tmp)).close()
-    except BadInputError as e:
-        return [str(e)]
-    return []
+    return build_launcher(spec, kind, on_dropped=print)
 
 
 def _check_study(spec) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
     """``validate``'s checks, which ``run`` makes too before it stores anything: the rules and
     bounds, verl's compose and validation of the baseline and each stage's configs, the
     launcher's options. Returns (problems, report lines)."""
+    from search.launch import launcher_problems
     from search.storage import check_url
     from search.validate import validate_study
 
-    early = _launcher_problems(spec)
+    early = launcher_problems(spec)
     if spec.storage:
         try:
             check_url(spec.storage)
@@ -249,16 +133,17 @@ def _check_study(spec) -> tuple[list[str], list[str]]:  # type: ignore[no-untype
     return problems + early, lines
 
 
-def _make_runner(spec, storage, launcher, quiet: bool = False, leave_at_end: bool = False):  # type: ignore[no-untyped-def]
+def _drive(spec, storage, launcher, *, joined: str, leave_at_end: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """What ``run``, ``resume`` and ``worker`` share once the study and its launcher are
+    ready: the driver, run until the study is over (SIGTERM stops it cleanly), then what it
+    found. ``joined``: the line that says how this process joined the study."""
     from search.console import Console
     from search.driver import StudyRunner
-    from spaces import build_space
+    from search.status import finished_results
 
-    return StudyRunner(spec, storage, launcher, console=Console(quiet=quiet), build_space=build_space,
-                       leave_at_end=leave_at_end)
+    runner = StudyRunner(spec, storage, launcher, console=Console(), leave_at_end=leave_at_end)
+    print(joined)
 
-
-def _run_with_signals(runner) -> None:  # type: ignore[no-untyped-def]
     def on_term(signum: int, frame: Any) -> None:
         runner.request_stop(signal.Signals(signum).name)
 
@@ -268,22 +153,31 @@ def _run_with_signals(runner) -> None:  # type: ignore[no-untyped-def]
     finally:
         signal.signal(signal.SIGTERM, previous)
         runner.launcher.close()
+    if runner.left:
+        print(f"worker left study {spec.name}: nothing left for it; the other processes finish the last stage.")
+        return
+    print(f"study {spec.name} finished.")
+    if not leave_at_end:
+        for r in finished_results(storage, spec):
+            print(f"  {r.stage}: {r.summary}")
+        print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
 
 
-def _print_summary(spec, storage) -> None:  # type: ignore[no-untyped-def]
-    from search.status import finished_results
+#: ``--launcher``'s help: the registered kinds (``launchers.LAUNCHERS``)
+def _launcher_help() -> str:
+    from search.launch import launcher_kinds
 
-    results = finished_results(storage, spec)
-    for r in results:
-        print(f"  {r.stage}: {r.decision}")
-    print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
+    return f"Override the study's launcher: {', '.join(launcher_kinds())}."
+
+
+LauncherOption = typer.Option(None, "--launcher", help=_launcher_help())
 
 
 @app.command()
 def run(
     study_file: Path = typer.Argument(..., help="Study definition (studies/*.yaml)."),
     storage: Optional[str] = StorageOption,
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
+    launcher: Optional[str] = LauncherOption,
     debug: bool = DebugOption,
 ) -> None:
     """Run a study from its YAML file (continues it if it already exists with the same definition;
@@ -303,8 +197,6 @@ def run(
         from search.driver import save_spec
         from search.storage import open_storage, preflight
 
-        if launcher is not None and launcher not in ("sim", "local", "ray", "replay"):
-            raise BadInputError(f"--launcher must be one of sim, local, ray, replay, but got {launcher!r}.")
         url = storage or spec.storage_url()
         preflight(url)
         # Exactly validate's checks, before a database exists: a definition verl would refuse
@@ -319,11 +211,7 @@ def run(
             print(f"study {spec.name}: took {', '.join(updated)} from the file (budgets of stages not finished, "
                   "where and how probes run; everything else as stored)")
         _remember_study(spec.name, url)
-        runner = _make_runner(spec, opened, built)
-        print(f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")
-        _run_with_signals(runner)
-        print(f"study {spec.name} finished.")
-        _print_summary(spec, opened)
+        _drive(spec, opened, built, joined=f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")
 
     _guard(action)
 
@@ -332,7 +220,7 @@ def run(
 def resume(
     name: str = typer.Argument(..., help="Study name."),
     storage: Optional[str] = NamedStorageOption,
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
+    launcher: Optional[str] = LauncherOption,
     debug: bool = DebugOption,
 ) -> None:
     """Continue a study from its database: finished stages and trials are kept, trials a dead
@@ -341,11 +229,7 @@ def resume(
 
     def action() -> None:
         opened, spec = _open_study(name, storage)
-        runner = _make_runner(spec, opened, _make_launcher(spec, launcher))
-        print(f"resuming study {spec.name}")
-        _run_with_signals(runner)
-        print(f"study {spec.name} finished.")
-        _print_summary(spec, opened)
+        _drive(spec, opened, _make_launcher(spec, launcher), joined=f"resuming study {spec.name}")
 
     _guard(action)
 
@@ -354,7 +238,7 @@ def resume(
 def worker(
     name: str = typer.Argument(..., help="Study name."),
     storage: Optional[str] = NamedStorageOption,
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the study's launcher: sim, local or ray."),
+    launcher: Optional[str] = LauncherOption,
     wait: float = typer.Option(0.0, "--wait", min=0.0, help="Seconds to wait for `verl-sweep run` to create the study "
                                "(a job array may start its workers first)."),
     debug: bool = DebugOption,
@@ -381,13 +265,8 @@ def worker(
                 "trial (two workers could take the same one). Put the study in PostgreSQL (README: cluster "
                 "guide), or run one driver with a larger launcher.max_concurrent on this machine."
             )
-        runner = _make_runner(spec, opened, _make_launcher(spec, launcher), leave_at_end=True)
-        print(f"worker joined study {spec.name}")
-        _run_with_signals(runner)
-        if runner.left:
-            print(f"worker left study {spec.name}: nothing left for it; the other processes finish the last stage.")
-        else:
-            print(f"study {spec.name} finished.")
+        _drive(spec, opened, _make_launcher(spec, launcher), joined=f"worker joined study {spec.name}",
+               leave_at_end=True)
 
     _guard(action)
 

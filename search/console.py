@@ -17,6 +17,9 @@ from rich.console import Console as RichConsole
 from rich.table import Column
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from objectives.metrics import REWARD_KEY
+from search.events import StudyListener
+
 if TYPE_CHECKING:
     import optuna
 
@@ -47,7 +50,7 @@ def _shortest_unique_suffix(key: str, keys: Iterable[str]) -> str:
     return key
 
 
-class Console:
+class Console(StudyListener):
     """What the driver shows. On a terminal (``live``): per stage a bar of trials done against
     the budget with the best η so far and an ETA from the median probe time, and one bar per
     running probe with its step and current reward; finished trials print one line each above
@@ -110,13 +113,13 @@ class Console:
             self._refresh_stage()
 
     def stage_skipped(self, name: str, result: "StageResult") -> None:
-        self.line(f"== stage {name}: already finished ({result.decision})")
+        self.line(f"== stage {name}: already finished ({result.summary})")
 
     def stage_finished(self, name: str, result: "StageResult") -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        self.line(f"== stage {name} done: {result.decision}")
+        self.line(f"== stage {name} done: {result.summary}")
 
     def eta_s(self) -> float | None:
         """Seconds until the stage's budget is used: median probe time × trials left ÷ the
@@ -158,7 +161,7 @@ class Console:
         if self._progress is None or task is None or probe.follower is None:
             return
         series = probe.follower.series
-        reward = series[-1].data.get("critic/score/mean") if series else None
+        reward = series[-1].data.get(REWARD_KEY) if series else None
         reward_text = "—" if reward is None else f"{reward:.3f}"
         step = probe.follower.last_step
         self._progress.update(task, total=probe.settings.steps, completed=min(step, probe.settings.steps),
@@ -267,7 +270,7 @@ def print_status_table(data: dict[str, Any]) -> None:
     # One line per trial, whatever the width: lines a user can grep.
     for stage in data["stages"]:
         if stage.get("winner"):
-            console.print(f"{stage['name']}: {stage['winner']['decision']}", markup=False, soft_wrap=True)
+            console.print(f"{stage['name']}: {stage['winner']['summary']}", markup=False, soft_wrap=True)
         if stage.get("reasons"):
             console.print("  trials not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
                           markup=False, soft_wrap=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import optuna
 
@@ -25,13 +25,15 @@ from launchers.base import Launcher
 from search import _optuna_forks
 from search.console import Console
 from search.errors import SweepError
-from search.policy import found_nothing
-from search.records import StageResult
+from search.events import Broadcast, StudyListener
+from search.records import Decision, StageResult
+from search.stage import Stage
 from search.stage_loop import Context, StageLoop, Tick
 from search.stage_study import StageStudy
 from search.storage import describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec
 from search.study_root import load_spec, save_spec, stored_stage_result
+from spaces import build_space
 from spaces.base import Space
 from spaces.overrides import Config
 
@@ -57,10 +59,13 @@ class StudyRunner:
         launcher: Launcher,
         *,
         console: Console,
-        build_space: Callable[..., Space],
+        listeners: Sequence[StudyListener] = (),
+        build_space: Callable[..., Space] = build_space,
         poll_interval_s: float | None = None,
         leave_at_end: bool = False,
     ) -> None:
+        """``console`` shows the study; ``listeners`` follow its events too (``search.events``:
+        a benchmark's trace, a tracker)."""
         _optuna_forks.install()
         self.spec = spec
         # A worker (not the driver that reports the result) leaves once the last stage has
@@ -69,10 +74,10 @@ class StudyRunner:
         self.left = False
         self.storage = storage
         self.launcher = launcher
-        self.console = console
+        self.console: StudyListener = Broadcast(console, *listeners) if listeners else console
         self.build_space = build_space
         self.poll_interval_s = launcher.poll_interval_s if poll_interval_s is None else poll_interval_s
-        self.ctx = Context(spec, storage, launcher, console, build_space, leave_at_end=leave_at_end)
+        self.ctx = Context(spec, storage, launcher, self.console, build_space, leave_at_end=leave_at_end)
         self._stop_requested: str | None = None
         #: this process's runs ahead into the next stage, and whether the loop follows them now
         self.ahead: StageLoop | None = None
@@ -92,7 +97,7 @@ class StudyRunner:
         for index, stage in enumerate(self.spec.stages):
             result = self.stage_result(stage)
             if result is None and self.spec.stop_when_flat and flat >= self.spec.stop_when_flat:
-                result = self.skip_stage(stage, base, flat)
+                result = self.skip_stage(index, base, flat)
             elif result is None:
                 result = self.run_stage(index, stage, base)
                 if result is None:
@@ -102,24 +107,25 @@ class StudyRunner:
                 ahead = self.take_ahead(index, base)
                 if ahead is not None and ahead.active:  # a stage waits for every run of it
                     raise SweepError(f"stage {stage.name} was decided while this worker still ran it")
-            flat = flat + 1 if flat == index and found_nothing(result) else flat
+            flat = flat + 1 if flat == index and result.decision.found_nothing else flat
             base = result.config
         return base
 
-    def skip_stage(self, stage: StageSettings, base: Config, flat: int) -> StageResult:
-        """The study stops early (``stop_when_flat``): the stage keeps ``base`` without a
+    def skip_stage(self, index: int, base: Config, flat: int) -> StageResult:
+        """The study stops early (``stop_when_flat``): stage ``index`` keeps ``base`` without a
         trial, and says why; runs this worker started ahead into it are closed as wasted."""
         if self.ahead is not None:
             ahead, self.ahead, self._following_ahead = self.ahead, None, False
             ahead.vacate(why="the study stopped early: the stages before it found nothing")
+        plan = Stage.of(self.spec, index)
         result = StageResult(
-            stage=stage.name, winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
-            decision=f"skipped: the first {flat} stages kept the baseline with no candidate above 1 + tolerance "
-                     "(stop_when_flat)", config=base, overrides={},
+            stage=plan.name, decision=Decision.SKIPPED, winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
+            summary=f"skipped: the first {flat} stages kept the baseline with no candidate above 1 + tolerance "
+                    "(stop_when_flat)", config=base, overrides={},
         )
-        result = with_retries(lambda: StageStudy.record_skipped(self.storage, self.spec, stage, base, result),
+        result = with_retries(lambda: StageStudy.record_skipped(self.storage, plan, base, result),
                               what="store the stage result")
-        self.console.stage_finished(stage.name, result)
+        self.console.stage_finished(plan.name, result)
         return result
 
     def stage_result(self, stage: StageSettings) -> StageResult | None:
@@ -192,7 +198,7 @@ class StudyRunner:
             return False  # one stage ahead at most
         if self.ahead is not None:
             return True
-        guess = current.policy.leading_config(current.study.trials(), current.base)
+        guess = current.policy.leading_config(current.study.view(), current.base)
         if guess is None:
             return False
         key = (current.study.name, json.dumps(guess, sort_keys=True, default=str))

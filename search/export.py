@@ -40,7 +40,7 @@ def header_lines(spec: StudySpec, results: list[StageResult]) -> list[str]:
                      f"not tuned yet: {', '.join(s.name for s in spec.stages if s.name not in done)}")
     for result in results:
         if result.winner_trial is None:
-            lines.append(f"stage {result.stage}: {result.decision}")
+            lines.append(f"stage {result.stage}: {result.summary}")
         else:
             lines.append(
                 f"stage {result.stage}: trial {result.winner_trial}, η {result.eta:.3f} "

@@ -18,11 +18,13 @@ from optuna.trial import TrialState
 
 from objectives.score import Eta, Score, eta as eta_of, paired_eta
 from search.errors import SweepError
-from search.records import FOLLOW_UP_ORIGIN, START_ORIGIN, Assignment, CloseReason, Role, StageResult, TrialRecord, requeued_numbers
+from search.records import (
+    FOLLOW_UP_ORIGIN, START_ORIGIN, Assignment, CloseReason, Decision, Role, StageResult, TrialRecord, requeued_numbers,
+)
 from spaces.overrides import Config, merge
 
 if TYPE_CHECKING:
-    from objectives.probe import ProbeSettings
+    from search.stage import Stage
     from search.study_file import StageSettings, StudySpec
 
 #: an idle worker starts an extra confirmation only while the stage is still expected to wait
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 EXTRA_RERUN_MIN_WAIT = 0.9
 #: a leader above 1 + tolerance whose interval clears the incumbent (η 1) but still reaches
 #: 1 + tolerance wins once it has this many runs (its first run, picked as the stage's best,
-#: is then diluted by two fresh seeds). Issue 27: with a 2-run incumbent the interval's half
+#: is then diluted by two fresh seeds). With a 2-run incumbent the interval's half
 #: width cannot fall below ~1.2× a run's seed spread, so gains of 4-7% (true) that the report
 #: landscapes' mini-batch, KL, lr and λ stages found were kept out in 6 of 10 stage decisions
 #: at η 1.03-1.09 over 3 runs.
@@ -38,44 +40,12 @@ CLEAR_OF_INCUMBENT_RUNS = 3
 #: a leader above 1 + tolerance that has had every run it may get (``confirm_max_runs``) and
 #: is still undecided wins if it beats the incumbent with at least this probability (normal
 #: on the log scale of its interval): further runs cannot be had, and keeping the incumbent
-#: throws away the better bet. Issue 27: on 3x noise that grows with lr, true lr gains of 5-9%
+#: throws away the better bet. On simulated 3x noise that grows with lr, true lr gains of 5-9%
 #: measured η 1.04-1.05 over 5 runs with intervals reaching 0.96-0.97.
 LIKELY_BETTER = 0.8
-#: how a decision that kept the incumbent with no candidate above 1 + tolerance begins
-KEPT = "kept the incumbent"
-#: how the decision of a learning stage that saw a slow start begins (``slow_start``): later
-#: learning stages read it to probe longer
-SLOW_START = "slow start"
-
-
-def found_nothing(result: StageResult) -> bool:
-    """The stage kept its incumbent and no candidate was even above 1 + tolerance (none left
-    undecided): the evidence ``stop_when_flat`` counts."""
-    return result.winner_trial is None and result.decision.startswith(KEPT)
-
 Trials = Sequence[TrialRecord]
 #: a candidate's η over its runs: (value, low, high, number of runs)
 Pooled = tuple[float, float, float, int]
-
-
-def pruning_steps(stage: StageSettings, settings: ProbeSettings, *, stretch: int = 1) -> tuple[int, int]:
-    """(report every N steps, no pruning before step M) for this stage's probes. Speed probes
-    are short (30 steps) and steady from step to step, so the 500-step settings would never
-    act on them: they report every tenth of the probe and may stop from its middle. Probes
-    lengthened ``stretch`` times after a slow start report that much less often and are not
-    pruned before three quarters of their length: before the reward bends, a running rate
-    ranks configs by early speed, which is what the longer probe is there to look past."""
-    if settings.speed_only:
-        return max(1, settings.steps // 10), settings.steps // 2
-    if stretch > 1:
-        return stage.pruner.interval_steps * stretch, max(stage.pruner.warmup_steps * stretch, late_step(settings))
-    return stage.pruner.interval_steps, stage.pruner.warmup_steps
-
-
-def late_step(settings: ProbeSettings) -> int:
-    """Three quarters of a learning probe: where pruning starts for what starts slow by design
-    (a stretched probe after a slow start, a candidate that changes the KL pull)."""
-    return settings.steps * 3 // 4
 
 
 #: a first learning stage whose incumbent runs' mean ``Score.late_gain`` is at least this saw
@@ -109,17 +79,41 @@ class QueuedRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class Start:
+    """``admit``: start the asked trial as ``role`` on ``seed`` (None: a point the sampler
+    proposes, whose seed ``point_seed`` picks once its parameters are known)."""
+
+    role: Role
+    seed: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    """``admit``: give the asked trial back unstarted, closed as ``closed_as`` for ``reason``."""
+
+    closed_as: CloseReason
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class StagePolicy:
     """The rules of one stage of one study."""
 
-    spec: StudySpec
-    stage: StageSettings
-    settings: ProbeSettings
+    stage: Stage
+
+    @property
+    def spec(self) -> StudySpec:
+        return self.stage.spec
+
+    @property
+    def rules(self) -> StageSettings:
+        """The stage's settings in the study file: budget, stop rule, confirmations."""
+        return self.stage.settings
 
     @property
     def threshold(self) -> float:
         """η a candidate must beat to win: 1 + the stop rule's tolerance."""
-        return 1 + self.stage.stop.tolerance
+        return 1 + self.rules.stop.tolerance
 
     def significant(self, low: float, n_runs: int) -> bool:
         """Do a leader's runs decide its gain (its η already above 1 + tolerance)? Its interval
@@ -131,32 +125,32 @@ class StagePolicy:
         1 + tolerance, and not ``significant`` above it?"""
         return value > 1.0 and high > self.threshold and not (value > self.threshold and self.significant(low, n_runs))
 
-    @property
-    def stretch(self) -> int:
-        """How many times the study's probe length this stage's learning probes run (a slow start)."""
-        if self.settings.speed_only or self.stage.probe_steps:
-            return 1
-        return max(1, self.settings.steps // self.spec.probe.steps)
+    # -- admission ----------------------------------------------------------------------------------
+    def admit(self, view: Trials, asked: TrialRecord, now: datetime.datetime) -> Start | Skip:
+        """Whether the trial just asked (``asked``, in ``view``: the stage as read after the
+        ask) starts, as what and on which seed; one decision on one view. A fresh candidate
+        counts in the budget only if fewer than max_trials counted trials were asked before it
+        (another worker may have taken the last place between our count and the ask); a
+        queued incumbent or re-run is skipped when another worker queued the same one; an
+        extra re-run queued to fill a wait that is over by now would lengthen the stage."""
+        role, assignment = asked.role, asked.assignment
+        if role is Role.CANDIDATE and self.over_budget(view, asked.number):
+            return Skip(CloseReason.OVER_BUDGET, "over budget: the stage's budget was used up before this trial could start")
+        if role is Role.INCUMBENT and assignment.seed is not None and self.redundant_incumbent_run(asked, view):
+            return Skip(CloseReason.REDUNDANT, "redundant incumbent run: another worker queued the same one")
+        if role is Role.RERUN:
+            if assignment.idle_fill and not self.worth_waiting(view, now):
+                return Skip(CloseReason.REDUNDANT, "extra re-run no longer fits in the stage's wait")
+            seed = self.rerun_seed(asked, view)
+            if seed is None:
+                return Skip(CloseReason.REDUNDANT, "redundant re-run: other workers queued the same confirmation")
+            return Start(role, seed)
+        return Start(role, assignment.seed)
 
-    @property
-    def may_stretch(self) -> bool:
-        """A learning stage at the study's probe length whose slow start would lengthen the later ones."""
-        return (not self.settings.speed_only and not self.stage.probe_steps and self.stretch == 1
-                and self.spec.probe.slow_start_factor > 1)
-
-    @property
-    def report_every(self) -> int:
-        return pruning_steps(self.stage, self.settings, stretch=self.stretch)[0]
-
-    @property
-    def prune_from(self) -> int:
-        return pruning_steps(self.stage, self.settings, stretch=self.stretch)[1]
-
-    @property
-    def late_prune_from(self) -> int:
-        """No pruning before this step for a candidate that changes the KL pull: three quarters
-        of the probe, where a stretched probe's pruning starts too."""
-        return 0 if self.settings.speed_only else late_step(self.settings)
+    def point_seed(self, view: Trials, number: int, params: dict[str, object]) -> int:
+        """The seed of a point the sampler proposed (``Start.seed`` None): the study's first,
+        or a fresh one when the point was measured already (``seed_for_point``)."""
+        return self.seed_for_point(number, params, view, self.spec.seeds[0])
 
     # -- the budget and the stop rule ---------------------------------------------------------
     def counted(self, trials: Trials) -> int:
@@ -184,7 +178,7 @@ class StagePolicy:
     def may_start(self, trials: Trials) -> bool:
         if any(t.state == TrialState.WAITING for t in trials):
             return True  # queued work (incumbents, re-queued trials) is already inside the budget
-        if self.counted(trials) >= self.stage.budget.max_trials:
+        if self.counted(trials) >= self.rules.budget.max_trials:
             return False
         return not self.stable(trials)
 
@@ -192,14 +186,14 @@ class StagePolicy:
         """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
         counted trials have a smaller number (numbers are assigned by the database). The trial
         itself is in the count, so that a trial queued again replaces the failure it retries."""
-        return self.counted([t for t in trials if t.number <= number]) > self.stage.budget.max_trials
+        return self.counted([t for t in trials if t.number <= number]) > self.rules.budget.max_trials
 
     def stable(self, trials: Trials) -> bool:
         """The method's stop rule: none of the last N finished candidates beat the best before
         them (the incumbent at first, η = 1) by more than the tolerance."""
         done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.role is Role.CANDIDATE),
                       key=lambda t: (t.datetime_complete, t.number))
-        n = self.stage.stop.stable_trials
+        n = self.rules.stop.stable_trials
         if len(done) < n:
             return False
         best_before = max([1.0] + [float(t.value) for t in done[:-n] if t.value is not None])
@@ -275,7 +269,7 @@ class StagePolicy:
         while the stage is expected to wait for its other probes anyway (``worth_waiting``,
         checked again when it starts: ``idle_fill``)."""
         idle_fill = extra
-        if self.stage.confirm_top == 0:
+        if self.rules.confirm_top == 0:
             return []
         requeued = requeued_numbers(trials)
         done = [t for t in trials if t.state == TrialState.COMPLETE and t.role is Role.CANDIDATE
@@ -283,7 +277,7 @@ class StagePolicy:
         top: list[TrialRecord] = []
         for t in sorted(done, key=lambda t: float(t.value), reverse=True):  # type: ignore[arg-type]
             # A point the sampler proposed twice is one candidate: confirm it once.
-            if len(top) < self.stage.confirm_top and all(t.params != other.params for other in top):
+            if len(top) < self.rules.confirm_top and all(t.params != other.params for other in top):
                 top.append(t)
         reruns = [t for t in trials if t.role is Role.RERUN and t.number not in requeued]
         count = {t.number: sum(r.rerun_of == t.number for r in reruns) for t in top}
@@ -312,12 +306,12 @@ class StagePolicy:
         a fresh seed left). It is the one a finished leader would need anyway; started now,
         the stage does not wait a whole probe for it after the first run ends. If the first
         run is pruned after all, the re-run is stopped (``TrialRunner``)."""
-        if self.stage.confirm_top == 0:
+        if self.rules.confirm_top == 0:
             return None
         rerun_of = {t.rerun_of for t in trials if t.role is Role.RERUN and t.state != TrialState.FAIL}
         running = [(e, t) for e, t in running_etas(trials)
                    if e is not None and e > self.threshold and t.state == TrialState.RUNNING
-                   and max(t.intermediate_values) >= self.prune_from and t.number not in rerun_of
+                   and max(t.intermediate_values) >= self.stage.prune_from and t.number not in rerun_of
                    and self.unused_fresh_seeds(t.params, trials)]
         if not running:
             return None
@@ -340,7 +334,7 @@ class StagePolicy:
         pending = sum(t.role is Role.RERUN and t.state in (TrialState.WAITING, TrialState.RUNNING)
                       and t.point == leader.params for t in trials)
         if (value <= self.threshold or not self.undecided(value, low, high, n_runs)
-                or n_runs + pending >= self.stage.confirm_max_runs or not self.unused_fresh_seeds(leader.params, trials)):
+                or n_runs + pending >= self.rules.confirm_max_runs or not self.unused_fresh_seeds(leader.params, trials)):
             return []
         return [leader]
 
@@ -350,11 +344,11 @@ class StagePolicy:
         above the incumbent (η > 1) but not significantly above 1 + tolerance, its interval
         reaching above it. A seed moves two configs' curves alike, so each such run turns a run
         compared with the incumbent's mean (whose spread over its 2 runs never shrinks) into a
-        paired one. Issue 27: on the 3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77
+        paired one. On the simulated 3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77
         over 5 runs, 3 of them unpaired, or fell to η 1.012 when one unpaired seed was bad for
         every config. Each seed is tried once (a failed run is not queued again here)."""
         ranked = ranked_candidates(trials)[0] if ranked is None else ranked
-        if not ranked or self.stage.confirm_top == 0:
+        if not ranked or self.rules.confirm_top == 0:
             return []
         (value, low, high, n_runs), leader = ranked[0]
         if not self.undecided(value, low, high, n_runs):
@@ -410,54 +404,47 @@ class StagePolicy:
         fresh seeds), if it beats the incumbent by more than the tolerance and its runs decide
         it (``significant``: its interval clears 1 + tolerance, or clears the incumbent over
         enough runs); otherwise the incumbent is kept."""
-        stage = self.stage
+        rules = self.rules
         incumbent_scores, _ = self.incumbent_scores(trials)  # raises when every incumbent run failed
         incumbent_etas = [e.value for e in incumbent_run_etas(trials).values()]
+        tolerance = f"{rules.stop.tolerance:.0%}"
         keep = StageResult(
-            stage=stage.name, winner_trial=None, eta=1.0,
+            stage=self.stage.name, decision=Decision.KEPT, winner_trial=None, eta=1.0,
             eta_low=min(incumbent_etas, default=1.0), eta_high=max(incumbent_etas, default=1.0),
-            decision=f"{KEPT}: no candidate beat it by more than {stage.stop.tolerance:.0%}",
-            config=base, overrides={},
+            summary=f"kept the incumbent: no candidate beat it by more than {tolerance}", config=base, overrides={},
         )
-        if self.may_stretch and slow_start(incumbent_scores):
+        if self.stage.may_stretch and slow_start(incumbent_scores):
             # Its candidates were ranked by early speed: keep the incumbent, and let the polish
             # stage try the leader (``search.stage_loop.undecided_leaders``) on longer probes.
             factor = self.spec.probe.slow_start_factor
-            return dataclasses.replace(keep, decision=(
-                f"{SLOW_START}: kept the incumbent, whose reward still rose fastest at the end of its "
-                f"{self.settings.steps}-step probes, where a rate measures early speed; later learning "
+            return dataclasses.replace(keep, decision=Decision.SLOW_START, summary=(
+                f"slow start: kept the incumbent, whose reward still rose fastest at the end of its "
+                f"{self.stage.probe_steps}-step probes, where a rate measures early speed; later learning "
                 f"stages probe {factor}x longer"))
         ranked, why_none = ranked_candidates(trials)
         if not ranked:
-            return dataclasses.replace(keep, decision=f"{KEPT}: {why_none}")
+            return dataclasses.replace(keep, summary=f"kept the incumbent: {why_none}")
         (value, low, high, n_runs), best = ranked[0]
         runs = "1 run" if n_runs == 1 else f"{n_runs} runs"
         threshold = self.threshold
         if value <= threshold:
             # "not above", not "within": on the H200 a candidate at η 0.859 read "is within 2%"
-            return dataclasses.replace(keep, decision=f"{KEPT}: best η {value:.3f} (trial {best.number}, "
-                                                      f"{runs}) is not above 1 + {stage.stop.tolerance:.0%}")
-        if not self.significant(low, n_runs) and n_runs >= stage.confirm_max_runs and likely_better(value, low):
-            overrides = dict(best.overrides)
-            return StageResult(
-                stage=stage.name, winner_trial=best.number, eta=value, eta_low=low, eta_high=high,
-                decision=f"trial {best.number} beat the incumbent on balance: η {value:.3f} [{low:.3f}, {high:.3f}] "
-                         f"over {runs}, the most a leader gets (better with probability ≥ {LIKELY_BETTER:.0%})",
-                config=merge(base, overrides), overrides=overrides,
-            )
+            return dataclasses.replace(keep, summary=f"kept the incumbent: best η {value:.3f} (trial {best.number}, "
+                                                     f"{runs}) is not above 1 + {tolerance}")
+        overrides = dict(best.overrides)
+        won = StageResult(stage=self.stage.name, decision=Decision.WON, winner_trial=best.number, eta=value,
+                          eta_low=low, eta_high=high, summary="", config=merge(base, overrides), overrides=overrides)
+        interval = f"η {value:.3f} [{low:.3f}, {high:.3f}]"
+        if not self.significant(low, n_runs) and n_runs >= rules.confirm_max_runs and likely_better(value, low):
+            return dataclasses.replace(won, decision=Decision.WON_ON_BALANCE, summary=(
+                f"trial {best.number} beat the incumbent on balance: {interval} over {runs}, the most a leader "
+                f"gets (better with probability ≥ {LIKELY_BETTER:.0%})"))
         if not self.significant(low, n_runs):
             reaches = f"{threshold:.2f}" if low <= 1.0 else f"{threshold:.2f} (clear of 1 needs {CLEAR_OF_INCUMBENT_RUNS} runs)"
-            return dataclasses.replace(
-                keep,
-                decision=f"no significant gain: trial {best.number} has η {value:.3f} over {runs}, "
-                         f"but its interval [{low:.3f}, {high:.3f}] reaches {reaches}",
-            )
-        overrides = dict(best.overrides)
-        return StageResult(
-            stage=stage.name, winner_trial=best.number, eta=value, eta_low=low, eta_high=high,
-            decision=f"trial {best.number} beat the incumbent: η {value:.3f} [{low:.3f}, {high:.3f}] over {runs}",
-            config=merge(base, overrides), overrides=overrides,
-        )
+            return dataclasses.replace(keep, decision=Decision.UNDECIDED, summary=(
+                f"no significant gain: trial {best.number} has η {value:.3f} over {runs}, "
+                f"but its interval [{low:.3f}, {high:.3f}] reaches {reaches}"))
+        return dataclasses.replace(won, summary=f"trial {best.number} beat the incumbent: {interval} over {runs}")
 
 
 def likely_better(value: float, low: float, *, confidence: float = 0.9) -> bool:

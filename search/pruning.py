@@ -9,7 +9,7 @@ median rule on jittery curves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import optuna
 from optuna.trial import TrialState
@@ -30,7 +30,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
     already ran to step N, and an early running rate must not overrule that evidence.
     A candidate that changes the KL pull is not pruned before ``late_from``: it starts slower
-    and may end higher (issue 27: from step 100, the KL stage of heldout_oom_kl stopped every
+    and may end higher (from step 100, the KL stage of the simulated heldout_oom_kl stopped every
     candidate at steps 125-200, its best worth +8%)."""
 
     def __init__(self, *, margin: float = 0.03, n_warmup_steps: int = 100, patience: int = 2,
@@ -41,6 +41,9 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         self.n_warmup_steps = n_warmup_steps
         self.patience = patience
         self.late_from = late_from
+        #: the stage's finished and running trials as its loop holds them
+        #: (``StageStudy.pruning_trials``); None: read them from the study
+        self.trials: Callable[[], Sequence[FrozenTrial]] | None = None
 
     def prune(self, study: "optuna.Study", trial: "FrozenTrial") -> bool:
         if role_of(trial) is not Role.CANDIDATE:
@@ -48,7 +51,8 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         steps = sorted(s for s in trial.intermediate_values if s >= self.n_warmup_steps)
         if len(steps) < self.patience:
             return False  # before reading the study
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        trials = (self.trials() if self.trials is not None
+                  else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
         incumbents = [t for t in trials if role_of(t) is Role.INCUMBENT]
         if any(trial.params.get(p) != i.params.get(p) for p in KL_PARAMS for i in incumbents[:1]):
             steps = [s for s in steps if s >= self.late_from]  # it changes the KL pull
@@ -77,7 +81,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
                 return True
         return False
 
-    def _bar(self, incumbents: list["FrozenTrial"], leaders: list["FrozenTrial"], step: int,
+    def _bar(self, incumbents: Sequence["FrozenTrial"], leaders: Sequence["FrozenTrial"], step: int,
              seed: object) -> float | None:
         """The value a candidate must reach at ``step`` to run on; None when no reference has it.
         The margin applies to the incumbent: a candidate within it may be a slow starter (KL on)
@@ -88,7 +92,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         return max(references) if references else None
 
     @staticmethod
-    def _reference(incumbents: list["FrozenTrial"], step: int, seed: object) -> float | None:
+    def _reference(incumbents: Sequence["FrozenTrial"], step: int, seed: object) -> float | None:
         values = [t.intermediate_values[step] for t in incumbents if step in t.intermediate_values]
         paired = [t.intermediate_values[step] for t in incumbents
                   if step in t.intermediate_values and seed_of(t) == seed]
@@ -123,7 +127,7 @@ def reports_to_prune(settings: "PrunerSettings") -> int:
 
 def build_pruner(settings: "PrunerSettings", *, prune_from: int, late_from: int = 0) -> optuna.pruners.BasePruner:
     """The stage's pruner, rebuilt from its saved settings on every resume; ``prune_from``: no
-    pruning before this step (``policy.pruning_steps``); ``late_from``: nor before this one
+    pruning before this step (``search.stage.Stage.prune_from``); ``late_from``: nor before this one
     for a candidate that changes the KL pull (the incumbent pruner)."""
     try:
         make = PRUNERS[settings.name]

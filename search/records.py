@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, overload
 
 from objectives.score import Score
+from search import compat
 from spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR
 
 if TYPE_CHECKING:
@@ -49,8 +50,31 @@ class CloseReason(str, enum.Enum):
         return self.value
 
 
-#: how the reason of a trial closed as ``CloseReason.WASTED`` begins
-WASTED_PREFIX = "wasted: "
+class Decision(str, enum.Enum):
+    """What a stage decided (``StageResult.decision``), stored as its value. Code reads this;
+    ``StageResult.summary`` says it to people and is never read back."""
+
+    WON = "won"  # a candidate beat the incumbent, and its runs decide the gain
+    WON_ON_BALANCE = "won on balance"  # undecided after every run it may get, but likely better
+    KEPT = "kept"  # no candidate above 1 + tolerance (or none finished): the stage found nothing
+    UNDECIDED = "undecided"  # kept: the leader is above 1 + tolerance, but its runs do not decide it
+    SLOW_START = "slow start"  # kept: the incumbent's reward still rose fastest at its probes' end
+    SKIPPED = "skipped"  # never run: the stages before it found nothing (``stop_when_flat``)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def found_nothing(self) -> bool:
+        """Kept the incumbent with no candidate even above 1 + tolerance: what
+        ``stop_when_flat`` counts."""
+        return self is Decision.KEPT
+
+    @property
+    def may_leave_a_leader(self) -> bool:
+        """Kept the incumbent although its leader may be above 1 + tolerance: a gain its runs
+        could not decide, or one judged on early speed (later stages may try the leader)."""
+        return self in (Decision.UNDECIDED, Decision.SLOW_START)
 
 
 # -- the attribute names: trials --------------------------------------------------------------
@@ -148,10 +172,7 @@ class TrialRecord:
         a = t.user_attrs
         assignment = Assignment.of(a)
         interval = a.get(_ETA_INTERVAL)
-        reason = a.get(_REASON)
-        closed = a.get(_CLOSED_AS)
-        if closed is None and str(reason or "").startswith(WASTED_PREFIX):
-            closed = CloseReason.WASTED  # stored before the attribute was
+        closed, reason = compat.close_of(a.get(_CLOSED_AS), a.get(_REASON))
         constraints = getattr(t, "constraints", None) or {}
         return cls(
             frozen=t, number=t.number, state=t.state, value=t.value, params=t.params,
@@ -216,6 +237,32 @@ class RecordCache:
         return out
 
 
+class StageView(Sequence[TrialRecord]):
+    """A stage study's trials as one pass of its loop sees them (``StageStudy.view``): read
+    once, with the trials this process wrote to since read again one by one. The policy
+    decides on it; nobody reads the trial list again within the pass."""
+
+    def __init__(self, trials: Iterable[TrialRecord]) -> None:
+        self._trials = tuple(trials)
+        self._by_number = {t.number: t for t in self._trials}
+
+    @overload
+    def __getitem__(self, index: int) -> TrialRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[TrialRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> TrialRecord | Sequence[TrialRecord]:
+        return self._trials[index]
+
+    def __len__(self) -> int:
+        return len(self._trials)
+
+    def record(self, number: int) -> TrialRecord:
+        """The trial numbered ``number``; KeyError when the view does not hold it."""
+        return self._by_number[number]
+
+
 def role_of(trial: FrozenTrial) -> Role:
     """A trial's role without reading the rest of it (the pruner asks on every report)."""
     role = trial.user_attrs.get(_ROLE)
@@ -252,7 +299,7 @@ def skipped_attrs(closed_as: CloseReason, reason: str) -> dict[str, Any]:
 
 
 def wasted_attrs(why: str) -> dict[str, Any]:
-    return {_REASON: f"{WASTED_PREFIX}{why}", _CLOSED_AS: CloseReason.WASTED.value}
+    return {_REASON: why, _CLOSED_AS: CloseReason.WASTED.value}
 
 
 def outcome_attrs(*, probe: dict[str, Any], score: dict[str, Any] | None, gpu: dict[str, Any] | None) -> dict[str, Any]:
@@ -304,19 +351,28 @@ def stage_study_name(spec: StudySpec, stage: StageSettings) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class StageResult:
-    """What a stage decided: the winner (None: the incumbent kept), its η and the config it hands on."""
+    """What a stage decided: the decision, the winner (None: the incumbent kept), its η and
+    the config it hands on; ``summary`` says it to people."""
 
     stage: str
+    decision: Decision
     winner_trial: int | None
     eta: float
     eta_low: float
     eta_high: float
-    decision: str
+    summary: str
     config: Config
     overrides: Config
 
     def to_attr(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "decision": self.decision.value}
+
+    @classmethod
+    def of(cls, attr: Mapping[str, Any]) -> StageResult:
+        """A stored result; one stored by a release before decisions were data is read
+        through ``compat.stage_result_fields``."""
+        fields = dict(attr) if "summary" in attr else compat.stage_result_fields(attr)
+        return cls(**{**fields, "decision": Decision(fields["decision"])})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,7 +395,7 @@ class StageStudyAttrs:
                    ahead_of=attrs.get(_AHEAD_OF), run_prefix=attrs.get(_RUN_PREFIX),
                    initialized=bool(attrs.get(_INITIALIZED)),
                    wall_clock_used_s=float(attrs.get(_WALL_CLOCK_USED_S, 0.0)),
-                   result=None if result is None else StageResult(**result))
+                   result=None if result is None else StageResult.of(result))
 
 
 def created_study_attrs(*, base: Config, stage: dict[str, Any], probe_steps: int) -> dict[str, Any]:

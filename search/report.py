@@ -22,7 +22,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from objectives.metrics import read_all
+from objectives.metrics import REWARD_KEY
+from objectives.sources import read_run
 from search import export
 from search.records import Role, TrialRecord, records, stage_study_name
 from search.status import finished_results, study_status, trial_gpu_summary
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REWARD_KEY = "critic/score/mean"
 #: fewest complete trials (and varied parameters) before an importance estimate means anything
 MIN_TRIALS_FOR_IMPORTANCE = 5
 MIN_PARAMS_FOR_IMPORTANCE = 2
@@ -118,7 +118,7 @@ def _load(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> tuple[dict
 def _reward_curve(run_dir: str | None) -> tuple[list[int], list[float]]:
     if not run_dir:
         return [], []
-    points = [(m.step, m.get(REWARD_KEY)) for m in read_all(Path(run_dir) / "metrics.jsonl")]
+    points = [(m.step, m.get(REWARD_KEY)) for m in read_run(run_dir)]
     points = [(s, r) for s, r in points if r is not None]
     stride = max(1, math.ceil(len(points) / MAX_CURVE_POINTS))
     thinned = points[::stride]
@@ -313,7 +313,7 @@ def _summary_table(status: dict[str, Any]) -> str:
         counts = " ".join(f"{n} {k}" for k, n in sorted((s.get("counts") or {}).items())) or "—"
         eta = (f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" if winner else "—")
         rows.append([s["name"], s["space"], s["state"], counts, s.get("gpu_hours", 0.0),
-                     s.get("gpu_hours_saved", 0.0), eta, winner.get("decision", "—")])
+                     s.get("gpu_hours_saved", 0.0), eta, winner.get("summary", "—")])
     return _table(["stage", "space", "state", "trials", "GPU-h", "GPU-h saved by pruning", "η [90%]", "decision"], rows)
 
 
@@ -417,7 +417,7 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> str
     for data in stages:
         parts.append(f"<h2>Stage {_e(data.stage.name)} ({_e(data.stage.space)})</h2>")
         winner = data.status.get("winner")
-        parts.append(f"<p>{_e(winner['decision'])}</p>" if winner else f"<p class=\"note\">{_e(data.status['state'])}</p>")
+        parts.append(f"<p>{_e(winner['summary'])}</p>" if winner else f"<p class=\"note\">{_e(data.status['state'])}</p>")
         if not data.trials:
             continue
         for fig in (eta_figure(data), reward_figure(data), slice_figure(data)):

@@ -14,15 +14,15 @@ import datetime
 import enum
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from optuna.trial import TrialState
 
-from objectives.probe import ProbeSettings
 from search import liveness
 from search.errors import BadInputError
-from search.policy import SLOW_START, QueuedRun, StagePolicy, found_nothing, ranked_candidates, slow_start, structured_points
-from search.records import FOLLOW_UP_ORIGIN, Assignment, Role, StageResult, TrialRecord, stage_study_name
+from search.policy import QueuedRun, StagePolicy, ranked_candidates, slow_start, structured_points
+from search.records import FOLLOW_UP_ORIGIN, Assignment, Decision, Role, StageResult, TrialRecord, stage_study_name
+from search.stage import Stage
 from search.stage_study import StageClock, StageStudy
 from search.storage import HEARTBEAT_INTERVAL_S, with_retries
 from search.trials import TrialRunner
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     import optuna
 
     from launchers.base import Launcher
-    from search.console import Console
-    from search.study_file import StageSettings, StudySpec
+    from search.events import StudyListener
+    from search.study_file import StudySpec
 
 
 class Tick(enum.Enum):
@@ -53,7 +53,7 @@ class Context:
     spec: StudySpec
     storage: optuna.storages.RDBStorage
     launcher: Launcher
-    console: Console
+    console: StudyListener
     build_space: Callable[..., Space]
     #: a worker that leaves once the last stage has nothing left but other processes' runs
     leave_at_end: bool = False
@@ -74,7 +74,7 @@ class StageLoop:
         self.space = space
         self.ahead_of = ahead_of
         attrs = study.attrs()
-        self.runner = TrialRunner(ctx.spec, ctx.launcher, ctx.console, study, policy, space, base,
+        self.runner = TrialRunner(ctx.launcher, ctx.console, study, policy, space, base,
                                   run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}")
         self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
         self.last_heartbeat = 0.0
@@ -95,25 +95,24 @@ class StageLoop:
         another worker already runs it ahead from another leader, or its space rejects the
         leader (the real chain reports that once it gets there)."""
         spec, console = ctx.spec, ctx.console
-        stage = spec.stages[index]
         try:
-            space = ctx.build_space(stage.space, model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm,
-                                    base=base, options=stage.params, where=f"stages[{index}]",
-                                    baseline=spec.baseline_config())
+            plan = Stage.of(spec, index)
+            space = plan.build_space(base, build=ctx.build_space)
         except SpaceError as e:
             if ahead_of is not None:
                 return None
             raise BadInputError(str(e)) from None
-        seen = None if space.speed_only else slow_start_seen(ctx, index)
-        if seen is None and not space.speed_only and ahead_of is not None:
+        seen = slow_start_seen(ctx, index) if plan.learns else False
+        if seen is None and ahead_of is not None:
             return None  # the probe length is decided by the stage still running
-        policy = StagePolicy(spec, stage, probe_settings(spec, stage, space, slow_start=bool(seen)))
-        if seen and ahead_of is None and policy.stretch > 1:
-            console.note(f"{stage_study_name(spec, stage)}: probes of {policy.settings.steps} steps, not "
+        plan = Stage.of(spec, index, slow_start=bool(seen))
+        policy = StagePolicy(plan)
+        if seen and ahead_of is None and plan.stretch > 1:
+            console.note(f"{stage_study_name(spec, plan.settings)}: probes of {plan.probe_steps} steps, not "
                          f"{spec.probe.steps}: the incumbent's reward was still accelerating at the end of the "
                          "first learning stage's probes (a slow start)")
 
-        opened = with_retries(lambda: StageStudy.open(ctx.storage, spec, policy, base, ahead_of=ahead_of,
+        opened = with_retries(lambda: StageStudy.open(ctx.storage, plan, base, ahead_of=ahead_of,
                                                       launcher=ctx.launcher, on_vacated=_vacated_note(console),
                                                       learn_ooms=not space.oom_clamped),
                               what="open the stage study")
@@ -122,9 +121,9 @@ class StageLoop:
         study, created = opened
         carried: list[TrialRecord] = []
         if created:
-            earlier = StageStudy.earlier_runs(ctx.storage, spec, index, base, policy.settings.steps)
+            earlier = StageStudy.earlier_runs(ctx.storage, spec, index, base, plan.probe_steps)
             leaders = undecided_leaders(ctx, index) if space.takes_earlier_leaders else []
-            carried = study.enqueue_initial(spec, stage, space, base, carried=earlier, leaders=leaders)
+            carried = study.enqueue_initial(plan, space, base, carried=earlier, leaders=leaders)
             study.mark_initialized()
         loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of)
         if ahead_of is None:
@@ -138,7 +137,7 @@ class StageLoop:
         return loop
 
     def announce(self) -> None:
-        self.ctx.console.stage_started(self.index, self.stage, self.base, self.space.explain(),
+        self.ctx.console.stage_started(self.index, self.stage.settings, self.base, self.space.explain(),
                                        self.stage.budget.max_trials)
 
     # -- one pass ---------------------------------------------------------------------------------
@@ -148,55 +147,53 @@ class StageLoop:
         ctx, study, policy, runner = self.ctx, self.study, self.policy, self.runner
         launcher = ctx.launcher
         wall_used = self.clock.used(launcher.clock())
-        trials = study.trials()
+        view = study.view()  # this pass's view: read again only after events that add or close trials
         budget_s = self.stage.budget.max_wall_clock_s
         over_time = budget_s is not None and wall_used >= budget_s
         allowed = may_start_more and not over_time
-        may_start = allowed and policy.may_start(trials)
+        may_start = allowed and policy.may_start(view)
         wants_ahead = False
         if not runner.active and not may_start:
-            trials = study.trials(fresh=True)  # decide on the database as it is now
-            if allowed and policy.may_start(trials):
-                # The cached view was behind: another worker queued work (e.g. a required
+            view = study.view(fresh=True)  # decide on the database as it is now
+            if allowed and policy.may_start(view):
+                # The view held was behind: another worker queued work (e.g. a required
                 # confirmation) that this stage still needs; never decide without it.
                 may_start = True
-            elif self._waiting_on_others(trials):
+            elif self._waiting_on_others(view):
                 # Idle while other workers finish the stage: confirm the top candidates now
                 # (required re-runs first), then re-run them again while that fits in the
                 # wait; with nothing to re-run, start the next stage from the current leader.
                 if allowed and launcher.free_slots() > 0:
-                    if (self._queue_confirmations(trials, extra=False) or self._queue_confirmations(trials, extra=True)
-                            or self._queue_early_confirmation(trials)):
+                    if (self._queue_confirmations(view, extra=False) or self._queue_confirmations(view, extra=True)
+                            or self._queue_early_confirmation(view)):
                         pass
-                    elif self.nothing_left_for_me(trials):
+                    elif self.nothing_left_for_me(view):
                         ctx.console.note(f"{study.name}: only other workers' confirmations are left; "
                                          "leaving (they finish the study)")
                         return Tick.LEAVE
                     else:
                         wants_ahead = True
-            elif over_time or not self._queue_confirmations(trials, extra=False):
+            elif over_time or not self._queue_confirmations(view, extra=False):
                 return Tick.OVER
         if allowed and self.space.n_follow_ups and launcher.free_slots() > 0:
-            if self._queue_follow_ups(trials):
+            if self._queue_follow_ups(view):
                 may_start = True
-            elif may_start and self._round_in_flight(trials):
+            elif may_start and self._round_in_flight(view):
                 # The sampler's draws wait for the round: drawn now, they would spend the
                 # budget that the next round's points, read from this one, are for.
                 may_start = False
-        if may_start and launcher.free_slots() > 0:
-            # Count on the database as it is now: with many workers, a cached view starts
-            # trials the others have already filled the budget with.
-            may_start = policy.may_start(study.trials(fresh=True))
+        # Each start reads the stage once, after its ask, and the policy admits the trial on
+        # that view (``TrialRunner.start``): with many workers, a view held from before starts
+        # nothing that the others have already filled the budget with.
         while may_start and launcher.free_slots() > 0:
             started = runner.start()
-            trials = study.trials(fresh=True)
+            view = study.view()
             if not started:
                 break
-            may_start = policy.may_start(trials)
+            may_start = policy.may_start(view)
         runner.poll()
-        runner.stop_runs_that_no_longer_count(study.trials())
-        if runner.tell_finished(study.trials()):
-            study.stale = True
+        runner.stop_runs_that_no_longer_count(view)
+        runner.tell_finished(view)
         now = time.monotonic()
         if now - self.last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
             runner.heartbeat()
@@ -208,11 +205,11 @@ class StageLoop:
             self.last_saved = now
         return Tick.RUN_AHEAD if wants_ahead else Tick.GO_ON
 
-    def _waiting_on_others(self, trials: list[TrialRecord]) -> bool:
+    def _waiting_on_others(self, trials: Sequence[TrialRecord]) -> bool:
         """Trials RUNNING in other processes (workers) that this stage's result needs."""
         return any(t.state == TrialState.RUNNING and t.number not in self.runner.active for t in trials)
 
-    def nothing_left_for_me(self, trials: list[TrialRecord]) -> bool:
+    def nothing_left_for_me(self, trials: Sequence[TrialRecord]) -> bool:
         """A worker in the last stage, idle, whose stage only waits on other processes'
         confirmation runs: nothing it could start there or ahead. A run whose process on this
         host is gone (SIGKILL) is work left: the next heartbeat round queues it again, and
@@ -231,7 +228,7 @@ class StageLoop:
             self.study.queue(rerun.of.params, rerun.assignment)
         return bool(reruns)
 
-    def _queue_confirmations(self, trials: list[TrialRecord], *, extra: bool) -> bool:
+    def _queue_confirmations(self, trials: Sequence[TrialRecord], *, extra: bool) -> bool:
         reruns = self.policy.confirmations(trials, extra=extra, now=datetime.datetime.now())
         if self._queue(reruns):
             partners = [r.assignment for r in reruns if r.assignment.role is Role.INCUMBENT]
@@ -243,11 +240,11 @@ class StageLoop:
                                       + ", ".join(f"trial {r.of.number}" for r in reruns))
         return bool(reruns)
 
-    def _queue_follow_ups(self, trials: list[TrialRecord]) -> bool:
+    def _queue_follow_ups(self, trials: Sequence[TrialRecord]) -> bool:
         """In rounds: once the starting points and the follow-ups so far all ended, the space's
         next ``Space.follow_ups_per_round`` points from what they read
         (``Space.follow_up_points``), up to ``Space.n_follow_ups``, inside the stage's budget."""
-        def wanted(trials: list[TrialRecord]) -> tuple[int, list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
+        def wanted(trials: Sequence[TrialRecord]) -> tuple[int, list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
             done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
             ended, pending = structured_points(trials)
             if pending or not ended or len(ended) == self.no_follow_up_after:
@@ -257,7 +254,7 @@ class StageLoop:
 
         if wanted(trials)[0] <= 0:
             return False
-        n, ended, pending = wanted(self.study.trials(fresh=True))  # another worker may have queued some
+        n, ended, pending = wanted(self.study.view(fresh=True))  # another worker may have queued some
         if n <= 0:
             return False
         points = self.space.follow_up_points(self.base, [*ended, *((p, math.nan) for p in pending)], n)
@@ -271,7 +268,7 @@ class StageLoop:
                                   f"({', '.join(f'{k}={v}' for k, v in params.items())}: η {best:.3f})")
         return bool(points)
 
-    def _round_in_flight(self, trials: list[TrialRecord]) -> bool:
+    def _round_in_flight(self, trials: Sequence[TrialRecord]) -> bool:
         """A round of follow-ups (or the starting points) still runs, nothing is queued, and the
         space may have more to propose once it ended."""
         if any(t.state == TrialState.WAITING for t in trials):
@@ -280,7 +277,7 @@ class StageLoop:
         ended, pending = structured_points(trials)
         return bool(pending) and done < self.space.n_follow_ups and len(ended) != self.no_follow_up_after
 
-    def _queue_early_confirmation(self, trials: list[TrialRecord]) -> bool:
+    def _queue_early_confirmation(self, trials: Sequence[TrialRecord]) -> bool:
         rerun = self.policy.early_confirmation(trials)
         if rerun is None:
             return False
@@ -305,7 +302,7 @@ class StageLoop:
         self.study.vacate(why=why, launcher=self.ctx.launcher, on_vacated=_vacated_note(self.ctx.console))
 
 
-def _vacated_note(console: Console) -> Callable[[str, str, str], None]:
+def _vacated_note(console: StudyListener) -> Callable[[str, str, str], None]:
     def note(name: str, why: str, lost: str) -> None:
         console.note(f"{name}: closed the runs started ahead ({why}); kept as {lost}")
 
@@ -320,8 +317,7 @@ def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
         stored = StageStudy.stored_stage(ctx.storage, ctx.spec, stage)
         if stored is None or stored.result is None:
             continue
-        result = stored.result
-        if result.winner_trial is not None or found_nothing(result) or result.decision.startswith("skipped"):
+        if not stored.result.decision.may_leave_a_leader:
             continue
         ranked, _ = ranked_candidates(stored.trials())
         if ranked and ranked[0][0][0] > 1 + stage.stop.tolerance:
@@ -330,40 +326,26 @@ def undecided_leaders(ctx: Context, index: int) -> list[tuple[str, Config]]:
 
 
 def slow_start_seen(ctx: Context, index: int) -> bool | None:
-    """Did a learning stage before ``index`` decide on a slow start (``policy.SLOW_START``)?
+    """Did a learning stage before ``index`` decide on a slow start (``Decision.SLOW_START``)?
     None while a stage before it is still being decided and its incumbent runs so far do not
     rule one out (stage ``index`` is then being opened ahead). Read from the stored decisions,
     so a resume and every worker decide the same."""
     if ctx.spec.probe.slow_start_factor == 1:
         return False
-    for stage in ctx.spec.stages[:index]:
+    for earlier, stage in enumerate(ctx.spec.stages[:index]):
+        if not Stage.of(ctx.spec, earlier).learns:
+            continue  # a speed stage decides no slow start
         stored = StageStudy.stored_stage(ctx.storage, ctx.spec, stage)
         if stored is None:
             continue
         if stored.result is not None:
-            if stored.result.decision.startswith(SLOW_START):
+            if stored.result.decision is Decision.SLOW_START:
                 return True
             continue
         trials = stored.trials()
-        scores = [t.score for t in trials if t.state == TrialState.COMPLETE and t.score is not None]
-        if any(s.metric == "throughput" for s in scores):
-            continue  # a speed stage
         runs = [t.score for t in trials if t.role is Role.INCUMBENT and t.state == TrialState.COMPLETE
                 and t.score is not None]
         if not runs or slow_start(runs):
             return None  # no reading yet, or its decision will be a slow start
         # (no reading from runs too short for one: the decision will not be a slow start either)
     return False
-
-
-def probe_settings(spec: StudySpec, stage: StageSettings, space: Space, *, slow_start: bool = False) -> ProbeSettings:
-    """How the stage's probes run, resolved once: a speed-only space runs short probes with
-    their own warm-up; a learning stage after a slow start runs longer ones."""
-    return ProbeSettings(
-        steps=spec.stage_probe_steps(stage, speed_only=space.speed_only, slow_start=slow_start),
-        speed_only=space.speed_only,
-        warmup_steps=spec.probe.speed_warmup_steps if space.speed_only else spec.probe.warmup_steps,
-        hang_timeout_s=spec.probe.hang_timeout_s,
-        n_gpus=spec.hardware.n_gpus,
-        settle_tolerance=spec.probe.speed_settle_tolerance if space.speed_only else 0.0,
-    )

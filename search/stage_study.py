@@ -21,18 +21,21 @@ from optuna.trial import TrialState, create_trial
 from objectives.score import Score, eta as eta_of
 from search import liveness
 from search.errors import SweepError
-from search.pruning import build_pruner
+from search.pruning import IncumbentPruner
 from search.records import (
-    START_ORIGIN, Assignment, RecordCache, Role, StageResult, StageStudyAttrs, TrialRecord, ahead_study_attrs, carried_attrs,
-    created_study_attrs, initialized_attr, records, result_attr, stage_study_name, wall_clock_attr, wasted_attrs,
+    START_ORIGIN, Assignment, RecordCache, Role, StageResult, StageStudyAttrs, StageView, TrialRecord,
+    ahead_study_attrs, carried_attrs, created_study_attrs, initialized_attr, records, result_attr, stage_study_name,
+    wall_clock_attr, wasted_attrs,
 )
 from search.sampler import build_sampler
 from spaces import template_for
 from spaces.overrides import Config, merge
 
 if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
     from launchers.base import Launcher
-    from search.policy import StagePolicy
+    from search.stage import Stage
     from search.study_file import StageSettings, StudySpec
     from spaces.base import Space
 
@@ -57,16 +60,21 @@ class StoredStage:
 
 
 class StageStudy:
-    """A stage study as one driver process uses it, with a cached view of its trials
-    (re-read after local events, on request, or every TRIALS_REFRESH_S)."""
+    """A stage study as one driver process uses it, with a view of its trials (``view``):
+    read whole after local events that add or close trials, on request, or every
+    TRIALS_REFRESH_S; the trials this process starts or reports on are read again one by one
+    (``refresh``). The stage's pruner reads the same view instead of the study."""
 
     def __init__(self, study: optuna.Study, storage: optuna.storages.RDBStorage) -> None:
         self.study = study
         self.storage = storage
         self.stale = True
-        self._trials: list[TrialRecord] = []
+        self._frozen: list[FrozenTrial] = []
+        self._view = StageView(())
         self._read_at = 0.0
         self._records = RecordCache()
+        if isinstance(study.pruner, IncumbentPruner):
+            study.pruner.trials = self.pruning_trials
 
     @property
     def name(self) -> str:
@@ -78,17 +86,17 @@ class StageStudy:
 
     # -- opening ----------------------------------------------------------------------------------
     @classmethod
-    def open(cls, storage: optuna.storages.RDBStorage, spec: StudySpec, policy: StagePolicy, base: Config, *,
+    def open(cls, storage: optuna.storages.RDBStorage, plan: Stage, base: Config, *,
              ahead_of: str | None = None, launcher: Launcher | None = None,
              on_vacated: Callable[[str, str, str], None] | None = None,
              learn_ooms: bool = True) -> tuple[StageStudy, bool] | None:
-        """Create or join the stage's study from ``base``; (study, created). None when
-        ``ahead_of`` is given and another worker already runs the stage ahead from another
-        leader. A study opened ahead from a leader that lost is moved aside first.
+        """Create or join the study of stage ``plan`` from ``base``; (study, created). None
+        when ``ahead_of`` is given and another worker already runs the stage ahead from
+        another leader. A study opened ahead from a leader that lost is moved aside first.
         ``learn_ooms``: for ``build_sampler``."""
-        stage = policy.stage
+        spec, stage = plan.spec, plan.settings
         name = stage_study_name(spec, stage)
-        pruner = build_pruner(stage.pruner, prune_from=policy.prune_from, late_from=policy.late_prune_from)
+        pruner = plan.pruner()
         # Another worker may move a study opened ahead aside (rename it) between any two of the
         # calls below: then the name is free again, or names a newer study, and opening starts over.
         for _ in range(_OPEN_ATTEMPTS):
@@ -97,7 +105,7 @@ class StageStudy:
                                             sampler=build_sampler(stage, 0, learn_ooms=learn_ooms), pruner=pruner)
                 study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
                 attrs = created_study_attrs(base=base, stage=stage.model_dump(mode="json"),
-                                            probe_steps=policy.settings.steps)
+                                            probe_steps=plan.probe_steps)
                 if ahead_of is not None:
                     # Its run ids stay unique if it is moved aside and the stage opened again.
                     attrs.update(ahead_study_attrs(ahead_of=ahead_of, run_prefix=f"{name}.ahead{study._study_id}"))
@@ -137,12 +145,13 @@ class StageStudy:
                          "while this worker opened it; start it again (nothing is lost).")
 
     @staticmethod
-    def record_skipped(storage: optuna.storages.RDBStorage, spec: StudySpec, stage: StageSettings, base: Config,
+    def record_skipped(storage: optuna.storages.RDBStorage, plan: Stage, base: Config,
                        result: StageResult) -> StageResult:
         """Store ``result`` as the decision of a stage that runs no trial (the study stopped
         early): its study is created with the base and the result, so status, export and every
         resume or worker read it as decided. A result already stored wins."""
-        name = stage_study_name(spec, stage)
+        stage = plan.settings
+        name = stage_study_name(plan.spec, stage)
         try:
             study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
         except optuna.exceptions.DuplicatedStudyError:
@@ -150,7 +159,7 @@ class StageStudy:
             stored = StageStudyAttrs.of(study.user_attrs).result
             if stored is not None:
                 return stored
-        attrs = {**created_study_attrs(base=base, stage=stage.model_dump(mode="json"), probe_steps=spec.probe.steps),
+        attrs = {**created_study_attrs(base=base, stage=stage.model_dump(mode="json"), probe_steps=plan.probe_steps),
                  **initialized_attr(), **result_attr(result)}
         for key, value in attrs.items():
             study.set_user_attr(key, value)
@@ -219,8 +228,7 @@ class StageStudy:
             return None
         return StoredStage(StageStudyAttrs.of(study.user_attrs).result, study)
 
-    def enqueue_initial(self, spec: StudySpec, stage: StageSettings, space: Space, base: Config,
-                        carried: dict[int, TrialRecord],
+    def enqueue_initial(self, plan: Stage, space: Space, base: Config, carried: dict[int, TrialRecord],
                         leaders: list[tuple[str, Config]] | None = None) -> list[TrialRecord]:
         """The stage's first trials: the incumbent (repeated), earlier stages' undecided
         leaders moved onto ``base`` (``leaders``: (stage name, overrides); only points of this
@@ -228,7 +236,7 @@ class StageStudy:
         previous stage already made (``carried``) is copied, not re-run, and its runs on other
         seeds are copied as extra incumbent runs (``StagePolicy.counted`` leaves them out of
         the budget); returns the copies."""
-        study = self.study
+        study, spec, stage = self.study, plan.spec, plan.settings
         params = space.incumbent_params(base) or {}
         scores: list[Score] = []
         for repeat in range(spec.probe.incumbent_repeats):
@@ -242,7 +250,7 @@ class StageStudy:
             self.queue(params, Assignment(role=Role.INCUMBENT, seed=seed))
         # The previous stage's other runs of this config (the winner's confirmations on fresh
         # seeds) are incumbent runs too, outside the budget: a 2-run incumbent's spread kept
-        # the interval of every η from falling below ~1.2× a run's seed spread (issue 27).
+        # the interval of every η from falling below ~1.2× a run's seed spread.
         incumbent_seeds = {spec.seeds[r % len(spec.seeds)] for r in range(spec.probe.incumbent_repeats)}
         for seed in sorted(carried):
             if seed not in incumbent_seeds and carried[seed].score is not None:
@@ -291,13 +299,29 @@ class StageStudy:
         self.stale = True
 
     # -- reading ----------------------------------------------------------------------------------
-    def trials(self, *, fresh: bool = False) -> list[TrialRecord]:
+    def view(self, *, fresh: bool = False) -> StageView:
+        """The stage's trials: read whole when ``fresh``, after a local event that added or
+        closed trials (``stale``), or TRIALS_REFRESH_S after the last read; else the view held."""
         now = time.monotonic()
         if fresh or self.stale or now - self._read_at >= TRIALS_REFRESH_S:
-            self._trials = self._records.records(self.study.get_trials(deepcopy=False))
+            self._frozen = self.study.get_trials(deepcopy=False)
+            self._view = StageView(self._records.records(self._frozen))
             self._read_at = now
             self.stale = False
-        return self._trials
+        return self._view
+
+    def refresh(self, trial_id: int) -> None:
+        """Read again one trial this process wrote to (started, reported on) into the view
+        held: one row, not the whole list."""
+        frozen = self.storage.get_trial(trial_id)
+        held = [t for t in self._frozen if t._trial_id != trial_id]
+        self._frozen = sorted([*held, frozen], key=lambda t: t.number)
+        self._view = StageView(self._records.records(self._frozen))
+
+    def pruning_trials(self) -> list[FrozenTrial]:
+        """The finished and running trials of the view held, for the stage's pruner: every
+        report would otherwise read the whole study."""
+        return [t for t in self._frozen if t.state in (TrialState.COMPLETE, TrialState.RUNNING)]
 
     def read_trials(self, states: tuple[TrialState, ...] | None = None) -> list[TrialRecord]:
         """The trials as the database holds them now, bypassing the cached view."""

@@ -10,18 +10,18 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from objectives.metrics import read_all
+from launchers.run_dir import RunDir
+from objectives.metrics import STEP_TIME_KEY
+from objectives.sources import read_run
 from search import liveness
 from search.policy import incumbent_run_etas
-from search.records import Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
+from search.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
+from search.stage import Stage
 from search.study_file import StudySpec
 from spaces.overrides import Config
 
 if TYPE_CHECKING:
     import optuna
-
-
-STEP_TIME_KEY = "timing_s/step"
 
 
 def gpu_samples_summary(run_dir: Path | str) -> dict[str, Any] | None:
@@ -30,8 +30,8 @@ def gpu_samples_summary(run_dir: Path | str) -> dict[str, Any] | None:
     from objectives.utilisation import read_samples, summarise
 
     run_dir = Path(run_dir)
-    samples = read_samples(run_dir / "gpu_samples.jsonl")
-    summary = summarise(samples, read_all(run_dir / "metrics.jsonl")) if samples else None
+    samples = read_samples(RunDir(run_dir).gpu_samples)
+    summary = summarise(samples, read_run(run_dir)) if samples else None
     if summary is None or summary.get("mean_util_pct") is None:
         return None
     summary["n_gpus"] = len({g.get("index") for s in samples for g in s["gpus"]})
@@ -47,11 +47,10 @@ def trial_gpu_summary(t: TrialRecord) -> dict[str, Any] | None:
 
 
 def mean_step_time_s(t: TrialRecord, n_gpus: int) -> float | None:
-    """Mean training-step time of a trial: verl's ``timing_s/step`` from its metrics file, else
-    its GPU time spread over its steps (which counts start-up too, so it overestimates)."""
+    """Mean training-step time of a trial: verl's ``timing_s/step`` from its metrics, else its
+    GPU time spread over its steps (which counts start-up too, so it overestimates)."""
     if t.run_dir:
-        times = [v for m in read_all(Path(t.run_dir) / "metrics.jsonl")
-                 if (v := m.get(STEP_TIME_KEY)) is not None]
+        times = [v for m in read_run(t.run_dir) if (v := m.get(STEP_TIME_KEY)) is not None]
         if times:
             return sum(times) / len(times)
     probe = t.probe
@@ -63,21 +62,14 @@ def mean_step_time_s(t: TrialRecord, n_gpus: int) -> float | None:
     return None
 
 
-def _probe_steps(spec: StudySpec, stage: "Any", trials: list[TrialRecord]) -> int:
-    """A full probe's length in this stage: the longest complete probe (a speed-only stage runs
-    shorter probes than the study's default), else the configured length."""
-    if stage.probe_steps:
-        return int(stage.probe_steps)
-    done = [int(t.probe.get("last_step") or 0)
-            for t in trials if t.state.name == "COMPLETE"]
-    return max(done, default=0) or spec.probe.steps
-
-
-def gpu_hours_saved(spec: StudySpec, stage: "Any", trials: list[TrialRecord]) -> float:
+def gpu_hours_saved(stage: Stage, trials: list[TrialRecord]) -> float:
     """GPU-hours that pruning (and early stops) saved: for each pruned trial, the steps it did not
-    run × its mean step time × GPUs. An estimate: it assumes the step time would have held."""
-    full = _probe_steps(spec, stage, trials)
-    n_gpus = spec.hardware.n_gpus
+    run × its mean step time × GPUs. A full probe runs as long as the longest complete one
+    (probes are stopped from outside, a step or two past their length), else the stage's probe
+    length. An estimate: it assumes the step time would have held."""
+    done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
+    full = max(done, default=0) or stage.probe_steps
+    n_gpus = stage.spec.hardware.n_gpus
     saved_s = 0.0
     for t in trials:
         if t.state.name != "PRUNED":
@@ -129,7 +121,7 @@ def _trial_row(t: TrialRecord, requeued: dict[int, str]) -> dict[str, Any]:
         "eta": t.eta,
         "eta_interval": None if t.eta_interval is None else list(t.eta_interval),
         # A copy queued again ran afresh: the reason it was queued belongs to the trial it replaces.
-        "reason": t.reason or requeued.get(t.number),
+        "reason": (f"wasted: {t.reason}" if t.closed_as is CloseReason.WASTED else t.reason) or requeued.get(t.number),
         "failure_kind": t.failure_kind,
         "requeued": t.number in requeued,
         "carried_from": t.carried_from,
@@ -150,7 +142,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
     import optuna
 
     stages: list[dict[str, Any]] = []
-    for stage in spec.stages:
+    for index, stage in enumerate(spec.stages):
         name = stage_study_name(spec, stage)
         entry: dict[str, Any] = {"name": stage.name, "study": name, "space": stage.space,
                                  "budget": stage.budget.max_trials}
@@ -179,7 +171,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
             counts=dict(counts),
             reasons=dict(reasons),
             gpu_hours=round(gpu_s / 3600.0, 4),
-            gpu_hours_saved=round(gpu_hours_saved(spec, stage, trials), 4),
+            gpu_hours_saved=round(gpu_hours_saved(Stage.stored(spec, index, attrs.probe_steps), trials), 4),
             incumbent={"config": base,
                        "trials": [r["number"] for r in rows if r["role"] == Role.INCUMBENT]},
             winner=result,
@@ -193,5 +185,5 @@ def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) ->
     out = []
     for stage in study_status(storage, spec)["stages"]:
         if stage.get("winner"):
-            out.append(StageResult(**stage["winner"]))
+            out.append(StageResult.of(stage["winner"]))
     return out

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from launchers import DEFAULT_KIND
 from launchers.user_files import UserFileError, load_json, parse_yaml, read_user_text
 from search.errors import BadInputError
 from search.masking import mask_url
@@ -70,12 +71,24 @@ class _Strict(BaseModel):
 
 
 class LauncherSection(_Strict):
-    kind: Literal["sim", "local", "ray", "replay"] = "sim"
+    #: a registered launcher kind (``launchers.LAUNCHERS``)
+    kind: StrictStr = DEFAULT_KIND
     max_concurrent: Int = Field(default=2, ge=1, le=1024)
-    #: passed to the launcher's constructor (e.g. time_scale, landscape, address, gpu_ids)
+    #: the options the launcher declares (``Launcher.OPTIONS``: e.g. time_scale, landscape,
+    #: address, gpu_ids), checked against them by ``search.launch``
     options: dict[str, Any] = Field(default_factory=dict)
 
     _check_options = field_validator("options")(_check_plain)
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        from launchers import LAUNCHERS
+
+        if kind not in LAUNCHERS:
+            kinds = [repr(k) for k in LAUNCHERS]
+            raise ValueError(f"must be {', '.join(kinds[:-1])} or {kinds[-1]}, but got {_short(kind)}")
+        return kind
 
 
 class Budget(_Strict):
@@ -244,15 +257,6 @@ class StudySpec(_Strict):
                 )
         return self
 
-    def stage_probe_steps(self, stage: StageSettings, *, speed_only: bool = False, slow_start: bool = False) -> int:
-        """The stage's probe length: its own, else the study's (× ``probe.slow_start_factor``
-        for a learning stage after a slow start was seen)."""
-        if stage.probe_steps:
-            return stage.probe_steps
-        if speed_only:
-            return self.probe.speed_steps
-        return self.probe.steps * (self.probe.slow_start_factor if slow_start else 1)
-
     def baseline_config(self) -> dict[str, Any]:
         """The baseline overrides plus what the study's facts imply (algorithm, GPU count,
         sequence lengths); the base config of stage 1."""
@@ -282,13 +286,13 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     at once), then the polish: mini-batch × lr (× KL) together from the chain's winner."""
     stages = [
         # Speed probes are 30 steps: an 80-trial sweep of the 8 coupled layout knobs, modelled
-        # jointly, costs about four 500-step runs (issue 27: with 30 the leader came in the
+        # jointly, costs about four 500-step runs (on the simulated benchmark, with 30 the leader came in the
         # last third of the sweep, and the layout held 3-7% of the best reachable η).
         StageSettings(name="systems", space="systems", budget=Budget(max_trials=80), confirm_top=1,
                       stop=StopRule(stable_trials=80), sampler=SamplerSettings(multivariate=True)),
         # The token budget is the other speed-only knob (30-step probes): right after the
         # layout, so that the learning stages are judged, and their 500-step probes paid, at
-        # the final throughput (issue 27: the demo study's spend fell ~25%).
+        # the final throughput (the demo study's simulated spend fell ~25%).
         StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=10)),
         StageSettings(name="minibatch", space="mini_batch", budget=Budget(max_trials=8)),
         StageSettings(name="kl", space="kl", budget=Budget(max_trials=8)),

@@ -14,7 +14,7 @@ import datetime
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import optuna
 from optuna.trial import TrialState
@@ -25,9 +25,10 @@ from objectives.score import Score, eta as eta_of, paired_eta
 from objectives.utilisation import MIN_FREE_GB
 from search import liveness
 from search.errors import BadInputError
+from search.policy import Skip
 from search.records import (
-    Assignment, CloseReason, Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, reason_attrs,
-    set_attrs, skipped_attrs, started_attrs,
+    Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, reason_attrs, set_attrs, skipped_attrs,
+    started_attrs,
 )
 from spaces import hardware_tag
 from spaces.base import SpaceError
@@ -36,7 +37,7 @@ from spaces.overrides import Config, merge, to_overrides
 
 if TYPE_CHECKING:
     from launchers.base import Launcher
-    from search.console import Console
+    from search.events import StudyListener
     from search.policy import StagePolicy
     from search.stage_study import StageStudy
     from search.study_file import StudySpec
@@ -76,9 +77,10 @@ class ActiveTrial:
 class TrialRunner:
     """The runs of one stage that this process follows (``active``, by trial number)."""
 
-    def __init__(self, spec: StudySpec, launcher: Launcher, console: Console, study: StageStudy,
-                 policy: StagePolicy, space: Space, base: Config, *, run_prefix: str) -> None:
-        self.spec = spec
+    def __init__(self, launcher: Launcher, console: StudyListener, study: StageStudy, policy: StagePolicy, space: Space,
+                 base: Config, *, run_prefix: str) -> None:
+        self.stage = policy.stage
+        self.spec = policy.spec
         self.launcher = launcher
         self.console = console
         self.study = study
@@ -90,13 +92,14 @@ class TrialRunner:
 
     @property
     def stage_name(self) -> str:
-        return self.policy.stage.name
+        return self.stage.name
 
     # -- starting ---------------------------------------------------------------------------------
     def start(self) -> bool:
-        """Ask for a trial and start its run; False when it did not start (given back, or
-        closed by another process meanwhile). Raises on bad input or a launcher error (the
-        trial given back first)."""
+        """Ask for a trial, read the stage once (``StageStudy.view``, fresh), let the policy
+        admit it (``StagePolicy.admit``) and start its run; False when it did not start
+        (skipped, given back, or closed by another process meanwhile). Raises on bad input or
+        a launcher error (the trial given back first)."""
         study = self.study.study
         trial = study.ask()
         try:
@@ -106,6 +109,7 @@ class TrialRunner:
             return self._start_asked(trial)
         except optuna.exceptions.UpdateFinishedTrialError:
             # Closed by another process while starting (its stage moved aside): nothing to give back.
+            self.study.stale = True
             return False
         except BaseException as e:
             if trial.number not in self.active:
@@ -115,46 +119,28 @@ class TrialRunner:
                     logger.warning("could not release trial %d", trial.number, exc_info=True)
             raise
 
-    def _skip(self, trial: optuna.trial.Trial, closed_as: CloseReason, reason: str) -> bool:
-        set_attrs(trial, skipped_attrs(closed_as, reason))
+    def _skip(self, trial: optuna.trial.Trial, skip: Skip) -> bool:
+        set_attrs(trial, skipped_attrs(skip.closed_as, skip.reason))
         tell(self.study.study, trial, state=TrialState.FAIL)
+        self.study.stale = True
         return False
 
     def _start_asked(self, trial: optuna.trial.Trial) -> bool:
         study, policy, base = self.study.study, self.policy, self.base
-        assignment = Assignment.of(trial.user_attrs)
-        role = assignment.role or Role.CANDIDATE
-        if role is Role.CANDIDATE and policy.over_budget(self.study.read_trials(), trial.number):
-            # Another worker took the last place in the budget between our count and ask.
-            return self._skip(trial, CloseReason.OVER_BUDGET,
-                              "over budget: the stage's budget was used up before this trial could start")
-        seed = self.spec.seeds[0] if assignment.seed is None else assignment.seed
-        if role is Role.INCUMBENT and assignment.seed is not None:
-            trials = self.study.read_trials()
-            me = next(t for t in trials if t.number == trial.number)
-            if policy.redundant_incumbent_run(me, trials):
-                return self._skip(trial, CloseReason.REDUNDANT,
-                                  "redundant incumbent run: another worker queued the same one")
-        if role is Role.RERUN:
-            trials = self.study.read_trials()
-            if assignment.idle_fill and not policy.worth_waiting(trials, datetime.datetime.now()):
-                # Queued to fill a wait that is over by now: started, it would lengthen the stage.
-                return self._skip(trial, CloseReason.REDUNDANT, "extra re-run no longer fits in the stage's wait")
-            me = next(t for t in trials if t.number == trial.number)
-            rerun_seed = policy.rerun_seed(me, trials)
-            if rerun_seed is None:
-                return self._skip(trial, CloseReason.REDUNDANT,
-                                  "redundant re-run: other workers queued the same confirmation")
-            seed = rerun_seed
+        view = self.study.view(fresh=True)  # the one read of this admission: it holds the asked trial
+        decision = policy.admit(view, view.record(trial.number), datetime.datetime.now())
+        if isinstance(decision, Skip):
+            return self._skip(trial, decision)
+        role = decision.role
         try:
             overrides = self.space.suggest(trial, base) if (role is not Role.INCUMBENT or trial.params) else {}
         except SpaceError as e:
             tell(study, trial, state=TrialState.FAIL)
+            self.study.stale = True
             raise BadInputError(f"stage {self.stage_name}: {e}") from None
         if role is Role.INCUMBENT:
             overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
-        if assignment.seed is None:
-            seed = policy.seed_for_point(trial.number, trial.params, self.study.read_trials(), seed)
+        seed = decision.seed if decision.seed is not None else policy.point_seed(view, trial.number, trial.params)
         config = merge(base, overrides, {"data.seed": seed})
         too_big = fit_problem(self.spec.model, self.spec.hardware, config) if self.launcher.real_gpus else None
         if too_big is not None:
@@ -164,6 +150,7 @@ class TrialRunner:
             set_attrs(trial, reason_attrs(f"oom: memory pre-flight: {too_big}"))
             trial.set_constraint("oom", 1.0)
             tell(study, trial, state=TrialState.FAIL)
+            self.study.stale = True
             self.console.trial_finished(study, trial.number, role, overrides, reason="oom: memory pre-flight: "
                                         + too_big, state="failed")
             return False
@@ -174,7 +161,7 @@ class TrialRunner:
             n_gpus=self.spec.hardware.n_gpus,
             metadata={"study": self.spec.name, "stage": self.stage_name, "trial": str(trial.number)},
         )
-        probe = Probe(self.launcher, spec, policy.settings)
+        probe = Probe(self.launcher, spec, self.stage.probe)
         try:
             handle = probe.start()
         except NoCapacityError:
@@ -191,8 +178,9 @@ class TrialRunner:
         except BaseException:
             self.launcher.cancel(handle)  # nobody would follow it: never leave it running
             raise
-        self.active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, assignment.rerun_of,
-                                                next_report_step=policy.report_every)
+        self.active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, view.record(trial.number).rerun_of,
+                                                next_report_step=self.stage.report_every)
+        self.study.refresh(trial._trial_id)  # the view held now has this run's parameters, seed and role
         self.console.trial_started(self.stage_name, trial.number, role, overrides)
         return True
 
@@ -217,7 +205,7 @@ class TrialRunner:
             outcome = None
             if handle is not None and record.run_id is not None:
                 probe = Probe(self.launcher, RunSpec(run_id=record.run_id, overrides=(),
-                                                     n_gpus=self.spec.hardware.n_gpus), self.policy.settings)
+                                                     n_gpus=self.spec.hardware.n_gpus), self.stage.probe)
                 probe.attach(handle)
                 outcome = probe.poll()
                 if outcome is not None and outcome.state is ProbeState.FAILED:
@@ -228,7 +216,7 @@ class TrialRunner:
                 self.study.heartbeat([frozen._trial_id])
                 self.active[frozen.number] = ActiveTrial(
                     trial, probe, record.role, record.seed or 0, dict(record.overrides), record.rerun_of,
-                    next_report_step=self.policy.report_every, outcome=outcome,
+                    next_report_step=self.stage.report_every, outcome=outcome,
                 )
                 adopted.append(frozen.number)
                 continue
@@ -237,6 +225,8 @@ class TrialRunner:
                 self.launcher.cleanup_leftover(Path(record.run_dir or ""))
         if adopted:
             self.console.note(f"re-attached to the runs of trial(s) {', '.join(map(str, adopted))} left by a dead driver")
+        if adopted or closed:
+            self.study.stale = True
         if closed:
             self.console.note(
                 f"closed {len(closed)} trial(s) left running by a dead driver and queued them again: "
@@ -258,7 +248,7 @@ class TrialRunner:
     def heartbeat(self) -> None:
         self.study.heartbeat([item.trial._trial_id for item in self.active.values()])
 
-    def stop_runs_that_no_longer_count(self, trials: list[TrialRecord]) -> None:
+    def stop_runs_that_no_longer_count(self, trials: Sequence[TrialRecord]) -> None:
         """Stop this worker's runs whose trial another process closed (a stage run ahead and
         moved aside, a heartbeat that looked stale), and early confirmations whose first run
         was then pruned: their results could no longer count."""
@@ -279,7 +269,7 @@ class TrialRunner:
         if follower is None or follower.last_step < item.next_report_step:
             return
         step = item.next_report_step
-        item.next_report_step += self.policy.report_every
+        item.next_report_step += self.stage.report_every
         score = item.probe.running_score()
         if score is None or not math.isfinite(score.rate):
             return
@@ -290,17 +280,20 @@ class TrialRunner:
             # there: stop this run; tell_finished then drops the result instead of doubling it.
             item.outcome = item.probe.stop(ProbeState.STOPPED, reason="closed by another worker")
             return
+        if item.role is Role.INCUMBENT:
+            self.study.refresh(item.trial._trial_id)  # the pruner compares candidates with this curve
         if item.role is Role.CANDIDATE and item.trial.should_prune():
             rule = {"incumbent": "clearly below the incumbent's on the same seed",
-                    "median": "below the median of the stage's other trials"}.get(self.policy.stage.pruner.name,
+                    "median": "below the median of the stage's other trials"}.get(self.stage.settings.pruner.name,
                                                                                    "below the stage's others")
             item.outcome = item.probe.stop(
                 ProbeState.PRUNED, reason=f"pruned at step {step}: running rate {score.rate:.3g} {rule}"
             )
 
     # -- telling ----------------------------------------------------------------------------------
-    def tell_finished(self, trials: list[TrialRecord]) -> bool:
-        """Tell Optuna every finished probe it can; True when something was told.
+    def tell_finished(self, trials: Sequence[TrialRecord]) -> bool:
+        """Tell Optuna every finished probe it can; True when something was told. A told trial
+        is read again into the stage's view (a failure queued again makes it read whole).
 
         Incumbent runs are told at once, with η against the incumbent runs told so far (so
         workers never wait on each other's incumbents); candidates wait until every incumbent
@@ -319,18 +312,23 @@ class TrialRunner:
             if item.role is Role.INCUMBENT and outcome.score is not None and outcome.state is ProbeState.COMPLETE:
                 against = scores + [(item.seed, outcome.score)]
             try:
-                self._tell(item, outcome, against)
+                if self._tell(item, outcome, against):
+                    self.study.stale = True
+                else:
+                    self.study.refresh(item.trial._trial_id)
             except optuna.exceptions.UpdateFinishedTrialError:
                 # Closed meanwhile by another process (its heartbeat looked stale): its
                 # assignment was queued again there, so this result is dropped, not doubled.
                 self.console.note(f"{self.study.name}: trial {item.trial.number} was closed by another worker")
+                self.study.stale = True
             del self.active[item.trial.number]
             told = True
             if item.role is Role.INCUMBENT:
                 return told  # re-read before telling candidates against the new incumbent set
         return told
 
-    def _tell(self, item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[tuple[int | None, Score]]) -> None:
+    def _tell(self, item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[tuple[int | None, Score]]) -> bool:
+        """Store the outcome and tell it; True when its assignment was queued again (a new trial)."""
         study, trial = self.study.study, item.trial
         set_attrs(trial, outcome_attrs(probe=outcome.summary(),
                                        score=None if outcome.score is None else dataclasses.asdict(outcome.score),
@@ -351,13 +349,13 @@ class TrialRunner:
             study.tell(trial, eta.value, skip_if_finished=True)
             console.trial_finished(study, trial.number, item.role, item.overrides, eta=eta.value,
                                    interval=(eta.low, eta.high))
-            return
+            return False
         set_attrs(trial, reason_attrs(outcome.reason))
         if outcome.state in (ProbeState.PRUNED, ProbeState.STOPPED):
             tell(study, trial, state=TrialState.PRUNED)
             console.trial_finished(study, trial.number, item.role, item.overrides, reason=outcome.reason,
                                    state="pruned")
-            return
+            return False
         failure = outcome.failure
         if failure is not None:
             oom = failure.value == "oom"
@@ -375,6 +373,7 @@ class TrialRunner:
         console.trial_finished(study, trial.number, item.role, item.overrides,
                                reason=outcome.reason + (" (queued again)" if retried else ""), state="failed",
                                requeued=retried, stderr_tail=outcome.stderr_tail)
+        return retried
 
     # -- leaving ----------------------------------------------------------------------------------
     def abandon(self, *, why: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from launchers import LAUNCHERS
+from search.stage import Stage
 from search.study_file import StudySpec
 from spaces import SpaceError, build_space, check_config
 from spaces.overrides import Config, merge
@@ -74,8 +76,9 @@ _BASELINE_BOUNDS = {
 
 
 def probes_per_gpu(spec: StudySpec) -> int:
-    """How many probes share one GPU (the local launcher's ``probes_per_gpu``; 1 elsewhere)."""
-    value = spec.launcher.options.get("probes_per_gpu", 1) if spec.launcher.kind == "local" else 1
+    """How many probes share one GPU (the launcher's ``probes_per_gpu`` option where it has one,
+    the local launcher's; 1 elsewhere)."""
+    value = spec.launcher.options.get("probes_per_gpu", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
@@ -113,10 +116,6 @@ def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
     return problems
 
 
-#: launcher kinds whose probes run on real GPUs (a simulator's world decides its own OOMs)
-REAL_GPU_LAUNCHERS = ("local", "ray")
-
-
 def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str]:
     """The memory pre-flight of the baseline: its estimate goes to the report lines; on real
     GPUs a baseline whose estimated peak cannot fit is refused with the arithmetic (on a
@@ -129,7 +128,7 @@ def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str
     lines.append("baseline memory per GPU (estimate):")
     lines += [f"  {line}" for line in found.lines]
     problem = fit_problem(spec.model, spec.hardware, base)
-    if problem is None or spec.launcher.kind not in REAL_GPU_LAUNCHERS:
+    if problem is None or not LAUNCHERS[spec.launcher.kind].real_gpus:  # a simulator decides its own OOMs
         return []
     return [f"baseline: {problem}. Lower the memory fraction or the micro-batch, switch gradient checkpointing "
             "or offload on, or declare larger GPUs."]
@@ -141,51 +140,6 @@ def one_line(problems: list[str], study_file: object) -> str:
     more = len(problems) - 1
     return problems[0] + (f" (and {more} more problem{'s' * (more > 1)}: `verl-sweep validate {study_file}` "
                           "lists them)" if more else "")
-
-
-def probe_length_problems(spec: StudySpec, stage: Any, where: str, *, speed_only: bool) -> list[str]:
-    """A probe too short to be scored after its warm-up: every run of the stage would fail
-    (on the H200, 8-step probes with 1 warm-up step all ended "cannot be scored")."""
-    from objectives.score import MIN_SCORED_STEPS, MIN_SPEED_STEPS
-
-    steps = spec.stage_probe_steps(stage, speed_only=speed_only)
-    need = MIN_SPEED_STEPS if speed_only else MIN_SCORED_STEPS
-    warmup = spec.probe.speed_warmup_steps if speed_only else spec.probe.warmup_steps
-    scored = steps - warmup
-    if scored >= need:
-        return []
-    field = f"{where}.probe_steps" if stage.probe_steps else ("probe.speed_steps" if speed_only else "probe.steps")
-    return [f"{field}: a probe of stage {stage.name} must score at least {need} steps after its warm-up "
-            f"({warmup}), but {steps} steps leave {max(scored, 0)}. Raise it to at least {warmup + need}."]
-
-
-def first_prune_step(spec: StudySpec, stage: Any) -> int | None:
-    """The earliest step at which the stage's pruner can stop a candidate (None: no pruner).
-    It needs a running rate (MIN_RUNNING_STEPS scored steps after the probe's warm-up), a
-    report at or after its own warm-up, and ``patience`` reports in a row below the bar."""
-    from objectives.score import MIN_RUNNING_STEPS
-    from search.pruning import reports_to_prune
-
-    pruner = stage.pruner
-    if pruner.name == "none":
-        return None
-    interval = pruner.interval_steps
-    earliest = max(pruner.warmup_steps, spec.probe.warmup_steps + MIN_RUNNING_STEPS)
-    first_report = -(-earliest // interval) * interval
-    return first_report + (reports_to_prune(pruner) - 1) * interval
-
-
-def pruner_reach_warnings(spec: StudySpec, stage: Any, where: str, *, speed_only: bool) -> list[str]:
-    """A pruner that cannot act before the probe ends: it would cost nothing, and do nothing
-    (the H200's 11-step probes reported once, at their last step)."""
-    step = None if speed_only else first_prune_step(spec, stage)
-    steps = spec.stage_probe_steps(stage, speed_only=speed_only)
-    if step is None or step < steps:
-        return []
-    return [f"{where}.pruner: stage {stage.name}'s pruner can first stop a candidate at step {step} "
-            f"(warm-up {stage.pruner.warmup_steps}, a report every {stage.pruner.interval_steps}, "
-            f"patience {stage.pruner.patience}), but its probes end at step {steps}: it will never prune. "
-            "Lower pruner.warmup_steps or lengthen the probes."]
 
 
 def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:
@@ -206,12 +160,14 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
     for index, stage in enumerate(spec.stages):
         where = f"stages[{index}]"
         try:
-            space = build_space(stage.space, base=base, options=stage.params, where=where, **facts)
+            plan = Stage.of(spec, index)
+            space = plan.build_space(base)
         except SpaceError as e:
             problems.append(str(e))
             continue
-        problems += probe_length_problems(spec, stage, where, speed_only=space.speed_only)
-        for warning in pruner_reach_warnings(spec, stage, where, speed_only=space.speed_only):
+        problems += [p for p in [plan.probe_length_problem()] if p]
+        warning = plan.pruner_reach_warning()
+        if warning:
             logger.warning(warning)
         lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
         lines += [f"  {text}" for text in space.explain()]

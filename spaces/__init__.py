@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-from spaces.base import Space, SpaceError
+from spaces.base import Moves, Space, SpaceError
 from spaces.bounds import SAFE_BOUNDS, ParamBound
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.limits import Limit, check_config, token_budget
-from spaces.stages import SPACES, build_space, hardware_tag, oom_ceiling
+from spaces.stages import SPACES, build_space, hardware_tag, oom_ceiling, space_class
 from spaces.templates import Template, template_for
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Algorithm",
     "HardwareFacts",
     "Limit",
+    "Moves",
     "ModelFacts",
     "ParamBound",
     "Space",
@@ -28,6 +29,7 @@ __all__ = [
     "check_config",
     "hardware_tag",
     "oom_ceiling",
+    "space_class",
     "template_for",
     "token_budget",
 ]

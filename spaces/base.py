@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import abc
+import enum
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from spaces.overrides import Config
 
 if TYPE_CHECKING:
     import optuna
+
+
+class Moves(enum.Enum):
+    """What a space's knobs move: the stage built on it (``search.stage.Stage``) derives from
+    this its probe length and warm-up, what it scores and whether it may be stretched."""
+
+    #: throughput only (the layout, the token budget): short probes scored on tokens per second
+    SPEED = "speed"
+    #: how the policy learns (lr, KL, mini-batch): full probes scored on reward per second
+    LEARNING = "learning"
+    #: both at once (e.g. ``rollout.n``): full probes, scored on reward per second, which
+    #: already holds the speed
+    BOTH = "speed and learning"
 
 
 class SpaceError(ValueError):
@@ -31,6 +45,8 @@ class Space(abc.ABC):
     #: the space keeps every later suggestion below a value that ran out of memory (a bound
     #: learned from OOMs, ``spaces.oom``), so the stage's sampler need not learn them too
     oom_clamped: bool = False
+    #: what its knobs move; read by ``search.stage.Stage`` alone
+    moves: Moves = Moves.LEARNING
     #: points the space proposes after its starting points (``follow_up_points``), one as
     #: another ends, with at most ``follow_ups_per_round`` of them in flight; 0: none
     n_follow_ups: int = 0
@@ -60,11 +76,6 @@ class Space(abc.ABC):
     def explain(self) -> list[str]:
         """Human-readable lines: the bounds and the arithmetic behind them."""
         return []
-
-    @property
-    def speed_only(self) -> bool:
-        """True when the knobs change speed, not learning (scored on throughput)."""
-        return False
 
 
 def check_options(options: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:

@@ -127,10 +127,13 @@ GPU_MEMORY_UTILIZATION = ParamBound(
 )
 TARGET_KL = ParamBound("target_kl", 0.05, 0.15, False, "the method's healthy KL 0.05-0.15")
 KL_HORIZON = ParamBound("horizon", 1000, 20000, True, "verl kl_ctrl.horizon must be > 0 (default 10000)", True)
+#: not one of the method's knobs: a small entropy bonus may keep the policy exploring; larger
+#: ones keep it from settling
+ENTROPY_COEFF = ParamBound("entropy_coeff", 0.0, 0.01, False, "an entropy bonus up to 0.01 (verl's default 0: none)")
 MINI_BATCH_FRACTION = 0.25
 
 SAFE_BOUNDS: dict[str, ParamBound] = {
-    b.name: b for b in (KL_COEF, LR, LAM, GPU_MEMORY_UTILIZATION, TARGET_KL, KL_HORIZON)
+    b.name: b for b in (KL_COEF, LR, LAM, GPU_MEMORY_UTILIZATION, TARGET_KL, KL_HORIZON, ENTROPY_COEFF)
 }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from spaces import bounds as B
 from spaces import limits as L
-from spaces.base import Space, SpaceError, check_options, where_or
+from spaces.base import Moves, Space, SpaceError, check_options, where_or
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
 from spaces.overrides import Config
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["FAILURE_KIND_ATTR", "HARDWARE_ATTR", "MAX_TOKEN_LEN_CHOICES", "OOM_KIND", "SPACES", "SystemsSpace",
-           "build_space", "hardware_tag", "oom_ceiling"]
+           "build_space", "hardware_tag", "oom_ceiling", "space_class"]
 
 class _BoundedSpace(Space):
     """A space over one float/int parameter with a safe bound, optionally clamped by OOMs."""
@@ -76,7 +76,7 @@ class _BoundedSpace(Space):
 
     def _spread(self, n: int, exclude: Any = None) -> list[float]:
         """``n`` values spread evenly over the bound, both ends included (on the log scale where
-        it is log): a safe range often ends where the optimum lies (issue 27: the best config's
+        it is log): a safe range often ends where the optimum lies (in the simulated benchmark the best config's
         lr was the 5e-6 bound in 4 of the 5 runs diagnosed that missed 95% of the best)."""
         low, high = float(self.bound.low), float(self.bound.high)
         values = []
@@ -270,6 +270,7 @@ class TokenBudgetSpace(_BoundedSpace):
     param = "token_budget"
     key = L.TOKEN_BUDGET
     oom_clamped = True
+    moves = Moves.SPEED
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
@@ -289,10 +290,6 @@ class TokenBudgetSpace(_BoundedSpace):
 
     def explain(self) -> list[str]:
         return [*super().explain(), *self.budget.lines]
-
-    @property
-    def speed_only(self) -> bool:
-        return True
 
 
 class LRSpace(_BoundedSpace):
@@ -336,6 +333,36 @@ class LamSpace(_BoundedSpace):
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
         value = L.setting(base, self.key)
         return {self.param: float(value)} if self._in_bound(value) else None
+
+
+class EntropySpace(_BoundedSpace):
+    """``actor.entropy_coeff`` in 0-0.01 (off by default: no default stage asks it)."""
+
+    kind = "entropy"
+    param = "entropy_coeff"
+    key = "actor_rollout_ref.actor.entropy_coeff"
+    #: verl 0.9.1's value where the config sets none (actor.yaml): no bonus
+    VERL_DEFAULT = 0.0
+
+    def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
+                 base: Config, options: Mapping[str, Any], where: str = "") -> None:
+        where = where_or(where, "entropy")
+        check_options(options, B.BOUND_OPTIONS, where)
+        super().__init__(B.ENTROPY_COEFF.narrowed(options, where=where), hardware=hardware, where=where)
+
+    def _value(self, base: Config) -> Any:
+        value = L.setting(base, self.key)
+        return self.VERL_DEFAULT if value is None else value
+
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        return {self.key: self._suggest_value(trial)}
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        value = self._value(base)
+        return {self.param: float(value)} if self._in_bound(value) else None
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        return [{self.param: v} for v in self._spread(n, exclude=self._value(base))]
 
 
 class CompositeSpace(Space):
@@ -393,7 +420,7 @@ class PolishSpace(CompositeSpace):
 
     kind = "polish"
     OPTIONS = frozenset({"mini_batch", "kl", "lr"})
-    #: a mini-batch, KL or lr gain an earlier stage found but could not decide (issue 27: on
+    #: a mini-batch, KL or lr gain an earlier stage found but could not decide (on
     #: the report landscapes true 4-7% gains of the mini-batch stage) is tried again here,
     #: on the chain's winner
     takes_earlier_leaders = True
@@ -485,7 +512,7 @@ class PolishSpace(CompositeSpace):
         return [line for part in self.parts for line in part.explain()]
 
 
-SpaceFactory = Callable[..., Space]
+SpaceFactory = type[Space]
 
 SPACES: dict[str, SpaceFactory] = {
     "mini_batch": MiniBatchSpace,
@@ -493,9 +520,20 @@ SPACES: dict[str, SpaceFactory] = {
     "token_budget": TokenBudgetSpace,
     "lr": LRSpace,
     "lam": LamSpace,
+    "entropy": EntropySpace,
     "systems": SystemsSpace,
     "polish": PolishSpace,
 }
+
+
+def space_class(kind: str, *, where: str = "") -> SpaceFactory:
+    """The space registered as ``kind``; SpaceError naming the registered ones."""
+    if kind not in SPACES:
+        raise SpaceError(
+            f"{where + '.' if where else ''}space must be one of {sorted(SPACES)}, but got {kind!r}. "
+            "Use one of those."
+        )
+    return SPACES[kind]
 
 
 def build_space(
@@ -514,13 +552,10 @@ def build_space(
     ``where`` prefixes error messages with the study-file field (e.g. ``stages[2].params``);
     ``baseline`` is the study's baseline (the polish stage keeps its bounds relative to it).
     """
-    if kind not in SPACES:
-        raise SpaceError(
-            f"{where + '.' if where else ''}space must be one of {sorted(SPACES)}, but got {kind!r}. "
-            "Use one of those."
-        )
-    extra = {"baseline": dict(baseline or base)} if SPACES[kind] is PolishSpace else {}
-    return SPACES[kind](
+    factory = space_class(kind, where=where)
+    extra = {"baseline": dict(baseline or base)} if factory is PolishSpace else {}
+    make: Callable[..., Space] = factory  # every registered space takes the study's facts
+    return make(
         model=model, hardware=hardware, algorithm=algorithm, base=dict(base),
         options=dict(options or {}), where=where, **extra,
     )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from spaces import bounds as B
 from spaces import limits as L
 from spaces import memory as M
-from spaces.base import Space, SpaceError, check_options, where_or
+from spaces.base import Moves, Space, SpaceError, check_options, where_or
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import hardware_tag, oom_ceiling, study_trials
 from spaces.overrides import Config, merge
@@ -96,6 +96,7 @@ class SystemsSpace(Space):
     """
 
     kind = "systems"
+    moves = Moves.SPEED
     LISTS = (
         "rollout_tp", "ulysses", "strategy", "forward_prefetch", "use_dynamic_bsz",
         "ppo_max_token_len_per_gpu", "gradient_checkpointing", "activation_offload",
@@ -413,10 +414,6 @@ class SystemsSpace(Space):
 
     def explain(self) -> list[str]:
         return list(self.lines)
-
-    @property
-    def speed_only(self) -> bool:
-        return True
 
 
 def _union(by_ulysses: Mapping[int, list[Any]]) -> list[Any]:

@@ -46,7 +46,7 @@ def tiny_study(tmp_path: Path, *, budgets: tuple[int, ...] = (8, 8), steps: int 
     data["name"] = name
     data["launcher"] = {"kind": "sim", "max_concurrent": 1, "options": {"time_scale": 20000}}
     # slow_start_factor 1: on the default world a 150-step probe ends before the reward bends,
-    # which would lengthen the later stages (issue 27); these studies test the orchestration
+    # which would lengthen the later stages; these studies test the orchestration
     data["probe"] = {"steps": steps, "incumbent_repeats": 2, "slow_start_factor": 1}
     kinds = [("minibatch", "mini_batch"), ("lr", "lr")]
     data["stages"] = [

@@ -337,7 +337,7 @@ def test_the_budget_of_a_stage_not_finished_is_taken_from_the_file(tmp_path: Pat
     assert len(trials) == 3, [(t.number, t.state.name) for t in trials]
 
 
-# -- issue 25: every bad input, hostile file and broken environment ---------------------------
+# -- every bad input, hostile file and broken environment ----------------------------------------
 # Each case: exit 2, exactly one line on stderr, no traceback, and no database created (or the
 # database it names unchanged). The classes follow the issue: files that are not what they
 # seem (1), numbers and types (2), what verl would refuse (3), storage (4), output paths and
@@ -623,11 +623,11 @@ def test_read_only_commands_never_write_a_schema(study_db: Path, tmp_path: Path)
 def test_a_flag_that_switches_the_launcher_drops_the_other_kinds_options(study_db: Path, tmp_path: Path, capsys: Any) -> None:
     """Class 7: `--launcher local` on a sim study leaves the sim options out, saying which,
     instead of Python's "unexpected keyword argument 'time_scale'"."""
-    from search.cli import _launcher_options
+    from search.launch import launcher_options
     from search.study_file import parse_study
 
     spec = parse_study(_tiny())
-    assert _launcher_options(spec, "local", announce=True) == {}
+    assert launcher_options(spec, "local", on_dropped=print) == {}
     out = capsys.readouterr().out
     assert "--launcher local: leaving out the study's sim options landscape, time_scale (local takes " in out
     before = _fingerprint(study_db)

@@ -1,4 +1,4 @@
-"""Issue 25: randomly mutated study files (hypothesis) thrown at what `validate` and `run`
+"""Randomly mutated study files (hypothesis) thrown at what `validate` and `run`
 do with a file before they launch anything, in-process. Every outcome is success or a
 BadInputError of short lines (exit 2 at the CLI): never another exception, never a hang."""
 
@@ -85,7 +85,7 @@ def mutated_studies(draw: Any) -> bytes:
 def load_like_run(path: Path) -> None:
     """What `run` does with a file before it opens a database (and `validate` before verl):
     load, rules and bounds, the launcher's options and build, the storage URL's checks."""
-    from search.cli import _launcher_problems
+    from search.launch import launcher_problems
     from search.storage import preflight
     from search.study_file import load_study
     from search.validate import one_line, validate_study
@@ -95,7 +95,7 @@ def load_like_run(path: Path) -> None:
     except BadInputError as e:
         raise BadInputError(one_line(str(e).splitlines(), path)) from None
     problems, _ = validate_study(spec, with_verl=False)
-    problems += _launcher_problems(spec)
+    problems += launcher_problems(spec)
     if problems:
         raise BadInputError(one_line(problems, path))
     preflight(spec.storage_url())

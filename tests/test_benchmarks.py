@@ -41,7 +41,7 @@ def _run(landscape: str, method: str, rep: int, points: list[tuple[float, float]
 
 
 def test_summary_on_a_landscape_whose_baseline_is_already_near_best() -> None:
-    """Issue 27: the acceptance step divided by a peer's GPU-hours to 95% of the best, which
+    """The acceptance step divided by a peer's GPU-hours to 95% of the best, which
     are 0 when the baseline is already within 95% (ZeroDivisionError before results.json)."""
     best = {"flat": {"best_eta": 1.03}}
     results = []
@@ -139,7 +139,7 @@ def test_overhead_fill_writes_trials_that_optuna_reads_and_samples_from(tmp_path
 @pytest.mark.slow  # ~5-9 s a landscape: the reference's coordinate passes on the noise-free model
 @pytest.mark.parametrize("landscape", shipped_landscapes())
 def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 27: the peers' joint space must contain the best config the stage chain can
+    """The peers' joint space must contain the best config the stage chain can
     reach (KL on or off, the chain's token-budget bound, its layouts), in Optuna's form (random,
     TPE, GP, BOHB-style) and in ConfigSpace's (SMAC3, DEHB), mapping back to the same config."""
     import optuna
@@ -150,6 +150,7 @@ def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_pa
     from spaces.overrides import merge
 
     monkeypatch.setattr(R, "CACHE", tmp_path)
+    monkeypatch.setattr(R, "SHIPPED", tmp_path)  # computed here, never a kept reference
     spec = R.demo_spec(landscape)
     best = R.best_reachable(landscape, spec, n_random=25)
     space = FairJointSpace(spec)

@@ -33,7 +33,7 @@ def _status(tmp_path: Path) -> dict[str, Any]:
 
 def _counted(stage: dict[str, Any]) -> list[dict[str, Any]]:
     """The trials in a stage's budget: not re-runs, not failures queued again, and not the
-    incumbent runs carried from the stage before on seeds beyond the incumbent's own (issue 27)."""
+    incumbent runs carried from the stage before on seeds beyond the incumbent's own."""
     data = demo_data()
     own = data["seeds"][: data["probe"]["incumbent_repeats"]]
     return [t for t in stage["trials"] if not t["requeued"] and t["role"] != "rerun"

@@ -1,4 +1,4 @@
-"""stop_when_flat (issue 27): a study whose first stages found nothing skips the rest, records
+"""stop_when_flat: a study whose first stages found nothing skips the rest, records
 why, and a resume from the database reads the same chain without running a probe."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from benchmarks import methods as M
 from benchmarks.run import demo_spec
 from search.console import Console
 from search.driver import StudyRunner
-from search.policy import found_nothing
-from search.records import StageResult
+from search.records import Decision
 from search.study_root import save_spec, stored_stage_result
 from spaces import build_space
 
@@ -42,15 +41,8 @@ def _run(spec: object, tmp_path: Path) -> tuple[dict, int, object]:
     return config, n_probes, storage
 
 
-def test_found_nothing_reads_the_decision() -> None:
-    kept = StageResult(stage="kl", winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
-                       decision="kept the incumbent: no candidate finished", config={}, overrides={})
-    undecided = StageResult(stage="kl", winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
-                            decision="no significant gain: trial 3 has η 1.04 over 3 runs", config={}, overrides={})
-    assert found_nothing(kept) and not found_nothing(undecided)
-    won = StageResult(stage="kl", winner_trial=3, eta=1.1, eta_low=1.05, eta_high=1.15,
-                      decision="trial 3 beat the incumbent", config={}, overrides={})
-    assert not found_nothing(won)
+def test_only_a_stage_that_kept_its_incumbent_with_nothing_above_the_tolerance_found_nothing() -> None:
+    assert [d for d in Decision if d.found_nothing] == [Decision.KEPT]
 
 
 def test_stages_after_a_flat_start_are_skipped_and_resume_reads_them(tmp_path: Path) -> None:
@@ -59,9 +51,9 @@ def test_stages_after_a_flat_start_are_skipped_and_resume_reads_them(tmp_path: P
     assert config == spec.baseline_config()
     assert n_probes == 3  # the first stage's two incumbent runs and one candidate, nothing after
     results = [stored_stage_result(storage, spec, stage) for stage in spec.stages]
-    assert results[0] is not None and found_nothing(results[0])
+    assert results[0] is not None and results[0].decision.found_nothing
     for result in results[1:]:
-        assert result is not None and result.decision.startswith("skipped:") and result.config == config
+        assert result is not None and result.decision is Decision.SKIPPED and result.config == config
     again, n_again, _ = _run(spec, tmp_path)  # resume: every stage is decided in the database
     assert again == config and n_again == 0
 
@@ -70,7 +62,7 @@ def test_off_by_default_every_stage_runs(tmp_path: Path) -> None:
     spec = _spec(stop_when_flat=0)
     _, n_probes, storage = _run(spec, tmp_path)
     assert n_probes > 3
-    assert not any(stored_stage_result(storage, spec, s).decision.startswith("skipped:") for s in spec.stages)
+    assert not any(stored_stage_result(storage, spec, s).decision is Decision.SKIPPED for s in spec.stages)
 
 
 def test_a_definition_stored_before_stop_when_flat_existed_is_the_same_study(tmp_path: Path) -> None:
@@ -81,6 +73,6 @@ def test_a_definition_stored_before_stop_when_flat_existed_is_the_same_study(tmp
     save_spec(storage, spec)
     root = optuna.load_study(study_name=spec.name, storage=storage)
     old = dict(root.user_attrs[SPEC_ATTR])
-    old.pop("stop_when_flat")  # as the version before issue 27 stored it
+    old.pop("stop_when_flat")  # as the versions before stop_when_flat stored it
     root.set_user_attr(SPEC_ATTR, old)
     assert save_spec(storage, spec) == []

@@ -17,7 +17,8 @@ from launchers import LAUNCHERS, make_launcher
 from launchers import gpu as gpu_mod
 from launchers import process as proc_mod
 from launchers.base import LauncherError, RunSpec, RunStatus
-from launchers.local import KV_CACHE_KEY, LocalLauncher, merge_overrides, private_ray_dir
+from launchers.local import KV_CACHE_KEY, LocalLauncher, private_ray_dir
+from launchers.run_dir import merge_overrides
 from launchers.sim import SimClock, SimLauncher
 from launcher_contract import (
     FAKE_PROBE,
@@ -109,7 +110,7 @@ def test_pins_are_appended_and_win_over_caller_overrides(tmp_path: Path) -> None
     handle = launcher.start(spec)
     wait_for(launcher, handle, lambda s: s.status.is_finished, 60)
     argv = json.loads((handle.run_dir / "spec.json").read_text())["argv"]
-    tail = argv[len(argv) - 10 :]
+    tail = argv[len(argv) - 11 :]
     run_dir = handle.run_dir
     assert tail == [
         "trainer.resume_mode=disable",
@@ -119,6 +120,7 @@ def test_pins_are_appended_and_win_over_caller_overrides(tmp_path: Path) -> None
         f"hydra.run.dir={run_dir}/hydra",
         "trainer.logger=[console,file]",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir}/metrics.jsonl",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={run_dir}/tensorboard",
         "+ray_kwargs.ray_init.address=local",
         f"+ray_kwargs.ray_init._temp_dir={private_ray_dir(run_dir)}",
         "trainer.n_gpus_per_node=2",
@@ -394,12 +396,12 @@ def test_sampler_records_the_probes_gpus_while_it_runs(fake_nvml: FakeNvml, tmp_
 @pytest.mark.parametrize("kind", ["sim", "replay"])
 def test_a_study_launcher_gets_the_study_files_max_concurrent(tmp_path: Path, kind: str) -> None:
     from conftest import demo_data
-    from search.cli import _make_launcher
+    from search.launch import build_launcher
     from search.study_file import parse_study
 
     data = demo_data()
     data["launcher"] = {"kind": kind, "max_concurrent": 3, "options": {}}
-    launcher = _make_launcher(parse_study(data), runs_dir=tmp_path)
+    launcher = build_launcher(parse_study(data), runs_dir=tmp_path)
     assert launcher.max_concurrent == 3
 
 
@@ -433,13 +435,13 @@ def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(t
 def test_a_fake_gpu_launcher_gives_a_probe_the_study_nodes_gpus(tmp_path: Path, kind: str) -> None:
     """`--launcher sim` on a 1-GPU study ran its probes on 8 fake GPUs (trainer.n_gpus_per_node=8)."""
     from conftest import demo_data, write_study
-    from search.cli import _launcher_options
+    from search.launch import launcher_options
     from search.study_file import load_study
 
     data = demo_data()
     data["hardware"] = {**data["hardware"], "gpus_per_node": 2}
     data["baseline"] = {**data.get("baseline", {}), "trainer.n_gpus_per_node": 2}
     spec = load_study(write_study(tmp_path, data))
-    assert _launcher_options(spec, kind)["gpus_per_probe"] == 2
-    assert _launcher_options(spec.model_copy(update={"launcher": spec.launcher.model_copy(
+    assert launcher_options(spec, kind)["gpus_per_probe"] == 2
+    assert launcher_options(spec.model_copy(update={"launcher": spec.launcher.model_copy(
         update={"options": {"gpus_per_probe": 4}})}), kind)["gpus_per_probe"] == 4  # the study's own wins

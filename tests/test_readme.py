@@ -28,6 +28,8 @@ def test_the_two_commands_are_documented() -> None:
     assert "bash scripts/test.sh" in README
     ci = (REPO / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in ci, ".ci/run must call the README's test command"
+    # the inner loop: the fast tier, which scripts/test.sh runs too (pytest collects tests/ whole)
+    assert "-m pytest -q -p no:cacheprovider tests/unit" in README and (REPO / "tests" / "unit").is_dir()
 
 
 @pytest.mark.slow

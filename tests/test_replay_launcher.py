@@ -14,7 +14,7 @@ import pytest
 from launcher_contract import ContractKit, LauncherContract, finished, long_spec, metric_steps, ok_spec, running_with_metrics, wait_for
 from launchers import make_launcher
 from launchers.base import LauncherError, NoCapacityError, RunSpec, RunStatus
-from launchers.local import merge_overrides, probe_pins
+from launchers.run_dir import RunDir, merge_overrides, probe_pins
 from launchers.replay import ReplayLauncher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,8 +140,7 @@ def _process_run(tmp_path: Path, overrides: list[str], run_id: str, landscape: s
     """Run the real simulator process with the same pins the replay applies; its run dir."""
     run_dir = tmp_path / "process" / run_id
     run_dir.mkdir(parents=True)
-    metrics = run_dir / "metrics.jsonl"
-    argv = merge_overrides(overrides, [*probe_pins(run_id, run_dir, metrics), "trainer.n_gpus_per_node=8"])
+    argv = merge_overrides(overrides, [*probe_pins(run_id, RunDir(run_dir)), "trainer.n_gpus_per_node=8"])
     env = {**os.environ, "VERL_SIM_TIME_SCALE": "1e9", "VERL_SIM_LANDSCAPE": landscape,
            "VERL_SIM_GPU_SAMPLES_PATH": str(run_dir / "gpu_samples.jsonl"), "VERL_SIM_PDEATHSIG": "0"}
     proc = subprocess.run([sys.executable, "-m", "launchers.simulator", *argv], env=env, cwd=REPO,

@@ -1,4 +1,4 @@
-"""Issue 25, class 6: no password is ever stored, printed or passed on. A study runs with a
+"""No password is ever stored, printed or passed on. A study runs with a
 storage URL that holds a password in the study file and in $VERL_SWEEP_STORAGE; every output,
 every stored attribute, every file of the run directories and every probe's environment is
 then searched for the password."""

@@ -1,4 +1,4 @@
-"""A slow start (issue 27): when the first learning stage's incumbent runs show the reward
+"""A slow start: when the first learning stage's incumbent runs show the reward
 still rising fastest at the probe's end, that stage keeps its incumbent (its candidates were
 ranked by early speed) and the later learning stages probe ``probe.slow_start_factor`` times
 longer; a resume reads the same from the database. A world whose curve bends inside the
@@ -18,7 +18,8 @@ from benchmarks.run import demo_spec
 from objectives.shape import late_gain
 from search.console import Console
 from search.driver import StudyRunner
-from search.policy import SLOW_START, SLOW_START_LATE_GAIN
+from search.policy import SLOW_START_LATE_GAIN
+from search.records import Decision
 from search.records import stage_study_name
 from search.study_root import save_spec, stored_stage_result
 from search.stage_study import StageStudyAttrs
@@ -78,7 +79,7 @@ def test_a_slow_start_keeps_the_incumbent_and_lengthens_later_probes(tmp_path: P
     spec = _spec("slow_start")
     storage, _ = _run(spec, "slow_start", tmp_path)
     first = stored_stage_result(storage, spec, spec.stages[0])
-    assert first is not None and first.decision.startswith(SLOW_START) and first.winner_trial is None
+    assert first is not None and first.decision is Decision.SLOW_START and first.winner_trial is None
     assert _probe_steps(storage, spec, 0) == 500
     assert _probe_steps(storage, spec, 1) == 500 * spec.probe.slow_start_factor
     _, n_again = _run(spec, "slow_start", tmp_path)  # resume: every stage decided, nothing re-run
@@ -88,12 +89,12 @@ def test_a_slow_start_keeps_the_incumbent_and_lengthens_later_probes(tmp_path: P
 def test_factor_one_never_lengthens(tmp_path: Path) -> None:
     spec = _spec("slow_start", slow_start_factor=1)
     storage, _ = _run(spec, "slow_start", tmp_path)
-    assert not stored_stage_result(storage, spec, spec.stages[0]).decision.startswith(SLOW_START)
+    assert stored_stage_result(storage, spec, spec.stages[0]).decision is not Decision.SLOW_START
     assert _probe_steps(storage, spec, 1) == 500
 
 
 def test_a_world_that_bends_inside_the_probe_is_left_alone(tmp_path: Path) -> None:
     spec = _spec("default")
     storage, _ = _run(spec, "default", tmp_path)
-    assert not stored_stage_result(storage, spec, spec.stages[0]).decision.startswith(SLOW_START)
+    assert stored_stage_result(storage, spec, spec.stages[0]).decision is not Decision.SLOW_START
     assert _probe_steps(storage, spec, 1) == 500

@@ -4,6 +4,8 @@ batch and CUDA graphs) and sets the ones that have a single valid value."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 
 from launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
 from objectives.metrics import StepMetrics
-from objectives.score import throughput_settled
+from objectives.score import Metric, throughput_settled
 from spaces import build_space
 from spaces import limits as L
 from spaces import systems as S
@@ -85,7 +87,8 @@ def test_a_real_speed_probe_ends_where_its_throughput_settled(tmp_path: Path, to
     from objectives.probe import Probe, ProbeSettings, ProbeState
 
     launcher = _OneLineAPoll(tmp_path, DATA / "probe_speed.metrics.jsonl")
-    settings = ProbeSettings(steps=6, speed_only=True, warmup_steps=1, settle_tolerance=tolerance, n_boot=0)
+    settings = ProbeSettings(steps=6, metric=Metric.THROUGHPUT, health_screen=False, warmup_steps=1,
+                             settle_tolerance=tolerance, n_boot=0)
     probe = Probe(launcher, RunSpec(run_id="speed", overrides=()), settings)
     probe.start()
     outcome = None
@@ -256,13 +259,15 @@ def test_the_h200_speed_probes_replay_to_the_scores_the_study_stored(tmp_path: P
     with the study's settings: each ends where it ended on the device (the baseline's steps 2
     and 3 agree within 1.9%; the template's 3 and 4 within 2.6%, after a 21% jump) with the
     tokens/s the database holds."""
-    from objectives.probe import Probe, ProbeSettings, ProbeState
+    from objectives.probe import Probe, ProbeState
+    from search.stage import Stage
     from search.study_file import load_study
 
     spec = load_study(Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml")
     launcher = _OneLineAPoll(tmp_path, DATA / "h200-0.5b" / f"{name}.metrics.jsonl")
-    settings = ProbeSettings(steps=spec.probe.speed_steps, speed_only=True, warmup_steps=spec.probe.speed_warmup_steps,
-                             settle_tolerance=spec.probe.speed_settle_tolerance, n_boot=0)
+    stage = Stage.of(spec, 0)  # the throughput stage: how its probes run, as the driver runs them
+    assert stage.metric is Metric.THROUGHPUT
+    settings = dataclasses.replace(stage.probe, n_boot=0)
     probe = Probe(launcher, RunSpec(run_id=name, overrides=()), settings)
     probe.start()
     outcome = None

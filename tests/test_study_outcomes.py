@@ -49,12 +49,12 @@ def test_pruning_saves_gpu_time_and_keeps_the_winner(pruned: dict[str, Any], tmp
     saving = 1 - with_pruning / without
     print(f"simulated GPU-hours: {with_pruning / 3600:.0f} with pruning, {without / 3600:.0f} without: "
           f"{saving:.0%} saved")
-    # Issue 5 asked for >= 30%: 32% with sampler seed 7 (31.9-34.1% over seeds 1, 2, 3 and 7 before
-    # the systems stage grew to 30 speed probes, which are pruned from their middle). Issue 27
-    # moved the token stage before the learning stages: their probes run at the final
-    # throughput and cost ~30% less each, so pruning one saves less: 28% with seed 7. Later in
-    # issue 27 a candidate that changes the KL pull is pruned only from 3/4 of its probe (a
-    # slower start that may end higher): 23% with seed 7.
+    # 32% with sampler seed 7 when the bar was 30% (31.9-34.1% over seeds 1, 2, 3 and 7 before
+    # the systems stage grew to 30 speed probes, which are pruned from their middle). Moving
+    # the token stage before the learning stages made their probes run at the final
+    # throughput, ~30% cheaper each, so pruning one saves less: 28% with seed 7. Since a
+    # candidate that changes the KL pull is pruned only from 3/4 of its probe (a slower start
+    # that may end higher): 23% with seed 7.
     assert saving >= 0.2
     for a, b in zip(pruned["stages"], unpruned["stages"]):
         wa, wb = a["winner"], b["winner"]
@@ -90,7 +90,7 @@ def test_short_probe_stages_cost_under_a_quarter(pruned: dict[str, Any]) -> None
     by_name = {s["name"]: _gpu_s(s) for s in pruned["stages"]}
     share = (by_name["systems"] + by_name["tokens"]) / sum(by_name.values())
     print(f"stage 0 + stage 3 share of simulated GPU time: {share:.1%}")
-    # Under 15% with a 30-layout systems sweep; issue 27 made it 80 layouts (with 30 the
+    # Under 15% with a 30-layout systems sweep; it is 80 layouts now (with 30 the
     # leader came in the last third and the layout held 3-7% of the best η): 22.6% here.
     assert share < 0.25
 

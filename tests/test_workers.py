@@ -32,7 +32,7 @@ def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]
                if "run_id" in t.user_attrs and "carried_from" not in t.user_attrs]  # a copy keeps its source's id
     assert len(run_ids) == len(set(run_ids)), "a run id was used twice"
     # Incumbent runs carried from the stage before on seeds beyond the incumbent's own are
-    # outside the budget (issue 27).
+    # outside the budget.
     import optuna
 
     from search.records import SPEC_ATTR

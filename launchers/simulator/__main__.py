@@ -12,7 +12,6 @@ Exit codes: 0 finished, 1 config error / OOM / hang / worker death, 143 SIGTERM.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import signal
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping
 
 from launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
-from launchers.simulator.trace import console_line, json_line, real_record
+from launchers.simulator.trace import console_line, gpu_sample, json_line, real_record
 
 _PARENT_POLL_S = 0.1
 
@@ -166,7 +165,7 @@ def run(argv: list[str]) -> int:
         out.write(console_line(prefix, template, record.step, record.metrics))
         out.flush()
         if samples_file is not None:
-            samples_file.write(json.dumps(_gpu_sample(clock.now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)) + "\n")
+            samples_file.write(json.dumps(gpu_sample(clock.now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)) + "\n")
 
     if failure is not None:  # the failing step ran out of memory part-way
         clock.sleep(expectation.step_time_s * 0.3)
@@ -180,25 +179,6 @@ def run(argv: list[str]) -> int:
     out.write(f"{prefix} Training finished at step {last}\n")
     out.flush()
     return 0
-
-
-def _gpu_sample(
-    t: float, util: float, mem_gb: float, n_gpus: int, gpu_mb: float, config: Mapping[str, Any], rng: random.Random
-) -> dict[str, Any]:
-    """One NVML-sampler line: per-GPU util, memory and PCIe traffic at simulated time ``t``."""
-    tp = int(get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size"))
-    sp = int(get(config, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
-    pcie = 2000.0 * (1.0 + 0.4 * math.log2(tp) + 0.8 * math.log2(sp))
-    gpus = []
-    for i in range(n_gpus):
-        gpus.append({
-            "index": i,
-            "util": round(min(100.0, max(0.0, util + rng.gauss(0.0, 2.0))), 1),
-            "mem_used_mb": round(min(gpu_mb, mem_gb * 1024.0 * (1.0 + rng.gauss(0.0, 0.01))), 1),
-            "mem_total_mb": round(gpu_mb, 1),
-            "pcie_mbps": round(max(0.0, pcie * (1.0 + rng.gauss(0.0, 0.05))), 1),
-        })  # fmt: skip
-    return {"t": round(t, 3), "gpus": gpus}
 
 
 if __name__ == "__main__":

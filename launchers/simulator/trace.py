@@ -8,8 +8,11 @@ from __future__ import annotations
 import functools
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any, Mapping
+
+from launchers.simulator.config import get
 
 
 @functools.lru_cache(maxsize=1)
@@ -50,3 +53,23 @@ def console_line(prefix: str, template: Mapping[str, Any], step: int, modelled: 
     """``(TaskRunnerV1 pid=N) step:N - key:value - …`` as real verl 0.9.1 prints it."""
     data = full_record(template, step, modelled)
     return f"{prefix} step:{step} - " + " - ".join(f"{k}:{v}" for k, v in data.items()) + "\n"
+
+
+def gpu_sample(
+    t: float, util: float, mem_gb: float, n_gpus: int, gpu_mb: float, config: Mapping[str, Any], rng: random.Random
+) -> dict[str, Any]:
+    """One NVML-sampler line (``gpu_samples.jsonl``): per-GPU util, memory and PCIe traffic at
+    simulated time ``t``; ``rng`` is the run's jitter stream."""
+    tp = int(get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size"))
+    sp = int(get(config, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
+    pcie = 2000.0 * (1.0 + 0.4 * math.log2(tp) + 0.8 * math.log2(sp))
+    gpus = []
+    for i in range(n_gpus):
+        gpus.append({
+            "index": i,
+            "util": round(min(100.0, max(0.0, util + rng.gauss(0.0, 2.0))), 1),
+            "mem_used_mb": round(min(gpu_mb, mem_gb * 1024.0 * (1.0 + rng.gauss(0.0, 0.01))), 1),
+            "mem_total_mb": round(gpu_mb, 1),
+            "pcie_mbps": round(max(0.0, pcie * (1.0 + rng.gauss(0.0, 0.05))), 1),
+        })  # fmt: skip
+    return {"t": round(t, 3), "gpus": gpus}

@@ -30,6 +30,7 @@ import optuna
 from launchers.base import RunSpec
 from launchers.local import LocalLauncher
 from objectives.probe import Probe, ProbeSettings, ProbeState
+from objectives.score import Metric
 from objectives.utilisation import read_samples
 from search.study_file import StudySpec, load_study
 from spaces import build_space
@@ -121,7 +122,8 @@ def main() -> None:
     entries: list[dict[str, Any]] = json.loads(result_path.read_text()) if result_path.exists() else []
     done = {(e["arm"], e["run"]) for e in entries}
     launcher = LocalLauncher(args.out / "runs", probes_per_gpu=1, min_free_gpu_memory_gb=20.0)
-    settings = ProbeSettings(steps=1 + args.steps, speed_only=True, warmup_steps=1, hang_timeout_s=900, n_boot=0)
+    settings = ProbeSettings(steps=1 + args.steps, metric=Metric.THROUGHPUT, health_screen=False, warmup_steps=1,
+                             hang_timeout_s=900, n_boot=0)
     last_s: dict[str, float] = {}
     for run in range(args.runs):
         for arm, config in arms.items():

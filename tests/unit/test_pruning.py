@@ -155,13 +155,14 @@ def test_validate_says_when_a_stage_pruner_can_never_act(
 ) -> None:
     from conftest import demo_data, write_study
     from search.study_file import load_study
-    from search.validate import first_prune_step, validate_study
+    from search.stage import Stage
+    from search.validate import validate_study
 
     data = demo_data()
     data["probe"] = {**data["probe"], **probe}
     data["stages"] = [{"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "pruner": pruner}]
     spec = load_study(write_study(tmp_path, data))
-    assert first_prune_step(spec, spec.stages[0]) == first
+    assert Stage.of(spec, 0).first_prune_step() == first
     with caplog.at_level("WARNING", logger="search.validate"):
         problems, _ = validate_study(spec, with_verl=False)
     assert problems == []

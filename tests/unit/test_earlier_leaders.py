@@ -1,4 +1,4 @@
-"""The polish stage first tries the leaders earlier stages could not decide (issue 27), moved
+"""The polish stage first tries the leaders earlier stages could not decide, moved
 onto the chain's winner; a stage that found nothing, or decided, hands nothing on."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from benchmarks.run import demo_spec
-from search.records import Role, StageResult, records, result_attr
+from search.records import Decision, Role, StageResult, records, result_attr
+from search.stage import Stage
 from search.stage_loop import undecided_leaders
 from search.stage_study import StageStudy
 from search.storage import open_storage
@@ -34,7 +35,7 @@ def _scored(study: optuna.Study, role: str, rate: float, seed: int, mini_batch: 
                                              **attrs}))  # fmt: skip
 
 
-def _minibatch_stage(storage: optuna.storages.RDBStorage, decision: str, winner: int | None) -> None:
+def _minibatch_stage(storage: optuna.storages.RDBStorage, decision: Decision, winner: int | None) -> None:
     base = SPEC.baseline_config()
     study = optuna.create_study(study_name=f"{SPEC.name}.minibatch", storage=storage, direction="maximize")
     for seed in (11, 12):
@@ -43,8 +44,8 @@ def _minibatch_stage(storage: optuna.storages.RDBStorage, decision: str, winner:
     leader = study.get_trials(deepcopy=False)[-1].number
     _scored(study, "rerun", 1.04, 13, mini_batch=416, rerun_of=leader)
     _scored(study, "candidate", 0.9, 11, mini_batch=600)
-    result = StageResult(stage="minibatch", winner_trial=winner, eta=1.0, eta_low=1.0, eta_high=1.0,
-                         decision=decision, config=base, overrides={})
+    result = StageResult(stage="minibatch", decision=decision, winner_trial=winner, eta=1.0, eta_low=1.0,
+                         eta_high=1.0, summary=f"{decision}", config=base, overrides={})
     for key, value in result_attr(result).items():
         study.set_user_attr(key, value)
 
@@ -55,7 +56,7 @@ def _ctx(storage: optuna.storages.RDBStorage) -> object:
 
 def test_an_undecided_leader_is_the_polish_stages_first_candidate(tmp_path: Path) -> None:
     storage = open_storage(f"sqlite:///{tmp_path}/l.db")
-    _minibatch_stage(storage, "no significant gain: trial 2 has η 1.045 over 2 runs, but ...", None)
+    _minibatch_stage(storage, Decision.UNDECIDED, None)
     polish = next(i for i, s in enumerate(SPEC.stages) if s.space == "polish")
     leaders = undecided_leaders(_ctx(storage), polish)
     assert leaders == [("minibatch", {MB: 416})]
@@ -63,7 +64,7 @@ def test_an_undecided_leader_is_the_polish_stages_first_candidate(tmp_path: Path
     space = build_space("polish", model=SPEC.model, hardware=SPEC.hardware, algorithm=SPEC.algorithm, base=base,
                         options={}, baseline=SPEC.baseline_config())
     study = optuna.create_study(study_name=f"{SPEC.name}.polish", storage=storage, direction="maximize")
-    StageStudy(study, storage).enqueue_initial(SPEC, SPEC.stages[polish], space, base, carried={}, leaders=leaders)
+    StageStudy(study, storage).enqueue_initial(Stage.of(SPEC, polish), space, base, carried={}, leaders=leaders)
     raw = {t.number: t.user_attrs.get("origin") for t in study.get_trials(deepcopy=False)}
     candidates = [t for t in records(study.get_trials(deepcopy=False)) if t.role is Role.CANDIDATE]
     assert raw[candidates[0].number] == "leader of minibatch"
@@ -72,8 +73,7 @@ def test_an_undecided_leader_is_the_polish_stages_first_candidate(tmp_path: Path
 
 
 def test_a_stage_that_found_nothing_or_decided_hands_nothing_on(tmp_path: Path) -> None:
-    for decision, winner in (("kept the incumbent: best η 1.01 (trial 2, 2 runs) is not above 1 + 2%", None),
-                             ("trial 2 beat the incumbent: η 1.045", 2)):
-        storage = open_storage(f"sqlite:///{tmp_path}/{winner}.db")
+    for decision, winner in ((Decision.KEPT, None), (Decision.WON, 2), (Decision.SKIPPED, None)):
+        storage = open_storage(f"sqlite:///{tmp_path}/{decision.name}.db")
         _minibatch_stage(storage, decision, winner)
         assert undecided_leaders(_ctx(storage), len(SPEC.stages) - 1) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "data"))
 
 from curves import Curve, run  # noqa: E402
 

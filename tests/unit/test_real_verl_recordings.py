@@ -18,10 +18,11 @@ from launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
 from objectives.failures import FailureKind, diagnose, failure_text, tail
 from objectives.health import screen
 from objectives.metrics import MetricsFollower, parse_console_line, read_all
+from objectives.sources import FileLoggerSource
 from objectives.score import eta, score_reward_rate, score_throughput
 
-DATA = Path(__file__).parent / "data" / "real-verl-0.9.1"
-DEVICE_RUN = Path(__file__).parent.parent / "docs" / "device-runs" / "2026-12-01-h200"
+DATA = Path(__file__).parent.parent / "data" / "real-verl-0.9.1"
+DEVICE_RUN = Path(__file__).parent.parent / "data" / "device-run-2026-12-01"
 PROBE_STEPS = 11  # studies/tiny-h200.yaml's probe.steps in the device run
 WARMUP = 1
 
@@ -43,7 +44,7 @@ def test_reader_reads_every_real_step(name: str, steps: int) -> None:
 def test_follower_reads_a_real_file_as_it_grows(tmp_path: Path) -> None:
     lines = (DATA / "probe_baseline.metrics.jsonl").read_bytes().splitlines(keepends=True)
     path = tmp_path / "metrics.jsonl"
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     with path.open("wb") as f:
         for i, line in enumerate(lines):
             f.write(line[: len(line) // 2])  # verl writes unbuffered: a poll can see half a line

@@ -1,4 +1,4 @@
-"""Paired η (issue 27): a candidate's run is compared with the incumbent's run on its own
+"""Paired η: a candidate's run is compared with the incumbent's run on its own
 seed, so what a seed does to both curves cancels; runs without a partner fall back to the
 incumbent's mean, and without any pair it is ``eta`` itself."""
 

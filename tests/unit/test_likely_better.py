@@ -1,5 +1,5 @@
 """A leader that used every run it may get and is still undecided wins on balance when it
-beats the incumbent with probability >= LIKELY_BETTER (issue 27, noisy worlds)."""
+beats the incumbent with probability >= LIKELY_BETTER (noisy worlds)."""
 
 from __future__ import annotations
 

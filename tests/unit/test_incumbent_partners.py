@@ -1,5 +1,5 @@
 """A leader that has had every run it may get and is still undecided gets the incumbent run
-on its unpaired seeds, outside the budget, once per seed (issue 27: on the 3x-noise world a
+on its unpaired seeds, outside the budget, once per seed (on the simulated 3x-noise world a
 true +6% lr gain was kept out because 3 of its 5 runs were compared with a 2-run incumbent
 mean, one of them on a seed that was bad for every config)."""
 

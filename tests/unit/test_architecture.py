@@ -4,6 +4,7 @@ the launcher interface, search/ composes everything; heavy packages are imported
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ OURS = {"search", "spaces", "objectives", "launchers"}
 ALLOWED = {
     "spaces": {"spaces"},
     "launchers": {"launchers"},
-    "objectives": {"objectives", "spaces", "launchers.base"},
+    "objectives": {"objectives", "spaces", "launchers.base", "launchers.run_dir"},
     "search": OURS,
 }
 
@@ -151,3 +152,75 @@ def test_only_the_records_know_the_trial_attribute_names() -> None:
                     if "role" in names:
                         bad.append(f"{path.relative_to(REPO)}:{node.lineno} compares a role with a string")
     assert bad == []
+
+
+@functools.lru_cache(maxsize=1)
+def _sources() -> dict[str, ast.AST]:
+    """Every module of ours and of the benchmarks, parsed, by path."""
+    return {str(p.relative_to(REPO)): ast.parse(p.read_text()) for package in (*OURS, "benchmarks")
+            for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def test_what_a_stage_moves_is_read_in_one_module() -> None:
+    """A space says what its knobs move (``Space.moves``); only ``search.stage.Stage`` reads it
+    and derives the probe length, warm-up, scorer and pruning from it (the spaces declare it)."""
+    readers = set()
+    for path, tree in _sources().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("moves", "speed_only") and isinstance(node.ctx, ast.Load):
+                readers.add(path)
+            if isinstance(node, ast.Name) and node.id == "speed_only":
+                readers.add(path)
+    assert readers == {"search/stage.py"}
+
+
+def test_no_stage_decision_is_read_from_its_text() -> None:
+    """Decisions are data (``records.Decision``): only the reader of what earlier releases
+    stored (``search/compat.py``) may look at the text of a decision or a close reason."""
+    bad = []
+    for path, tree in _sources().items():
+        if path == "search/compat.py":
+            continue
+        for node in ast.walk(tree):
+            searched = None  # the text a call or comparison looks into
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "startswith", "endswith", "find", "split", "partition"):
+                searched = node.func.value
+            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                searched = node.comparators[0]
+            if searched is not None and any(word in ast.unparse(searched) for word in ("decision", "summary")):
+                bad.append(f"{path}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in (
+                    "WASTED_PREFIX", "KEPT", "SLOW_START"):
+                bad.append(f"{path}:{node.lineno} {node.id}")
+    assert bad == []
+
+
+def test_launcher_kinds_are_spelled_once() -> None:
+    """A launcher kind is its class's ``name`` (``launchers.LAUNCHERS`` is built from them): no
+    other code of ours names one, so a new launcher is registered in one place."""
+    from launchers import LAUNCHERS
+
+    spelled = []
+    for path, tree in _sources().items():
+        if path.startswith("benchmarks/"):
+            continue
+        names = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 and [ast.unparse(t) for t in node.targets] == ["name"] and path.startswith("launchers/")}
+        spelled += [f"{path}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and node.value in LAUNCHERS and id(node) not in names]
+    assert spelled == []
+
+
+def test_no_code_cites_an_issue_number() -> None:
+    """The tracker is not in the repository: a comment says why, not which issue asked."""
+    import re
+
+    cited = re.compile(r"\b[Ii]ssues? ?\d+|(?<![\w&])#\d+\b(?!;)")
+    found = []
+    for folder in (*OURS, "benchmarks", "tests", "scripts"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if cited.search(line) and "optuna#" not in line and "its issue #" not in line:
+                    found.append(f"{path.relative_to(REPO)}:{number}")
+    assert found == []

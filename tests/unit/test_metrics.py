@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from objectives.sources import ConsoleSource, FileLoggerSource
 from objectives.metrics import (
     MetricsFollower,
     StepMetrics,
@@ -20,7 +21,7 @@ from objectives.metrics import (
     write_lines,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 
 
 class FakeClock:
@@ -60,7 +61,7 @@ def test_growing_file_torn_lines_matches_reference(tmp_path: Path) -> None:
     payload = _jsonl_bytes(_records(60))
     path = tmp_path / "metrics.jsonl"
     clock = FakeClock()
-    follower = MetricsFollower(path, clock=clock)
+    follower = MetricsFollower([FileLoggerSource(path)], clock=clock)
     assert follower.read_new() == []  # file does not exist yet
     rng = random.Random(1)
     written = 0
@@ -84,7 +85,7 @@ def test_growing_file_torn_lines_matches_reference(tmp_path: Path) -> None:
 def test_partial_last_line_is_held_back(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"step": 1, "data": {"a": 1.0}}\n{"step": 2, "data": {"a"')
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     assert [r.step for r in follower.read_new()] == [1]
     with path.open("ab") as handle:
         handle.write(b': 2.0}}\n')
@@ -94,7 +95,7 @@ def test_partial_last_line_is_held_back(tmp_path: Path) -> None:
 def test_truncated_file_restarts_series(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     write_lines(path, _records(30, seed=1))
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     assert len(follower.read_new()) == 30
     # verl re-opens the file "wb" on restart: shorter content → start over.
     path.write_bytes(b"")
@@ -108,7 +109,7 @@ def test_truncated_file_restarts_series(tmp_path: Path) -> None:
 def test_rewritten_file_longer_than_offset_is_noticed(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     write_lines(path, _records(3, seed=1))
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     follower.read_new()
     path.write_bytes(b"")
     write_lines(path, _records(40, seed=9))  # grew past the old offset before we looked
@@ -127,7 +128,7 @@ def test_garbage_lines_skipped_and_counted(tmp_path: Path) -> None:
         b"\n"
         b'{"step": 2, "data": {"a": NaN, "b": "text", "c": [1, 2], "d": true}}\n'
     )
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     follower.read_new()
     assert follower.n_garbage == 3
     assert follower.series == read_all(path)
@@ -144,7 +145,7 @@ def test_step_zero_is_validation_and_last_write_wins(tmp_path: Path) -> None:
             {"step": 1, "data": {"a": 2.0}},
         ],
     )
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     follower.read_new()
     assert follower.validation is not None and follower.validation.get("val-core/acc") == 0.3
     assert [(r.step, dict(r.data)) for r in follower.series] == [(1, {"a": 2.0, "b": 5.0})]
@@ -154,7 +155,7 @@ def test_step_zero_is_validation_and_last_write_wins(tmp_path: Path) -> None:
 def test_last_update_time_follows_new_steps(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     clock = FakeClock()
-    follower = MetricsFollower(path, clock=clock)
+    follower = MetricsFollower([FileLoggerSource(path)], clock=clock)
     assert follower.last_update_time == 1000.0
     clock.now = 1010.0
     write_lines(path, _records(2))
@@ -195,7 +196,7 @@ def test_console_line_parsing(line: str, expected: tuple[int, dict] | None) -> N
 
 def test_console_fallback_when_file_never_appears(tmp_path: Path) -> None:
     console = DATA / "console_grpo.log"
-    follower = MetricsFollower(tmp_path / "missing.jsonl", console)
+    follower = MetricsFollower([FileLoggerSource(tmp_path / "missing.jsonl"), ConsoleSource(console)])
     follower.read_new()
     assert follower.source == "console"
     reference = read_all(DATA / "metrics_grpo.jsonl")
@@ -211,7 +212,7 @@ def test_file_takes_over_from_console(tmp_path: Path) -> None:
     console = tmp_path / "stdout.log"
     console.write_text("(TaskRunnerV1 pid=1) step:1 - critic/score/mean:0.1 - timing_s/step:2.0\n")
     metrics = tmp_path / "m.jsonl"
-    follower = MetricsFollower(metrics, console)
+    follower = MetricsFollower([FileLoggerSource(metrics), ConsoleSource(console)])
     follower.read_new()
     assert follower.source == "console" and follower.last_step == 1
     write_lines(metrics, _records(3))
@@ -224,7 +225,7 @@ def test_recorded_stream_matches_reference(tmp_path: Path) -> None:
     # Replay the recorded verl stream byte-by-byte in uneven chunks.
     payload = (DATA / "metrics_grpo.jsonl").read_bytes()
     path = tmp_path / "replay.jsonl"
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     rng = random.Random(7)
     pos = 0
     with path.open("wb", buffering=0) as handle:
@@ -270,7 +271,7 @@ log.finish()
 """
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(path)}
     subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=tmp_path, capture_output=True)
-    follower = MetricsFollower(path)
+    follower = MetricsFollower([FileLoggerSource(path)])
     follower.read_new()
     assert follower.validation is not None
     assert [r.step for r in follower.series] == [1, 2, 3, 4, 5]

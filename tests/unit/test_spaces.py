@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 import pytest
 
-from spaces import SPACES, Algorithm, HardwareFacts, ModelFacts, SpaceError, build_space
+from spaces import SPACES, Algorithm, HardwareFacts, ModelFacts, Moves, SpaceError, build_space
 from spaces.base import Space
 from spaces import limits as L
 from spaces.bounds import KL_COEF, ParamBound
@@ -168,7 +168,7 @@ def test_incumbents_reproduce_the_base() -> None:
 def test_token_budget_bound_and_arithmetic() -> None:
     space = build("token_budget")
     assert (space.bound.low, space.bound.high) == (2048, 100_000)
-    assert space.speed_only
+    assert space.moves is Moves.SPEED
     text = "\n".join(space.explain())
     assert "106,496" in text and "100,000" in text
     for config in sample(space, GRPO_BASE):
@@ -243,7 +243,7 @@ def test_systems_suggests_only_valid_combinations() -> None:
                             max_response_length=6144)
     base = merge(GRPO_BASE, {L.MICRO_BATCH: 8})
     space = build_space("systems", model=long_model, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
-    assert space.speed_only
+    assert space.moves is Moves.SPEED
     seen_prefetch_fsdp2 = False
     configs = sample(space, base, n=80, seed=5)
     for config in configs:

@@ -1,6 +1,6 @@
 """Confirmations queued by idle workers at the same moment: no two runs of a point share a
 seed, a duplicate required re-run is dropped, and extra re-runs stop when the fresh seeds of
-the point are used up (issue 7)."""
+the point are used up."""
 
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from objectives.probe import ProbeSettings
 from search.policy import StagePolicy
-from search.records import TrialRecord, records
+from search.stage import Stage
+from search.records import Decision, TrialRecord, records
 from search.storage import open_storage
 from search.study_file import Budget, StageSettings, load_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPEC = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
 
 
 def _policy(stage: StageSettings | None = None) -> StagePolicy:
-    return StagePolicy(SPEC, stage or SPEC.stages[0], ProbeSettings(steps=SPEC.probe.steps))
+    spec = SPEC if stage is None else SPEC.model_copy(update={"stages": [stage]})
+    return StagePolicy(Stage.of(spec, 0))
 
 
 def _trials(study: optuna.Study) -> list[TrialRecord]:
@@ -166,14 +167,14 @@ def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path
 
 
 def test_a_leader_clear_of_the_incumbent_wins_once_it_has_three_runs(tmp_path: Path) -> None:
-    """Issue 27: η 1.06 whose interval clears the incumbent (η 1) but still reaches 1 + 2%
+    """η 1.06 whose interval clears the incumbent (η 1) but still reaches 1 + 2%
     is undecided over 2 runs (it gets a third) and wins over 3; before, it was kept out."""
     study = _scored_study(tmp_path)
     policy = _policy(SPEC.stages[-2].model_copy(update={"confirm_max_runs": 5}))
     leader = _leader_over_two_runs(study)
     base = SPEC.baseline_config()
     two = policy.decide(_trials(study), base)
-    assert two.winner_trial is None and two.decision.startswith("no significant gain")
+    assert two.winner_trial is None and two.decision is Decision.UNDECIDED
     assert [t.number for t in policy.undecided_leader(_trials(study))] == [leader.number]
     _scored(study, "rerun", 1.06, 14, rerun_of=leader.number)
     three = policy.decide(_trials(study), base)
