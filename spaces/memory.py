@@ -95,12 +95,15 @@ def estimate(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, An
     strategy = L.setting(config, L.STRATEGY)
     if strategy not in ("fsdp", "fsdp2") or config.get("model_engine", "fsdp") not in ("fsdp", None):
         return None
+    fraction_set = L.setting(config, L.GPU_MEMORY)
+    if L.type_problems(config) or isinstance(fraction_set, bool) or not isinstance(fraction_set, (int, float)):
+        return None  # a malformed config: the config rules say what is wrong with it
     s = _shape(model)
     params = model.n_params_b * 1e9
     sp = L.ulysses_size(config)
     dp = max(1, hardware.n_gpus // sp)
     seq = model.max_seq_len
-    fraction = float(L.setting(config, L.GPU_MEMORY))
+    fraction = float(fraction_set)
     vllm_gb = fraction * hardware.gpu_memory_gb
     param_offload = _flag(config, PARAM_OFFLOAD, False)
     optimizer_offload = _flag(config, OPTIMIZER_OFFLOAD, False)

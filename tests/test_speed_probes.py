@@ -301,3 +301,11 @@ def test_on_a_node_with_layouts_the_batching_is_swept_when_listed() -> None:
                          options={"micro_batch": [4, 8, 16], "log_prob_micro_batch": [8, 32]})
     asked = {name for params, _ in sample(listed, base, n=40) for name in params}
     assert {"micro_batch_sp1", "log_prob_micro_batch_sp1"} <= asked
+
+
+@pytest.mark.parametrize("bad", [{L.GPU_MEMORY: None}, {L.GPU_MEMORY: "0.5"}, {L.MICRO_BATCH: "4"}, {L.STRATEGY: 3}])
+def test_the_memory_estimate_leaves_a_malformed_config_to_the_rules(bad: dict[str, Any]) -> None:
+    from spaces import memory as M
+
+    config = {**QUICKSTART, **bad}
+    assert M.estimate(QWEN_05B, H200, config) is None and M.fit_problem(QWEN_05B, H200, config) is None
