@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from spaces import bounds as B
 from spaces import limits as L
 from spaces.base import Space, SpaceError, check_options, where_or
+from spaces.batching import static_batching_fill
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import hardware_tag, oom_ceiling, study_trials
-from spaces.overrides import Config
+from spaces.overrides import Config, get
 
 if TYPE_CHECKING:
     import optuna
@@ -20,6 +20,28 @@ logger = logging.getLogger(__name__)
 
 
 MAX_TOKEN_LEN_CHOICES = (2048, 4096, 8192, 16384, 32768)
+
+
+def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Config,
+                          memory: B.ParamBound) -> dict[int, float]:
+    """Each rollout TP that fits, with the lowest memory fraction its vLLM pool holds the base's
+    token budget at (never below ``memory.low``). A TP whose floor is above ``memory.high``
+    does not fit, except the base's own TP: the run holds it, so its floor is at most the
+    base's fraction (the estimate is the one that is short). Each layout keeps its own floor:
+    the worst TP's floor is not applied to the others."""
+    dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
+    budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
+    own_tp, own_memory = L.setting(base, L.ROLLOUT_TP), L.setting(base, L.GPU_MEMORY)
+    floors: dict[int, float] = {}
+    for tp in L.rollout_tp_sizes(model, hardware).value:
+        if hardware.n_gpus % (tp * dp_r * pp):
+            continue
+        floor = max(memory.low, L.memory_fraction_for(model, hardware, budget, tp, data_parallel=dp_r))
+        if tp == own_tp and isinstance(own_memory, (int, float)) and memory.contains(own_memory):
+            floor = min(floor, float(own_memory))
+        if floor <= memory.high:
+            floors[tp] = floor
+    return floors
 
 
 class SystemsSpace(Space):
@@ -48,7 +70,9 @@ class SystemsSpace(Space):
         if not isinstance(sub, Mapping):
             raise SpaceError(f"{where}.gpu_memory_utilization: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
         check_options(sub, B.BOUND_OPTIONS, f"{where}.gpu_memory_utilization")
-        self.memory = B.GPU_MEMORY_UTILIZATION.narrowed(sub, where=f"{where}.gpu_memory_utilization")
+        self.algorithm = algorithm
+        self.memory = B.GPU_MEMORY_UTILIZATION.including(get(base, L.GPU_MEMORY)).narrowed(
+            sub, where=f"{where}.gpu_memory_utilization")
         self.lines: list[str] = [f"systems: {L.GPU_MEMORY} — {self.memory.describe()}"]
 
         # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and the vLLM
@@ -56,19 +80,13 @@ class SystemsSpace(Space):
         # systems stage after the token budget stage) the memory floor rises instead, so that
         # every layout the space proposes still holds that budget.
         dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
-        budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
-        floors: dict[int, float] = {}
-        for tp in L.rollout_tp_sizes(model, hardware).value:
-            floor = L.memory_fraction_for(model, hardware, budget, tp)
-            if hardware.n_gpus % (tp * dp_r * pp) == 0 and floor <= self.memory.high:
-                floors[tp] = floor
-        tps = list(floors)
-        if tps and max(floors.values()) > self.memory.low:
-            self.memory = dataclasses.replace(self.memory, low=max(floors.values()),
-                                              source=f"{self.memory.source}; floor holds token budget {budget:,}")
+        self.floors = rollout_memory_floors(model, hardware, base, self.memory)
+        tps = list(self.floors)
         self.lines.append(
             f"systems: rollout TP ∈ {tps} (divides GPUs/node and heads; TP·DP {dp_r}·PP {pp} divides "
-            f"{hardware.n_gpus} GPUs; pool at memory fraction {self.memory.low:g} ≥ token budget {budget:,})"
+            f"{hardware.n_gpus} GPUs; memory floor per TP, the pool holding token budget "
+            f"{max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len):,}: "
+            + ", ".join(f"TP {t} ≥ {f:g}" for t, f in self.floors.items()) + ")"
         )
         # Ulysses: valid sizes that keep the base's static mini-batch valid.
         mini = L._int_setting(base, L.MINI_BATCH)
@@ -132,11 +150,14 @@ class SystemsSpace(Space):
         config[L.USE_DYNAMIC_BSZ] = dynamic
         if dynamic:
             config[L.MAX_TOKEN_LEN] = trial.suggest_categorical(f"ppo_max_token_len_per_gpu_sp{sp}", self.token_lens[sp])
+        else:  # verl needs micro-batch sizes under static batching; the base may have none
+            config.update(static_batching_fill({**base, **config}, self.hardware, algorithm=self.algorithm))
         config[L.GRADIENT_CHECKPOINTING] = trial.suggest_categorical("gradient_checkpointing", c["gradient_checkpointing"])
         config[L.ACTIVATION_OFFLOAD] = trial.suggest_categorical("activation_offload", c["activation_offload"])
-        # Asked last: its ceiling depends on the layout chosen above.
-        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.memory.low,
-                                                   self._memory_high(trial))
+        # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
+        # (OOMs of this same layout) depend on the layout chosen above.
+        low = self.floors[config[L.ROLLOUT_TP]]
+        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, self._memory_high(trial)))
         return config
 
     def _memory_high(self, trial: "optuna.trial.BaseTrial") -> float:
@@ -169,7 +190,7 @@ class SystemsSpace(Space):
             if value not in c[name]:
                 return None
         memory = L.setting(base, L.GPU_MEMORY)
-        if not isinstance(memory, (int, float)) or not self.memory.contains(memory):
+        if not isinstance(memory, (int, float)) or not self.floors[params["rollout_tp"]] <= memory <= self.memory.high:
             return None
         params["gpu_memory_utilization"] = float(memory)
         if params["strategy"] == "fsdp":

@@ -32,7 +32,7 @@ OK_PPO: dict[str, Any] = {L.ROLLOUT_NAME: "vllm", L.ADV_ESTIMATOR: "gae"}
 CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str | None]] = [
     ("grpo-ok", M7, H8x80, GRPO, {}, None),
     ("ppo-ok", M7, H8x80, PPO, {}, None),
-    ("grpo-n1", M7, H8x80, GRPO, {L.ROLLOUT_N: 1}, r"rollout\.n=1: GRPO needs rollout\.n ≥ 2"),
+    ("grpo-n1", M7, H8x80, GRPO, {L.ROLLOUT_N: 1}, r"rollout\.n=1: grpo needs rollout\.n ≥ 2"),
     ("grpo-default-n", M7, H8x80, GRPO, {L.ROLLOUT_N: None}, r"must be an integer ≥ 1"),
     ("ppo-n1-ok", M7, H8x80, PPO, {L.ROLLOUT_N: 1}, None),
     ("grpo-n2-ok", M7, H8x80, GRPO, {L.ROLLOUT_N: 2}, None),
@@ -40,7 +40,7 @@ CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str
     ("hf-rollout-gone", M7, H8x80, GRPO, {L.ROLLOUT_NAME: "hf"}, r"rollout\.name=hf: must be one of"),
     ("sglang-ok", M7, H8x80, GRPO, {L.ROLLOUT_NAME: "sglang"}, None),
     ("unknown-adv", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "grpoo"}, r"adv_estimator=grpoo: must be one of verl's"),
-    ("adv-mismatch", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "gae"}, r"algorithm grpo needs grpo"),
+    ("adv-mismatch", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "gae"}, r"adv_estimator=gae: runs the ppo \(GAE with a critic\) chain, but the study's algorithm is grpo"),
     ("mem-0", M7, H8x80, GRPO, {L.GPU_MEMORY: 0.0}, r"gpu_memory_utilization=0\.0: must lie in \(0, 1\]"),
     ("mem-1.2", M7, H8x80, GRPO, {L.GPU_MEMORY: 1.2}, r"gpu_memory_utilization=1\.2: must lie in \(0, 1\]"),
     ("mem-1-ok", M7, H8x80, GRPO, {L.GPU_MEMORY: 1.0}, None),
@@ -75,7 +75,16 @@ CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str
     ("adaptive-ok", M7, H8x80, PPO, {L.USE_KL_IN_REWARD: True, L.KL_CTRL_TYPE: "adaptive"}, None),
     ("horizon-0-unused", M7, H8x80, PPO, {L.KL_CTRL_TYPE: "adaptive", L.KL_CTRL_HORIZON: 0}, None),
     ("kl-type-bad", M7, H8x80, PPO, {L.KL_CTRL_TYPE: "pid"}, r"kl_ctrl\.type=pid: must be fixed or adaptive"),
-    ("lam-on-grpo", M7, H8x80, GRPO, {L.LAM: 0.95}, r"algorithm\.lam=0\.95: λ only matters with GAE"),
+    ("lam-on-grpo-harmless", M7, H8x80, GRPO, {L.LAM: 0.95}, None),  # unread by GRPO: a note (test below)
+    ("lam-out-of-range", M7, H8x80, PPO, {L.LAM: 1.5}, r"algorithm\.lam=1\.5: must lie in \[0, 1\]"),
+    ("rloo-grpo-chain-ok", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "rloo"}, None),
+    ("rloo-n1", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "rloo", L.ROLLOUT_N: 1}, r"rollout\.n=1: rloo needs rollout\.n ≥ 2"),
+    ("remax-n1-ok", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "remax", L.ROLLOUT_N: 1}, None),  # not group-relative
+    ("rloo-on-ppo-chain", M7, H8x80, PPO, {L.ADV_ESTIMATOR: "rloo"}, r"runs the grpo \(every critic-free estimator\) chain"),
+    ("megatron-strategy-without-engine", M7, H8x80, GRPO, {L.STRATEGY: "megatron"}, r"strategy=megatron: needs model_engine=megatron"),
+    ("megatron-dp-arithmetic", M7, H8x80, GRPO, {"model_engine": "megatron", L.MINI_BATCH: 251,
+     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 1}, r"8 GPUs ÷ \(Megatron TP 1 · PP 1 · CP 1\) = 8"),
+    ("megatron-no-ulysses-rule", M05, H8x80, GRPO, {"model_engine": "megatron", L.ULYSSES: 4}, None),
     ("lam-ppo-ok", M7, H8x80, PPO, {L.LAM: 0.95}, None),
     ("lam-out-of-range", M7, H8x80, PPO, {L.LAM: 1.5}, r"algorithm\.lam=1\.5: must lie in \[0, 1\]"),
     ("prefetch-fsdp2", M7, H8x80, GRPO, {L.STRATEGY: "fsdp2", L.FORWARD_PREFETCH: True}, r"forward prefetch is FSDP1 only, but strategy is fsdp2"),
@@ -101,6 +110,15 @@ def test_check_config_rule(
         assert problems == [], problems
     else:
         assert len(problems) >= 1 and any(re.search(expected, p) for p in problems), problems
+
+
+def test_harmless_settings_are_notes() -> None:
+    config = merge(OK_GRPO, {L.LAM: 0.95, L.KL_CTRL_COEF: 0.05})
+    assert L.check_config(config, model=M7, hardware=H8x80, algorithm=GRPO) == []
+    found = L.notes(config, algorithm=GRPO)
+    assert any(re.search(r"algorithm\.lam=0\.95 is read only by GAE; grpo leaves it unused", n) for n in found)
+    assert any(re.search(r"kl_ctrl\.kl_coef=0\.05 is unused: algorithm\.use_kl_in_reward is off", n) for n in found)
+    assert L.notes(merge(OK_PPO, {L.LAM: 0.95}), algorithm=PPO) == []
 
 
 def test_case_count() -> None:

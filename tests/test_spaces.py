@@ -317,7 +317,10 @@ def test_polish_tunes_mini_batch_and_lr_together_within_the_baselines_bounds() -
                         options={}, baseline=GRPO_BASE)
     configs = sample(space, chain, n=40)
     # KL is off in the chain: the polish may turn it on (with a larger lr it may pay), or not
-    assert all(set(c) - {L.KL_LOSS_COEF} == {L.MINI_BATCH, L.LR, L.USE_KL_LOSS} for c in configs)
+    # switching KL on also gives the reference policy verl then builds its log-prob micro-batch
+    ref_micro = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
+    assert all(set(c) - {L.KL_LOSS_COEF, ref_micro} == {L.MINI_BATCH, L.LR, L.USE_KL_LOSS} for c in configs)
+    assert all((ref_micro in c) == c[L.USE_KL_LOSS] for c in configs)
     assert {c[L.USE_KL_LOSS] for c in configs} == {False, True}
     assert all(0.0005 <= c[L.KL_LOSS_COEF] <= 0.01 for c in configs if c[L.USE_KL_LOSS])
     assert all(L.KL_LOSS_COEF not in c for c in configs if not c[L.USE_KL_LOSS])
@@ -360,11 +363,11 @@ def test_systems_after_the_token_stage_raises_the_memory_floor() -> None:
     budget (at the method's lowest fraction 0.3 no TP would)."""
     base = merge(GRPO_BASE, {L.MICRO_BATCH: 8, L.TOKEN_BUDGET: 60_000})
     space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
-    assert 0.3 < space.memory.low < space.memory.high
+    assert 0.3 < min(space.floors.values()) and max(space.floors.values()) < space.memory.high
     for config in sample(space, base, n=60, seed=3):
         merged = merge(base, config)
         assert L.token_budget(MODEL_7B, A100x8, merged).memory_cap >= 60_000, config
         assert L.check_config(merged, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO) == [], config
     untuned = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO,
                           base=merge(GRPO_BASE, {L.MICRO_BATCH: 8}), options={})
-    assert untuned.memory.low == 0.3
+    assert untuned.memory.low == 0.3 and min(untuned.floors.values()) == 0.3

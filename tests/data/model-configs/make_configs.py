@@ -95,7 +95,7 @@ CONFIGS = {
     "Qwen/Qwen3.5-397B-A17B": vl(moe(4096, 60, 32, 2, 248320, 512, 1024, hd=256, shared=1024, **hybrid4),
                                  "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"),
     "deepseek-ai/DeepSeek-V4-Flash": mla(4096, 43, 64, 129280, 256, 2048, inter=12288, shared=1, first_dense=3),
-    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": moe(2688, 52, 32, 2, 131072, 128, 1856, hd=128, inter=1856,
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": moe(2688, 52, 32, 2, 131072, 64, 1024, hd=128, inter=1856,
                                                       shared=3712, arch="NemotronHForCausalLM", mt="nemotron_h",
                                                       full_attention_interval=9),
     "tencent/Hy3": moe(6144, 64, 64, 8, 128000, 192, 2048, hd=128, inter=18432, shared=2048,
