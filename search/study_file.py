@@ -374,12 +374,17 @@ def describe_error(error: Any) -> str:
 
 #: what a model's config.json may fill in (the file's own names are the study's)
 _CONFIG_JSON_FIELDS = ("hidden_size", "num_attention_heads")
+#: what a config.json implies besides (``spaces.model_config``): the KV cache's shape, the size
+_DERIVED_FIELDS = ("num_hidden_layers", "num_key_value_heads", "head_dim", "kv_cache_layers", "kv_lora_dim",
+                   "n_params_b", "expert_params_b")
 
 
 def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[dict[str, Any], set[str]]:
     """The study with ``model.config_json`` read (through the one user-file reader) and the
     sizes it has filled in where the file leaves them out, so that they are validated like
     values written in the file. Returns the data and the fields taken from config.json."""
+    from spaces.model_config import facts_from_config, language_config
+
     model = data.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("config_json"), str):
         return data, set()
@@ -387,7 +392,7 @@ def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[di
     if source_dir is not None and not path.is_absolute():
         path = source_dir / path
     model = {**model, "config_json": str(path)}
-    missing = [k for k in _CONFIG_JSON_FIELDS if model.get(k) is None]
+    missing = [k for k in (*_CONFIG_JSON_FIELDS, *_DERIVED_FIELDS) if model.get(k) is None]
     if missing:
         try:
             config = load_json(path, what="model config.json")
@@ -395,10 +400,31 @@ def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[di
             raise BadInputError(f"model.config_json: {e}") from None
         if not isinstance(config, dict):
             raise BadInputError(f"model.config_json: {path} must hold a JSON object, but got {type(config).__name__}.")
-        for key in missing:
-            if key in config:
-                model[key] = config[key]
+        shape = language_config(config)
+        for key in _CONFIG_JSON_FIELDS:  # as written, so that a wrong type is named as such
+            if key in missing and key in shape:
+                model[key] = shape[key]
+        derived = facts_from_config(config)
+        for key in _DERIVED_FIELDS:
+            if key in missing and key in derived:
+                model[key] = derived[key]
     return {**data, "model": model}, {f"model.{k}" for k in missing if k in model}
+
+
+#: a number YAML 1.1 reads as a string (PyYAML: `1e-6`, `5E+3` lack the dot it wants)
+_YAML12_FLOAT = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+$")
+
+
+def numbers_as_meant(value: Any) -> Any:
+    """``1e-6``, copied from every verl script into a study file, is a string to YAML 1.1
+    (PyYAML) and a number to YAML 1.2, Hydra and the user: read as the number."""
+    if isinstance(value, str) and _YAML12_FLOAT.match(value):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: numbers_as_meant(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [numbers_as_meant(v) for v in value]
+    return value
 
 
 def parse_study(data: Any, *, source_dir: Path | None = None) -> StudySpec:
@@ -408,6 +434,10 @@ def parse_study(data: Any, *, source_dir: Path | None = None) -> StudySpec:
             f"a study file must be a YAML mapping, but got {type(data).__name__}. "
             "See studies/demo.yaml for an example."
         )
+    try:
+        data = numbers_as_meant(data)
+    except RecursionError:
+        raise BadInputError("a study file's values must not be nested this deeply.") from None
     data, from_json = _with_config_json(data, source_dir)
     try:
         spec = StudySpec.model_validate(data)

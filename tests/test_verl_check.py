@@ -127,13 +127,15 @@ def test_every_default_stage_config_is_accepted_ppo(validator: tuple[VerlValidat
 
 
 BAD = [
-    ("unknown key", {"actor_rollout_ref.actor.optim.learning_rate": 1e-6}, r"verl compose: .*learning_rate", None),
+    ("unknown key", {"actor_rollout_ref.actor.optim.learning_rate": 1e-6}, r"optim\.learning_rate: verl has no key 'learning_rate' under actor_rollout_ref\.actor\.optim", None),
+    ("typo", {"actor_rollout_ref.actor.ppo_mini_batch_sizee": 256}, r"did you mean `ppo_mini_batch_size`\?", None),
+    ("+key on a key verl has", {"+actor_rollout_ref.actor.optim.lr": 1e-6}, r"the \+ adds a key, but verl already has actor_rollout_ref\.actor\.optim\.lr .*Write actor_rollout_ref\.actor\.optim\.lr without the \+", None),
     ("mini > train", {L.MINI_BATCH: 2048}, r"train_batch_size \(1024\) must be >= actor\.ppo_mini_batch_size \(2048\)", r"must be ≤ data\.train_batch_size"),
     ("micro missing", {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None}, r"Please set at least one of 'actor_rollout_ref\.rollout\.log_prob_micro_batch_size'", None),
     ("unknown estimator", {L.ADV_ESTIMATOR: "grpoo"}, r"Unknown advantage estimator simply: grpoo", r"must be one of verl's estimators"),
     ("adaptive horizon 0", {L.ADV_ESTIMATOR: "gae", "critic.ppo_micro_batch_size_per_gpu": 4, L.USE_KL_IN_REWARD: True, L.KL_CTRL_TYPE: "adaptive", L.KL_CTRL_HORIZON: 0}, r"horizon must be larger than 0", r"needs horizon > 0"),
     ("ulysses without remove padding", {L.ULYSSES_LEGACY: 2, L.USE_REMOVE_PADDING: False}, r"you must enable `use_remove_padding`", r"needs .*use_remove_padding=true"),
-    ("GRPO n=1: only ours", {L.ROLLOUT_N: 1}, None, r"GRPO needs rollout\.n ≥ 2"),
+    ("GRPO n=1: only ours", {L.ROLLOUT_N: 1}, None, r"grpo needs rollout\.n ≥ 2"),
     ("memory fraction 1.5: only ours", {L.GPU_MEMORY: 1.5}, None, r"must lie in \(0, 1\]"),
 ]
 
@@ -148,6 +150,7 @@ def test_bad_configs_are_rejected(
     algorithm = Algorithm.PPO if config[L.ADV_ESTIMATOR] == "gae" else Algorithm.GRPO
     ours = L.check_config(config, model=MODEL, hardware=HARDWARE, algorithm=algorithm)
     theirs = v.validate(config)
+    assert not any("To append" in p for p in theirs)  # never Hydra's advice to add a +
     if verl_says is not None:
         assert len(theirs) == 1 and __import__("re").search(verl_says, theirs[0]), theirs
     else:
