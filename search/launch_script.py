@@ -79,6 +79,7 @@ __vs_trap() {
   [[ $c =~ ^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?= ]] && return 0
   [[ $c =~ ^([^[:space:]]+) ]] || return 0
   w=${BASH_REMATCH[1]}
+  [[ $w == *=* ]] && return 0  # an assignment (bash shows array elements with expansions this way)
   if [[ $w == *'$'* ]]; then
     if [[ $w == *'$('* || $w == *'`'* || $w == *'<('* || $w == *'>('* ]]; then return 0; fi
     local -a __vs_w=()

@@ -67,6 +67,22 @@ def positive_int(config: Mapping[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
+def sequence_split(config: Mapping[str, Any]) -> tuple[int, str]:
+    """How many ranks share one sequence under the actor's engine (verl multiplies the dynamic
+    batch's ``ppo_max_token_len_per_gpu`` by it: ``workers/engine/utils.py``), and its name:
+    Ulysses under FSDP, CP under Megatron, VeOmni's Ulysses, TorchTitan's TP."""
+    kind = engine(config)
+    if kind == "megatron":
+        return positive_int(config, MEGATRON_CP), "Megatron CP"
+    if kind == "veomni":
+        return positive_int(config, "actor_rollout_ref.actor.veomni.ulysses_parallel_size"), "VeOmni ulysses"
+    if kind == "torchtitan":
+        return positive_int(config, "actor_rollout_ref.actor.torchtitan.tensor_parallel_size"), "TorchTitan TP"
+    legacy = positive_int(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    return (legacy if legacy > 1 else positive_int(config, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"),
+            "ulysses")
+
+
 def megatron_layout(config: Mapping[str, Any]) -> tuple[int, int, int]:
     """The actor's Megatron (TP, PP, CP); 1 where unset (verl's defaults)."""
     return positive_int(config, MEGATRON_TP), positive_int(config, MEGATRON_PP), positive_int(config, MEGATRON_CP)

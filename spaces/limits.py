@@ -428,7 +428,8 @@ def check_config(
     if not _is_int(n) or n < 1:
         problems.append(f"{ROLLOUT_N}={n}: must be an integer ≥ 1")
         n = 1
-    elif adv in E.GROUP_ESTIMATORS and n < 2:
+    elif adv in E.GROUP_ESTIMATORS and n < 2 and not get(config, "distillation.enabled"):
+        # (on-policy distillation scores each response against its teacher, not its group)
         problems.append(f"{ROLLOUT_N}={n}: {adv} needs rollout.n ≥ 2 (group-relative advantage)")
 
     # Memory fraction: verl does not range-check it.
@@ -492,9 +493,10 @@ def check_config(
     if dynamic:
         limit = setting(config, MAX_TOKEN_LEN)
         longest = model.max_seq_len
-        if not _is_int(limit) or limit * sp < longest:
+        split, split_name = E.sequence_split(config)
+        if not _is_int(limit) or limit * split < longest:
             problems.append(
-                f"{MAX_TOKEN_LEN}={limit}: with dynamic batching, max token len × ulysses ({sp}) must "
+                f"{MAX_TOKEN_LEN}={limit}: with dynamic batching, max token len × {split_name} ({split}) must "
                 f"be ≥ the longest prompt + response ({longest})"
             )
 
@@ -511,11 +513,6 @@ def check_config(
     lam = get(config, LAM)
     if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1):
         problems.append(f"{LAM}={lam}: must lie in [0, 1]")
-
-    # forward_prefetch is an FSDP1 option.
-    strategy = setting(config, STRATEGY)
-    if E.engine(config) == "dp" and setting(config, FORWARD_PREFETCH) and strategy != "fsdp":
-        problems.append(f"{FORWARD_PREFETCH}=true: forward prefetch is FSDP1 only, but strategy is {strategy}")
 
     # Token budget: chunked prefill off raises it to max_model_len (silently changes the knob).
     budget = setting(config, TOKEN_BUDGET)

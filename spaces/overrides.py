@@ -20,7 +20,7 @@ _HYDRA_SPECIAL = re.compile(r"[\s,=\[\]{}()'\"\\:$*?<>|&;`#@%!~]")
 _MAX_STRING = 4096
 # A string Hydra would read as a number (0001, 1e-6, 1_000): quoted to stay a string.
 _NUMBER = re.compile(r"^[-+]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d+)?$")
-_DICT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_DICT_KEY_CHARS = re.compile(r"^[A-Za-z0-9_.*{}()\[\]\-/:=, ]+$")
 
 
 class OverrideError(ValueError):
@@ -67,11 +67,16 @@ def format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(format_value(v) for v in value) + "]"
     if isinstance(value, dict):  # a mapping: Hydra's {key:value,...} (merged into verl's node under +key)
-        for key in value:
-            if not isinstance(key, str) or not _DICT_KEY.match(key):
-                raise OverrideError(f"a mapping's keys must be names like 'attention_backend', but got {key!r}.")
-        return "{" + ", ".join(f"{key}: {format_value(v)}" for key, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_dict_key(key)}: {format_value(v)}" for key, v in value.items()) + "}"
     raise OverrideError(f"override value must be a scalar, a list or a mapping, but got {type(value).__name__}.")
+
+
+def _dict_key(key: Any) -> str:
+    """A mapping's key in Hydra's grammar: a name as it is, Hydra's special characters escaped
+    with a backslash (``model.visual.blocks.\\{*\\}``), as Hydra's parser reads them back."""
+    if not isinstance(key, str) or not key or not _DICT_KEY_CHARS.match(key) or "\n" in key:
+        raise OverrideError(f"a mapping's keys must be names like 'attention_backend', but got {key!r}.")
+    return re.sub(r"([\\()\[\]{}:=, \t])", r"\\\1", key)
 
 
 def to_overrides(config: Mapping[str, Any]) -> list[str]:

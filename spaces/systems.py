@@ -33,21 +33,24 @@ def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Conf
     budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
     own_tp, own_memory = L.setting(base, L.ROLLOUT_TP), L.setting(base, L.GPU_MEMORY)
     floors: dict[int, float] = {}
-    for tp in L.rollout_tp_sizes(model, hardware).value:
+    sizes = L.rollout_tp_sizes(model, hardware).value
+    if L._is_int(own_tp) and own_tp not in sizes:  # a run's own TP across nodes: verl ran it
+        sizes = sorted({*sizes, own_tp})
+    for tp in sizes:
         if hardware.n_gpus % (tp * dp_r * pp):
             continue
         floor = max(memory.low, L.memory_fraction_for(model, hardware, budget, tp, data_parallel=dp_r))
         if tp == own_tp and isinstance(own_memory, (int, float)) and memory.contains(own_memory):
             floor = min(floor, float(own_memory))
-        if floor <= memory.high:
-            floors[tp] = floor
+        if floor <= memory.high or tp == own_tp:
+            floors[tp] = min(floor, memory.high)
     return floors
 
 
 class SystemsSpace(Space):
     """Stage 0: the parallel layout and memory knobs (docs/method.md §2); speed only.
 
-    Conditional, so only valid combinations are asked: forward prefetch only under FSDP1, the
+    Conditional, so only valid combinations are asked: the
     dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
     limit × ulysses ≥ prompt + response always holds), rollout TP and Ulysses sizes only
     among the values that fit the heads, the GPUs, the base's mini-batch and the token budget.
@@ -137,10 +140,8 @@ class SystemsSpace(Space):
         config: Config = {L.ROLLOUT_TP: trial.suggest_categorical("rollout_tp", c["rollout_tp"])}
         strategy = trial.suggest_categorical("strategy", c["strategy"])
         config[L.STRATEGY] = strategy
-        # FSDP1-only option: asked only under fsdp, pinned off otherwise.
-        config[L.FORWARD_PREFETCH] = (
-            trial.suggest_categorical("forward_prefetch", c["forward_prefetch"]) if strategy == "fsdp" else False
-        )
+        # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike (verl/utils/fsdp_utils.py, apply_fsdp2).
+        config[L.FORWARD_PREFETCH] = trial.suggest_categorical("forward_prefetch", c["forward_prefetch"])
         sp = trial.suggest_categorical("ulysses", c["ulysses"])
         config[L.ULYSSES] = sp
         config[L.ULYSSES_LEGACY] = sp  # the ref policy follows the actor-level key
@@ -193,11 +194,10 @@ class SystemsSpace(Space):
         if not isinstance(memory, (int, float)) or not self.floors[params["rollout_tp"]] <= memory <= self.memory.high:
             return None
         params["gpu_memory_utilization"] = float(memory)
-        if params["strategy"] == "fsdp":
-            prefetch = bool(L.setting(base, L.FORWARD_PREFETCH))
-            if prefetch not in c["forward_prefetch"]:
-                return None
-            params["forward_prefetch"] = prefetch
+        prefetch = bool(L.setting(base, L.FORWARD_PREFETCH))
+        if prefetch not in c["forward_prefetch"]:
+            return None
+        params["forward_prefetch"] = prefetch
         if params["use_dynamic_bsz"]:
             limit = L.setting(base, L.MAX_TOKEN_LEN)
             if limit not in self.token_lens.get(sp, []):

@@ -252,7 +252,7 @@ def test_systems_suggests_only_valid_combinations() -> None:
         if config[L.USE_DYNAMIC_BSZ]:
             assert config[L.MAX_TOKEN_LEN] * config[L.ULYSSES] >= 8192
         assert 0.3 <= config[L.GPU_MEMORY] <= 0.9
-    assert not seen_prefetch_fsdp2
+    assert seen_prefetch_fsdp2  # verl 0.9.1 prefetches under FSDP2 too (utils/fsdp_utils.py apply_fsdp2)
     assert {c[L.ULYSSES] for c in configs} == {1, 2, 4}
     assert {c[L.ROLLOUT_TP] for c in configs} == {1, 2, 4, 8}
 
@@ -273,7 +273,7 @@ def test_systems_options_and_incumbent() -> None:
 def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
     space = build("systems")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
-    layout = {"rollout_tp": 4, "strategy": "fsdp2", "ulysses": 1, "use_dynamic_bsz": False,
+    layout = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 1, "use_dynamic_bsz": False,
               "gradient_checkpointing": True, "activation_offload": False}
     study.enqueue_trial({**layout, "gpu_memory_utilization": 0.5})
     trial = study.ask()

@@ -122,7 +122,7 @@ ACTOR_CONFIG=(
     # Memory Optimization
     actor_rollout_ref.actor.megatron.param_offload=${all_offload}
     actor_rollout_ref.actor.megatron.optimizer_offload=${all_offload}
-    actor_rollout_ref.actor.megatron.grad_offload=${all_offload}
+    # verl 0.9.1 has no grad_offload (param_offload covers it): actor_rollout_ref.actor.megatron.grad_offload=${all_offload}
     # Model Weights Management
     actor_rollout_ref.actor.megatron.dist_checkpointing_path=${MCORE_MODEL_PATH}
     actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
