@@ -253,12 +253,15 @@ class StudySpec(_Strict):
     def baseline_config(self) -> dict[str, Any]:
         """The baseline overrides plus what the study's facts imply (algorithm, GPU count,
         sequence lengths); the base config of stage 1."""
+        from spaces.engines import implied_engine
+
         implied = {
             "algorithm.adv_estimator": self.algorithm.adv_estimator,
             "trainer.n_gpus_per_node": self.hardware.gpus_per_node,
             "trainer.nnodes": self.hardware.nodes,
             "data.max_prompt_length": self.model.max_prompt_length,
             "data.max_response_length": self.model.max_response_length,
+            **implied_engine(self.baseline),
         }
         return merge(implied, self.baseline)
 

@@ -179,7 +179,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
 
     One cause, one error: a baseline that breaks a rule or that verl refuses is reported alone
     (every stage's configs hold it, so each would repeat it, or fail for its sake)."""
-    from spaces.limits import notes, type_problems
+    from spaces.limits import doubts, notes, type_problems
 
     problems: list[str] = []
     lines: list[str] = []
@@ -189,6 +189,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     if problems or type_problems(base):
         return problems, lines
     lines += [f"warning: {w}" for w in baseline_warnings(spec, base)]
+    lines += [f"warning: baseline {w}" for w in doubts(base)]
     lines += [f"note: baseline {n} (harmless)" for n in notes(base, algorithm=spec.algorithm)]
     spaces: list[tuple[int, Any, Any]] = []
     for index, stage in enumerate(spec.stages):

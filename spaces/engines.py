@@ -48,6 +48,17 @@ def engine(config: Mapping[str, Any]) -> str:
     return "dp"
 
 
+def implied_engine(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``model_engine`` for a config that names an engine only by its actor strategy
+    (``actor.strategy: megatron``): verl composes the FSDP actor config unless the group is
+    chosen, so the study composes (and launches) against the trainer config the strategy uses,
+    as ``--config-name ppo_megatron_trainer`` would."""
+    strategy = get(config, STRATEGY)
+    if get(config, MODEL_ENGINE) is None and isinstance(strategy, str) and strategy in ENGINES[1:]:
+        return {MODEL_ENGINE: strategy}
+    return {}
+
+
 def engine_problem(config: Mapping[str, Any]) -> str | None:
     """A strategy that names another engine than the config group composes (verl 0.9.1 then
     fails at compose: ``actor.megatron`` is not in the FSDP actor config), or None."""
@@ -55,10 +66,9 @@ def engine_problem(config: Mapping[str, Any]) -> str | None:
     strategy = get(config, STRATEGY)
     if chosen is not None and chosen not in ENGINES:
         return f"{MODEL_ENGINE}={chosen}: must be one of verl's engines {', '.join(ENGINES)}"
-    if isinstance(strategy, str) and strategy in ENGINES[1:] and chosen != strategy:
-        return (f"{STRATEGY}={strategy}: needs {MODEL_ENGINE}={strategy} (or --config-name ppo_{strategy}_trainer): "
-                f"verl 0.9.1 composes the {chosen or 'dp'} actor config otherwise, which has no "
-                f"actor_rollout_ref.actor.{strategy}.*")
+    if isinstance(strategy, str) and strategy in ENGINES[1:] and chosen is not None and chosen != strategy:
+        return (f"{STRATEGY}={strategy}: needs {MODEL_ENGINE}={strategy}, but the config chooses {MODEL_ENGINE}="
+                f"{chosen}, whose actor config has no actor_rollout_ref.actor.{strategy}.*. Make them agree")
     return None
 
 

@@ -428,9 +428,6 @@ def check_config(
     if not _is_int(n) or n < 1:
         problems.append(f"{ROLLOUT_N}={n}: must be an integer ≥ 1")
         n = 1
-    elif adv in E.GROUP_ESTIMATORS and n < 2 and not get(config, "distillation.enabled"):
-        # (on-policy distillation scores each response against its teacher, not its group)
-        problems.append(f"{ROLLOUT_N}={n}: {adv} needs rollout.n ≥ 2 (group-relative advantage)")
 
     # Memory fraction: verl does not range-check it.
     fraction = setting(config, GPU_MEMORY)
@@ -524,6 +521,18 @@ def check_config(
             f"({model.max_seq_len}); set {CHUNKED_PREFILL}=true or a budget ≥ {model.max_seq_len}"
         )
     return problems
+
+
+def doubts(config: Mapping[str, Any]) -> list[str]:
+    """Settings verl runs but that are likely not what the user meant: one warning line each."""
+    found = []
+    n = setting(config, ROLLOUT_N)
+    adv = setting(config, ADV_ESTIMATOR)
+    if adv in E.GROUP_ESTIMATORS and _is_int(n) and n == 1 and not get(config, "distillation.enabled"):
+        # verl runs it: a group of one has mean 0 and std 1, so the advantage is the score itself
+        found.append(f"{ROLLOUT_N}=1: {adv} compares a response with the others of its prompt's group, but with one "
+                     "there is none and verl uses the score itself; set rollout.n ≥ 2 for the algorithm as meant")
+    return found
 
 
 def notes(config: Mapping[str, Any], *, algorithm: Algorithm) -> list[str]:

@@ -22,7 +22,7 @@ from spaces import limits as L
 from spaces.base import Space, SpaceError, check_options, where_or
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.overrides import Config, get
-from spaces.systems import rollout_memory_floors
+from spaces.systems import rollout_expert_parallel, rollout_memory_floors
 
 if TYPE_CHECKING:
     import optuna
@@ -136,6 +136,7 @@ class MegatronSystemsSpace(Space):
                 config[key] = value
         rollout_tp = trial.suggest_categorical("rollout_tp", self.choices["rollout_tp"])
         config[L.ROLLOUT_TP] = rollout_tp
+        config.update(rollout_expert_parallel(base, rollout_tp))
         config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.floors[rollout_tp], self.memory.high)
         return config
 

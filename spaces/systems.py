@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from spaces import bounds as B
+from spaces import engines as E
 from spaces import limits as L
 from spaces.base import Space, SpaceError, check_options, where_or
 from spaces.batching import static_batching_fill
@@ -20,6 +21,15 @@ logger = logging.getLogger(__name__)
 
 
 MAX_TOKEN_LEN_CHOICES = (2048, 4096, 8192, 16384, 32768)
+
+
+def rollout_expert_parallel(base: Config, tp: int) -> Config:
+    """verl 0.9.1's RolloutConfig wants EP = TP × DP once rollout expert parallelism is on (not
+    for trtllm): a layout that changes the rollout TP moves EP with it."""
+    ep = L.setting(base, E.ROLLOUT_EP)
+    if not L._is_int(ep) or ep <= 1 or L.setting(base, L.ROLLOUT_NAME) == "trtllm":
+        return {}
+    return {E.ROLLOUT_EP: tp * L._int_setting(base, L.ROLLOUT_DP)}
 
 
 def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Config,
@@ -138,6 +148,7 @@ class SystemsSpace(Space):
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         c = self.choices
         config: Config = {L.ROLLOUT_TP: trial.suggest_categorical("rollout_tp", c["rollout_tp"])}
+        config.update(rollout_expert_parallel(base, config[L.ROLLOUT_TP]))
         strategy = trial.suggest_categorical("strategy", c["strategy"])
         config[L.STRATEGY] = strategy
         # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike (verl/utils/fsdp_utils.py, apply_fsdp2).

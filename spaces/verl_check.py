@@ -253,8 +253,41 @@ class VerlValidator:
                     problems.append(f"{key}: must be true or false (verl's default is {default}), but got {value!r}")
             elif isinstance(default, (int, float)):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    if isinstance(value, str) and _field_takes_string(defaults, key):
+                        continue  # e.g. rollout_is_threshold: str | float ("0.5_4.0", IcePop's bounds)
                     problems.append(f"{key}: must be a number (verl's default is {default}), but got {value!r}")
         return problems
+
+
+def _field_takes_string(defaults: Any, key: str) -> bool:
+    """Whether the config dataclass verl builds for ``key`` (the nearest section with a
+    ``_target_``, then down its fields' dataclass types) types the field as taking a string
+    too (``rollout_is_threshold: str | float``)."""
+    import dataclasses
+    import importlib
+    import typing
+
+    from omegaconf import OmegaConf
+
+    parts = key.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        target = OmegaConf.select(defaults, ".".join(parts[:depth]) + "._target_", default=None)
+        if isinstance(target, str) and "." in target:
+            break
+    else:
+        return False
+    module, _, name = target.rpartition(".")
+    try:
+        hint: Any = getattr(importlib.import_module(module), name)
+        for field in parts[depth:]:
+            if not dataclasses.is_dataclass(hint):
+                return False
+            hint = typing.get_type_hints(hint).get(field)
+            options = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+            hint = next((a for a in options if dataclasses.is_dataclass(a)), hint)
+    except Exception:  # a target that cannot be imported here: keep the number check
+        return False
+    return hint is str or str in typing.get_args(hint)
 
 
 @functools.lru_cache(maxsize=1)

@@ -32,7 +32,7 @@ OK_PPO: dict[str, Any] = {L.ROLLOUT_NAME: "vllm", L.ADV_ESTIMATOR: "gae"}
 CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str | None]] = [
     ("grpo-ok", M7, H8x80, GRPO, {}, None),
     ("ppo-ok", M7, H8x80, PPO, {}, None),
-    ("grpo-n1", M7, H8x80, GRPO, {L.ROLLOUT_N: 1}, r"rollout\.n=1: grpo needs rollout\.n ≥ 2"),
+    ("grpo-n1-runs", M7, H8x80, GRPO, {L.ROLLOUT_N: 1}, None),  # verl runs it (test_doubts_are_warnings)
     ("grpo-default-n", M7, H8x80, GRPO, {L.ROLLOUT_N: None}, r"must be an integer ≥ 1"),
     ("ppo-n1-ok", M7, H8x80, PPO, {L.ROLLOUT_N: 1}, None),
     ("grpo-n2-ok", M7, H8x80, GRPO, {L.ROLLOUT_N: 2}, None),
@@ -78,10 +78,10 @@ CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str
     ("lam-on-grpo-harmless", M7, H8x80, GRPO, {L.LAM: 0.95}, None),  # unread by GRPO: a note (test below)
     ("lam-out-of-range", M7, H8x80, PPO, {L.LAM: 1.5}, r"algorithm\.lam=1\.5: must lie in \[0, 1\]"),
     ("rloo-grpo-chain-ok", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "rloo"}, None),
-    ("rloo-n1", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "rloo", L.ROLLOUT_N: 1}, r"rollout\.n=1: rloo needs rollout\.n ≥ 2"),
+    ("rloo-n1-runs", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "rloo", L.ROLLOUT_N: 1}, None),
     ("remax-n1-ok", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "remax", L.ROLLOUT_N: 1}, None),  # not group-relative
     ("rloo-on-ppo-chain", M7, H8x80, PPO, {L.ADV_ESTIMATOR: "rloo"}, r"runs the grpo \(every critic-free estimator\) chain"),
-    ("megatron-strategy-without-engine", M7, H8x80, GRPO, {L.STRATEGY: "megatron"}, r"strategy=megatron: needs model_engine=megatron"),
+    ("megatron-strategy-and-dp-engine", M7, H8x80, GRPO, {L.STRATEGY: "megatron", "model_engine": "dp"}, r"strategy=megatron: needs model_engine=megatron, but the config chooses model_engine=dp"),
     ("megatron-dp-arithmetic", M7, H8x80, GRPO, {"model_engine": "megatron", L.MINI_BATCH: 251,
      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 1}, r"8 GPUs ÷ \(Megatron TP 1 · PP 1 · CP 1\) = 8"),
     ("megatron-no-ulysses-rule", M05, H8x80, GRPO, {"model_engine": "megatron", L.ULYSSES: 4}, None),
@@ -119,6 +119,17 @@ def test_harmless_settings_are_notes() -> None:
     assert any(re.search(r"algorithm\.lam=0\.95 is read only by GAE; grpo leaves it unused", n) for n in found)
     assert any(re.search(r"kl_ctrl\.kl_coef=0\.05 is unused: algorithm\.use_kl_in_reward is off", n) for n in found)
     assert L.notes(merge(OK_PPO, {L.LAM: 0.95}), algorithm=PPO) == []
+
+
+def test_doubts_are_warnings() -> None:
+    """A group estimator with one response a prompt: verl runs it (a group of one has mean 0, so
+    the advantage is the raw score), so it is a warning, not a refusal; not under distillation."""
+    for adv in ("grpo", "rloo", "gdpo"):
+        [doubt] = L.doubts(merge(OK_GRPO, {L.ADV_ESTIMATOR: adv, L.ROLLOUT_N: 1}))
+        assert re.search(rf"rollout\.n=1: {adv} compares a response with the others .* set rollout\.n ≥ 2", doubt)
+    assert L.doubts(merge(OK_GRPO, {L.ADV_ESTIMATOR: "remax", L.ROLLOUT_N: 1})) == []
+    assert L.doubts(merge(OK_GRPO, {L.ROLLOUT_N: 1, "distillation.enabled": True})) == []
+    assert L.doubts(OK_GRPO) == []
 
 
 def test_case_count() -> None:

@@ -98,6 +98,7 @@ CONFIGS = {
     "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": moe(2688, 52, 32, 2, 131072, 64, 1024, hd=128, inter=1856,
                                                       shared=3712, arch="NemotronHForCausalLM", mt="nemotron_h",
                                                       full_attention_interval=9),
+    "moonshotai/Kimi-K2.6": mla(7168, 61, 64, 163840, 384, 2048, inter=18432, shared=1, first_dense=1),
     "tencent/Hy3": moe(6144, 64, 64, 8, 128000, 192, 2048, hd=128, inter=18432, shared=2048,
                        arch="HunYuanMoEV1ForCausalLM", mt="hunyuan_v1_moe"),
 }
