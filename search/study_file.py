@@ -215,6 +215,31 @@ class StudySpec(_Strict):
                 raise ValueError(f"{key}: {e}") from None
         return baseline
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lengths_from_baseline(cls, data: Any) -> Any:
+        """The model's prompt and response lengths default to the baseline's ``data.*``: one
+        fact, written once (init writes both; a study may leave model's out)."""
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict) or not isinstance(data.get("baseline"), dict):
+            return data
+        model = dict(data["model"])
+        for field in ("max_prompt_length", "max_response_length"):
+            value = data["baseline"].get(f"data.{field}")
+            if field not in model and isinstance(value, int) and not isinstance(value, bool):
+                model[field] = value
+        return {**data, "model": model}
+
+    @model_validator(mode="after")
+    def _lengths_agree(self) -> "StudySpec":
+        # A mismatch would bound the search for one length and run the other.
+        for field in ("max_prompt_length", "max_response_length"):
+            value = self.baseline.get(f"data.{field}")
+            if isinstance(value, int) and not isinstance(value, bool) and value != getattr(self.model, field):
+                raise ValueError(f"model.{field}: must equal the baseline's data.{field} ({value}), but got "
+                                 f"{getattr(self.model, field)}: the bounds are computed from one and the run uses the "
+                                 f"other. Remove model.{field} (it is taken from the baseline) or make them equal")
+        return self
+
     @field_validator("seeds")
     @classmethod
     def _check_seeds(cls, seeds: list[int]) -> list[int]:
