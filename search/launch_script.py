@@ -221,15 +221,16 @@ def read_script(path: Path, *, script_args: Sequence[str] = ()) -> LaunchCommand
         last = _last_error(stderr)
         other = [c for c in skipped if _verl_module(c)]
         if other:
-            raise BadInputError(f"{path}: the script must call verl.trainer.main_ppo, but it runs `{_short_command(other[0])}` "
-                                f"({_verl_module(other[0])}). verl-sweep tunes main_ppo runs of verl "
-                                f"{_installed_verl()}.")
+            module = _verl_module(other[0]) or ""
+            where = "" if _module_exists(module) else f", which verl {_installed_verl()} does not have"
+            raise BadInputError(f"{path}: the script must call verl.trainer.main_ppo, but it runs {module}{where} "
+                                f"(`{_short_command(other[0])}`). verl-sweep tunes main_ppo runs: give that command.")
         why = f" It stopped with: {last}." if last else f" It ended with status {returncode}."
         raise BadInputError(f"{path}: the script must reach a python3 -m verl.trainer.main_ppo call, but it did not "
                             f"(init runs none of its programs).{why} Set what it needs in the environment, or give the "
                             "verl command after `--`.")
     unresolved = [f"`{_short_command(c)}` {_stand_in_effect(c)}" for c in _unique(skipped)]
-    unresolved += [f"`{w}` not run (a program name init cannot read)" for w in _unique([b[0] for b in blocked])]
+    unresolved += [f"`{w[0]}` not run (a program name init cannot read)" for w in _unique([b[:1] for b in blocked])]
     unresolved += [f"${name} is not set: left empty" for name in unset]
     notes = []
     if len(calls) > 1:
@@ -263,6 +264,19 @@ def _verl_module(argv: list[str]) -> str | None:
         if item == "-m" and argv[i + 1].startswith(("verl.", "recipe.")):
             return argv[i + 1]
     return None
+
+
+def _module_exists(module: str) -> bool:
+    """Whether ``module`` (``verl.trainer.x``) is a file of the installed verl, found without
+    importing verl (seconds)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module.split(".")[0]) if module else None
+    if spec is None or not spec.submodule_search_locations:
+        return True  # not verl's, or verl not here: no claim either way
+    parts = module.split(".")[1:]
+    base = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
 def _installed_verl() -> str:

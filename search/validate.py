@@ -33,37 +33,31 @@ def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Conf
 
 def extreme_configs(space: Any, base: Config) -> list[Config]:
     """The space's corners: every parameter at its low end, then every one at its high end
-    (the first and last choice of a categorical). Parameters that only some draws suggest
-    are left to the samples."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    trial = study.ask()
-    space.suggest(trial, base)
-    distributions = dict(trial.distributions)
-    study.tell(trial, 0.0)
-    configs = []
-    for end in (0, -1):
-        params = {name: _end(distribution, end) for name, distribution in distributions.items()}
-        try:
-            configs.append(merge(base, space.suggest(optuna.trial.FixedTrial(params), base)))
-        except (KeyError, ValueError):  # a parameter this corner needs that the first draw did not
-            continue
-    return configs
+    (the first and last choice of a categorical), each end taken from the range the space
+    asks for at that point (a memory floor that depends on the TP chosen before it)."""
+    return [merge(base, space.suggest(_CornerTrial(end), base)) for end in (0, -1)]
 
 
-def _end(distribution: Any, end: int) -> Any:
-    import optuna.distributions as d
+class _CornerTrial:
+    """A trial that answers every question with one end of the range asked: what the space
+    proposes at its corners, conditional parameters included."""
 
-    if isinstance(distribution, d.CategoricalDistribution):
-        return distribution.choices[end]
-    if end == 0:
-        return distribution.low
-    step = getattr(distribution, "step", None)
-    if step:  # the last value on the grid
-        return distribution.low + ((distribution.high - distribution.low) // step) * step
-    return distribution.high
+    def __init__(self, end: int) -> None:
+        self.end = end
+        self.params: dict[str, Any] = {}
+
+    def _answer(self, name: str, value: Any) -> Any:
+        self.params[name] = value
+        return value
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self._answer(name, list(choices)[self.end])
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        return self._answer(name, low if self.end == 0 else low + ((high - low) // step) * step)
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False) -> float:
+        return self._answer(name, low if self.end == 0 else high)
 
 
 #: baseline keys held to the method's safe bounds (the KL key is checked where it is switched on)

@@ -446,6 +446,11 @@ def check_config(
             )
         if heads % tp:
             problems.append(f"{ROLLOUT_TP}={tp}: must divide the attention heads ({heads})")
+        ep = get(config, E.ROLLOUT_EP)
+        if _is_int(ep) and ep > 1 and name != "trtllm" and ep != tp * dp_r:
+            # verl 0.9.1's RolloutConfig asserts it when it is built (the run's first seconds)
+            problems.append(f"{E.ROLLOUT_EP}={ep}: rollout expert parallelism must equal rollout TP × DP "
+                            f"({tp} × {dp_r} = {tp * dp_r}) in verl 0.9.1")
         if pp > 1:
             # verl 0.9.1's RolloutConfig: no engine implements rollout pipeline parallelism yet.
             problems.append(f"{ROLLOUT_PP}={pp}: rollout pipeline parallelism > 1 is not implemented for vllm/sglang/trtllm in verl 0.9.1")

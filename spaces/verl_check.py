@@ -17,6 +17,7 @@ import functools
 import io
 import logging
 import os
+import re
 import threading
 import warnings
 from types import TracebackType
@@ -53,6 +54,8 @@ _MOVED_KEYS: dict[str, list[tuple[tuple[int, ...], str]]] = {
 # Hydra's config store is process-global: one initialisation at a time, shared by nested users
 # (a validate_with_verl inside an open VerlValidator reuses it instead of deadlocking).
 _lock = threading.RLock()
+#: verl's config without overrides but its config groups chosen, by (config name, groups)
+_DEFAULTS: dict[tuple[str, ...], Any] = {}
 _depth = 0
 _warned_missing = False
 
@@ -134,10 +137,12 @@ class VerlValidator:
 
     def __init__(self, *, config_name: str = "ppo_trainer") -> None:
         self.config_name = config_name
-        #: verl's config without overrides but the config groups chosen (model_engine), by groups
-        self._defaults: dict[tuple[str, ...], Any] = {}
         #: the last config composed in full and its composed form (the base of a stage's configs)
         self._composed: tuple[dict[str, Any], Any] | None = None
+        #: that config's sections as verl instantiated them (their problems), and the keys each
+        #: one's interpolations read: a config that changes none of them reuses the result
+        self._sections: dict[str, list[str]] = {}
+        self._section_deps: dict[str, tuple[str, ...]] = {}
         self._context: Any = None
         self._entered = False
 
@@ -188,18 +193,27 @@ class VerlValidator:
         except ValueError as e:
             return [f"override: {e}"]
         cfg = self._compose_from_last(config)
+        if cfg is not None:
+            last, _ = self._composed  # type: ignore[misc]
+            changed = {k for k in config if last.get(k) != config[k]}
+            reuse = {name: found for name, found in self._sections.items()
+                     if not any(_touches(key, name, self._section_deps.get(name, ())) for key in changed)}
+            return self._type_problems(config) + _validate_composed(cfg, reuse=reuse)
         if cfg is None:
             try:
                 cfg = compose(self.config_name, overrides=overrides)
             except Exception as e:
                 from spaces.verl_messages import compose_problem
 
-                return [compose_problem(e, config, self._defaults_for(config))]
+                return [compose_problem(e, config, self._defaults_for(config), config_dir=_config_dir())]
             self._composed = (config, cfg)
             import copy
 
+            self._section_deps = _section_dependencies(cfg)
             cfg = copy.deepcopy(cfg)
-        return self._type_problems(config) + _validate_composed(cfg)
+            self._sections = {}
+            return self._type_problems(config) + _validate_composed(cfg, record=self._sections)
+        return []  # unreachable: cfg is composed above
 
     def _compose_from_last(self, config: dict[str, Any]) -> Any:
         """``config`` composed as the last full composition plus the keys that differ, or None
@@ -225,16 +239,17 @@ class VerlValidator:
         return cfg
 
     def _defaults_for(self, config: Mapping[str, Any]) -> Any:
-        """verl's defaults with the config's groups chosen (the Megatron actor has other keys)."""
+        """verl's defaults with the config's groups chosen (the Megatron actor has other keys);
+        composed once a process (verl's config files do not change while it runs)."""
         from hydra import compose
 
-        groups = tuple(sorted(f"{k}={config[k]}" for k in config if k in _group_keys()))
-        if groups not in self._defaults:
+        groups = (self.config_name, *sorted(f"{k}={config[k]}" for k in config if k in _group_keys()))
+        if groups not in _DEFAULTS:
             try:
-                self._defaults[groups] = compose(self.config_name, overrides=list(groups))
+                _DEFAULTS[groups] = compose(self.config_name, overrides=list(groups[1:]))
             except Exception:
-                self._defaults[groups] = compose(self.config_name, overrides=[])
-        return self._defaults[groups]
+                _DEFAULTS[groups] = compose(self.config_name, overrides=[])
+        return _DEFAULTS[groups]
 
     def _type_problems(self, config: Mapping[str, Any]) -> list[str]:
         """Values whose kind differs from verl's default for the key: a string where verl has
@@ -297,7 +312,42 @@ def _group_keys() -> frozenset[str]:
     return frozenset(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)))
 
 
-def _validate_composed(cfg: Any) -> list[str]:
+#: the sections verl instantiates after validate_config (the trainer and workers, in order)
+_SECTIONS = ("actor_rollout_ref.rollout", "algorithm", "actor_rollout_ref.ref", "actor_rollout_ref.model")
+_INTERPOLATION = re.compile(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)")
+
+
+def _section_dependencies(cfg: Any) -> dict[str, tuple[str, ...]]:
+    """The keys each section's interpolations read (``${oc.select:actor_rollout_ref.actor.
+    use_dynamic_bsz,false}``), besides the section's own: what a change must touch for the
+    section to come out differently."""
+    from omegaconf import OmegaConf
+
+    deps: dict[str, tuple[str, ...]] = {}
+    for name in _SECTIONS:
+        node = OmegaConf.select(cfg, name)
+        if node is None:
+            continue
+        text = str(OmegaConf.to_container(node, resolve=False))
+        found = set(_INTERPOLATION.findall(text))
+        if name == "actor_rollout_ref.ref":  # rebuilt from the actor's fields (_ref_as_worker_builds_it)
+            found |= {"actor_rollout_ref.actor"}
+        deps[name] = tuple(sorted(found))
+    return deps
+
+
+def _touches(key: str, section: str, deps: tuple[str, ...]) -> bool:
+    key = key.lstrip("+")
+    if "." not in key:  # a config group or top-level key: anything may change
+        return True
+    return any(key == d or key.startswith(d + ".") or d.startswith(key + ".") for d in (section, *deps))
+
+
+def _validate_composed(cfg: Any, *, reuse: Mapping[str, list[str]] | None = None,
+                       record: dict[str, list[str]] | None = None) -> list[str]:
+    """verl's checks on a composed config: ``validate_config``, then the sections the trainer
+    instantiates. A section in ``reuse`` (unchanged from a config checked before) takes its
+    earlier result; ``record`` collects each section's result."""
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -318,19 +368,26 @@ def _validate_composed(cfg: Any) -> list[str]:
 
         # What the trainer and workers instantiate later, in the order they do it.
         sections: list[tuple[str, Any]] = [
-            ("actor_rollout_ref.rollout", cfg.actor_rollout_ref.rollout),
-            ("algorithm", cfg.algorithm),
+            ("actor_rollout_ref.rollout", lambda: cfg.actor_rollout_ref.rollout),
+            ("algorithm", lambda: cfg.algorithm),
         ]
         if use_ref:
-            sections.append(("actor_rollout_ref.ref", _ref_as_worker_builds_it(cfg)))
+            sections.append(("actor_rollout_ref.ref", lambda: _ref_as_worker_builds_it(cfg)))
         model_path = cfg.actor_rollout_ref.model.get("path")
         if isinstance(model_path, str) and os.path.isdir(os.path.expanduser(model_path)):
-            sections.append(("actor_rollout_ref.model", cfg.actor_rollout_ref.model))
+            sections.append(("actor_rollout_ref.model", lambda: cfg.actor_rollout_ref.model))
         for name, node in sections:
+            if reuse is not None and name in reuse:
+                problems += reuse[name]
+                continue
+            found: list[str] = []
             try:
-                omega_conf_to_dataclass(node)
+                omega_conf_to_dataclass(node())
             except Exception as e:
-                problems.append(f"verl {name}: {_one_line(e)}")
+                found.append(f"verl {name}: {_one_line(e)}")
+            problems += found
+            if record is not None:
+                record[name] = found
         try:
             core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator)
         except Exception as e:

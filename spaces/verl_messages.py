@@ -47,6 +47,9 @@ def missing_key(key: str, defaults: Any) -> str:
             continue
         wrong = parts[depth]
         names = [str(k) for k in parent.keys()]
+        if depth > 0 and wrong in {str(k) for k in defaults.keys()} and wrong not in names:
+            return (f"{key}: verl has no key {wrong!r} under {'.'.join(parts[:depth])}: {wrong} is chosen at the top "
+                    f"level ({wrong}=…). Move it there")
         close = difflib.get_close_matches(wrong, names, n=1, cutoff=0.7)
         where = ".".join(parts[:depth]) or "the top level"
         if close:
@@ -58,9 +61,28 @@ def missing_key(key: str, defaults: Any) -> str:
     return f"{key}: verl has no such key. Check the name against verl's config: `python -m verl.trainer.main_ppo --cfg job`"
 
 
-def compose_problem(error: BaseException, config: Mapping[str, Any], defaults: Any) -> str:
+def _missing_config_packages(config: Mapping[str, Any]) -> list[str]:
+    """``hydra.searchpath`` packages (``pkg://verl_mlite.config``) that are not installed here."""
+    import importlib.util
+
+    paths = config.get("hydra.searchpath") or config.get("+hydra.searchpath") or []
+    missing = []
+    for path in paths if isinstance(paths, list) else [paths]:
+        if isinstance(path, str) and path.startswith("pkg://"):
+            package = path[len("pkg://"):].split(".")[0]
+            if importlib.util.find_spec(package) is None:
+                missing.append(package)
+    return missing
+
+
+def compose_problem(error: BaseException, config: Mapping[str, Any], defaults: Any, *, config_dir: str) -> str:
     """One line for a config Hydra refused to compose."""
     text = _one_line(error)
+    plugins = _missing_config_packages(config)
+    if plugins and _NOT_IN_STRUCT.search(text):
+        key = _NOT_IN_STRUCT.search(text).group(1)  # type: ignore[union-attr]
+        return (f"{key}: comes from the config package {', '.join(plugins)} (hydra.searchpath), which is not installed "
+                "here, and verl's own config has no such key. Validate where that package is installed")
     found = _ALREADY_THERE.search(text)
     if found:
         key = found.group(1)
@@ -71,11 +93,10 @@ def compose_problem(error: BaseException, config: Mapping[str, Any], defaults: A
         return missing_key(found.group(1).lstrip("+"), defaults)
     found = _NO_GROUP_OPTION.search(text)
     if found:
-        from spaces.verl_check import _config_dir
         import os
 
         group, option = found.groups()
-        folder = os.path.join(_config_dir(), group)
+        folder = os.path.join(config_dir, group)
         options = sorted(name[:-5] for name in os.listdir(folder) if name.endswith(".yaml")) if os.path.isdir(folder) else []
         return f"{group}={option}: verl's {group} must be one of {', '.join(options)}"
     return f"verl compose: {text}"

@@ -114,8 +114,9 @@ python3 -m verl.trainer.main_ppo a=1
     with pytest.raises(BadInputError, match=r"run\.sh: the script must reach a python3 -m verl\.trainer\.main_ppo call, but "
                                             r"it did not .*ADAPTER: set ADAPTER to the LoRA adapter"):
         read_script(path)
-    other = _script(tmp_path, "python3 -m verl.trainer.main_generation a=1\n", "gen.sh")
-    with pytest.raises(BadInputError, match=r"must call verl\.trainer\.main_ppo, but it runs .*\(verl\.trainer\.main_generation\)"):
+    other = _script(tmp_path, "python3 -m verl.trainer.main_ppo_sync a=1\n", "sync.sh")
+    with pytest.raises(BadInputError, match=r"must call verl\.trainer\.main_ppo, but it runs verl\.trainer\.main_ppo_sync, "
+                                            r"which verl 0\.9\.1 does not have \(`python3 -m verl\.trainer\.main_ppo_sync a=1`\)"):
         read_script(other)
 
 
