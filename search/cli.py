@@ -307,6 +307,9 @@ def run(
             raise BadInputError(f"--launcher must be one of sim, local, ray, replay, but got {launcher!r}.")
         url = storage or spec.storage_url()
         preflight(url)
+        from search.study_root import check_name_clash
+
+        check_name_clash(url, spec)  # before verl's checks, which take seconds
         # Exactly validate's checks, before a database exists: a definition verl would refuse
         # must not be stored (its stored definition would then refuse the corrected file).
         problems, _ = _check_study(spec)

@@ -89,6 +89,22 @@ def gpu_hours_saved(spec: StudySpec, stage: "Any", trials: list[TrialRecord]) ->
     return saved_s / 3600.0
 
 
+#: the spaces scored on speed, whose probes are ``probe.speed_steps`` long
+_SPEED_SPACES = ("systems", "token_budget")
+
+
+def ended_early(spec: StudySpec, stage: "Any", trials: list[TrialRecord]) -> str | None:
+    """Why a stage found nothing, when every probe that finished ended before its length: the
+    run itself is shorter than the probes (a probe as long as the run is the whole run)."""
+    steps = spec.stage_probe_steps(stage, speed_only=stage.space in _SPEED_SPACES)
+    done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
+    if not done or max(done) >= steps:
+        return None
+    return (f"every probe of this stage ended before its {steps} steps (the furthest at step {max(done)}): the run "
+            "itself stops there (trainer.total_training_steps or trainer.total_epochs). Make the probes at most ¼ "
+            "of the run (`verl-sweep init` sets them so), or lengthen the run")
+
+
 def reason_category(row: dict[str, Any]) -> str:
     """What a pruned or failed trial's reason is counted under: the failure kind when one was
     classified, else the reason's head without its step ("pruned at step 200: …" → "pruned")."""
@@ -185,6 +201,9 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
             winner=result,
             trials=rows,
         )
+        note = ended_early(spec, stage, trials)
+        if note:
+            entry["ended_early"] = note
         stages.append(entry)
     return {"study": spec.name, "algorithm": spec.algorithm.value, "stages": stages}
 

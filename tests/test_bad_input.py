@@ -180,6 +180,18 @@ def test_changed_definition_under_same_name_is_refused(study_db: Path) -> None:
     assert _fingerprint(study_db) == before
 
 
+def test_the_name_clash_is_found_before_verls_checks(study_db: Path) -> None:
+    """One cause, one error, the cheap one first: a changed definition under a stored name is
+    refused before verl's compose (which would otherwise take seconds and name a typo)."""
+    data = _tiny()
+    data["baseline"]["actor_rollout_ref.actor.ppo_mini_batch_sizee"] = 16  # what verl would refuse
+    path = write_study(study_db.parent, data, "tiny-clash.yaml")
+    result = cli("run", str(path), "--storage", f"sqlite:///{study_db}", cwd=study_db.parent)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "already exists in this database with a different definition" in lines[0], lines
+
+
 def test_run_takes_new_launcher_settings_but_not_a_new_landscape(tmp_path: Path) -> None:
     """More slots or another time scale after a stop: the same study goes on, and resume and
     workers get the new settings; another landscape would mix two experiments: refused."""

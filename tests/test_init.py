@@ -236,3 +236,24 @@ def test_the_corpus_facts_parse() -> None:
     for path in CONFIGS.glob("*.json"):
         facts = facts_from_config(json.loads(path.read_text()))
         assert facts["num_hidden_layers"] >= 1 and facts["n_params_b"] > 0, path
+
+
+def test_status_explains_a_stage_whose_probes_all_ended_early(tmp_path: Path) -> None:
+    """A run whose length validate cannot see (its rows are not local: the simulator's 120,000
+    prompts, 29 steps an epoch at batch 4,096) and probes longer than it: every probe ends with
+    the run, and status says why the stage found nothing."""
+    from conftest import demo_data, write_study
+
+    data = demo_data()
+    data.update(name="short", launcher={"kind": "replay", "max_concurrent": 2, "options": {}},
+                probe={"steps": 60, "incumbent_repeats": 2})
+    data["baseline"].update({"data.train_batch_size": 4096, "trainer.total_epochs": 1})
+    data["stages"] = [{"name": "minibatch", "space": "mini_batch", "budget": {"max_trials": 3}, "confirm_top": 0,
+                       "pruner": {"name": "none"}}]
+    data.pop("stop_when_flat", None)
+    path = write_study(tmp_path, data, "short.yaml")
+    assert cli("run", str(path), cwd=tmp_path, timeout=600).returncode == 0
+    status = cli("status", "short", "--storage", f"sqlite:///{tmp_path}/short.db", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"every probe of this stage ended before its 60 steps \(the furthest at step 29\): the run itself "
+                     r"stops there", status.stdout), status.stdout[-2000:]
