@@ -152,6 +152,9 @@ class Launcher(abc.ABC):
     name: str = "base"
     #: how long the driver waits between two polls, on this launcher's clock
     poll_interval_s: float = 0.05
+    #: probes run on real GPUs, so a config whose estimated memory cannot fit is refused
+    #: before launch; a simulator's own world decides what runs out of memory
+    real_gpus: bool = True
 
     def __init__(self, root_dir: Path | str, *, clock: Clock = time.time) -> None:
         self.root_dir = Path(root_dir).resolve()

@@ -67,6 +67,7 @@ class ReplayLauncher(Launcher):
     ``gpus_per_probe`` GPUs; a start beyond them raises ``NoCapacityError``."""
 
     name = "replay"
+    real_gpus = False
     #: virtual seconds between two polls of the driver (a probe step takes minutes)
     poll_interval_s = 30.0
 

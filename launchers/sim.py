@@ -38,6 +38,7 @@ class SimLauncher(LocalLauncher):
     """Simulated verl probes on fake GPUs (see module docstring)."""
 
     name = "sim"
+    real_gpus = False
 
     def __init__(
         self,

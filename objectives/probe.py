@@ -24,6 +24,7 @@ from objectives.score import (
     ScoreError,
     score_reward_rate,
     score_throughput,
+    throughput_settled,
 )
 from objectives.utilisation import read_samples, summarise
 
@@ -58,6 +59,9 @@ class ProbeSettings:
     #: bootstrap resamples of a finished probe's score (its interval). The rate itself is
     #: fitted on the data alone: a caller that reads only the rate may pass 0.
     n_boot: int = 500
+    #: a speed-only probe ends as complete once its last two scored steps' tokens/s agree
+    #: within this fraction (0: it runs all ``steps``)
+    settle_tolerance: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +168,7 @@ class Probe:
         verdict = self._health_verdict() if new else None
         if verdict is not None:
             return self._stopped_by_health(verdict)
-        if self.follower.last_step >= self.settings.steps:
+        if self.follower.last_step >= self.settings.steps or (new and self._settled()):
             self.launcher.cancel(self.handle)
             self._outcome = self._scored_outcome()
             return self._outcome
@@ -199,6 +203,12 @@ class Probe:
             self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=FailureKind.HANG)
             return self._outcome
         return None
+
+    def _settled(self) -> bool:
+        if not (self.settings.speed_only and self.settings.settle_tolerance > 0):
+            return False
+        return throughput_settled(self.steps, warmup_steps=self.settings.warmup_steps,
+                                  tolerance=self.settings.settle_tolerance)
 
     def _health_verdict(self) -> HealthVerdict | None:
         if not self.settings.health_screen or self.settings.speed_only:

@@ -310,6 +310,23 @@ def score_throughput(steps: Sequence[StepMetrics], *, warmup_steps: int = 3, n_g
     )
 
 
+def throughput_settled(steps: Sequence[StepMetrics], *, warmup_steps: int, tolerance: float) -> bool:
+    """True once the last two steps after ``warmup_steps`` processed tokens at rates within
+    ``tolerance`` of their mean (a speed probe may end there: more steps would cost minutes
+    each on real hardware and move the rate by less)."""
+    rates = []
+    for s in steps:
+        if s.step <= warmup_steps:
+            continue
+        tokens, seconds = _nan(s.get(TOKENS_KEY)), _nan(s.get(STEP_TIME_KEY))
+        if math.isfinite(tokens) and math.isfinite(seconds) and seconds > 0:
+            rates.append(tokens / seconds)
+    if len(rates) < MIN_SPEED_STEPS:
+        return False
+    a, b = rates[-2:]
+    return abs(a - b) <= tolerance * (a + b) / 2
+
+
 def _run_var(score: Score, rel_seed_var: float) -> float:
     """Variance of one run's rate across seeds: its own bootstrap variance plus the seed
     component (a combined score already carries the seed component in its ``rate_se``)."""

@@ -318,4 +318,5 @@ def probe_settings(spec: StudySpec, stage: StageSettings, space: Space, *, slow_
         warmup_steps=spec.probe.speed_warmup_steps if space.speed_only else spec.probe.warmup_steps,
         hang_timeout_s=spec.probe.hang_timeout_s,
         n_gpus=spec.hardware.n_gpus,
+        settle_tolerance=spec.probe.speed_settle_tolerance if space.speed_only else 0.0,
     )

@@ -159,6 +159,9 @@ class ProbeSettings(_Strict):
     speed_steps: Int = Field(default=30, ge=2, le=10_000_000)
     #: steps at the start of a speed-only probe left out of its throughput (warm-up)
     speed_warmup_steps: Int = Field(default=3, ge=0, le=10_000_000)
+    #: a speed-only probe ends before ``speed_steps`` once its last two scored steps' tokens/s
+    #: agree within this fraction (0: never): on real hardware each step costs minutes
+    speed_settle_tolerance: Float = Field(default=0.0, ge=0, lt=1)
     #: how often the incumbent of each stage is run (paired seeds with candidates)
     incumbent_repeats: Int = Field(default=2, ge=1, le=100)
     #: a probe that writes no new metrics for this long (simulated seconds on the
@@ -401,10 +404,10 @@ def describe_error(error: Any) -> str:
 
 
 #: what a model's config.json may fill in (the file's own names are the study's)
-_CONFIG_JSON_FIELDS = ("hidden_size", "num_attention_heads")
+_CONFIG_JSON_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
+                       "intermediate_size", "vocab_size")
 #: what a config.json implies besides (``spaces.model_config``): the KV cache's shape, the size
-_DERIVED_FIELDS = ("num_hidden_layers", "num_key_value_heads", "head_dim", "kv_cache_layers", "kv_lora_dim",
-                   "n_params_b", "expert_params_b")
+_DERIVED_FIELDS = ("head_dim", "kv_cache_layers", "kv_lora_dim", "n_params_b", "expert_params_b")
 
 
 def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[dict[str, Any], set[str]]:

@@ -31,6 +31,7 @@ from search.records import (
 )
 from spaces import hardware_tag
 from spaces.base import SpaceError
+from spaces.memory import fit_problem
 from spaces.overrides import Config, merge, to_overrides
 
 if TYPE_CHECKING:
@@ -155,6 +156,17 @@ class TrialRunner:
         if assignment.seed is None:
             seed = policy.seed_for_point(trial.number, trial.params, self.study.read_trials(), seed)
         config = merge(base, overrides, {"data.seed": seed})
+        too_big = fit_problem(self.spec.model, self.spec.hardware, config) if self.launcher.real_gpus else None
+        if too_big is not None:
+            # Refused before launch: on a real node the probe would cost minutes of start-up
+            # and then run out of memory. Infeasible, as a real OOM is (the sampler learns it).
+            set_attrs(trial, failure_attrs("oom", hardware_tag(self.spec.hardware)))
+            set_attrs(trial, reason_attrs(f"oom: memory pre-flight: {too_big}"))
+            trial.set_constraint("oom", 1.0)
+            tell(study, trial, state=TrialState.FAIL)
+            self.console.trial_finished(study, trial.number, role, overrides, reason="oom: memory pre-flight: "
+                                        + too_big, state="failed")
+            return False
         run_id = f"{self.run_prefix}.t{trial.number:04d}"
         spec = RunSpec(
             run_id=run_id,

@@ -114,6 +114,28 @@ def baseline_warnings(spec: StudySpec, base: Config) -> list[str]:
     return warnings
 
 
+#: launcher kinds whose probes run on real GPUs (a simulator's world decides its own OOMs)
+REAL_GPU_LAUNCHERS = ("local", "ray")
+
+
+def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str]:
+    """The memory pre-flight of the baseline: its estimate goes to the report lines; on real
+    GPUs a baseline whose estimated peak cannot fit is refused with the arithmetic (on a
+    simulator, only shown)."""
+    from spaces.memory import estimate, fit_problem
+
+    found = estimate(spec.model, spec.hardware, base)
+    if found is None:
+        return []
+    lines.append("baseline memory per GPU (estimate):")
+    lines += [f"  {line}" for line in found.lines]
+    problem = fit_problem(spec.model, spec.hardware, base)
+    if problem is None or spec.launcher.kind not in REAL_GPU_LAUNCHERS:
+        return []
+    return [f"baseline: {problem}. Lower the memory fraction or the micro-batch, switch gradient checkpointing "
+            "or offload on, or declare larger GPUs."]
+
+
 def one_line(problems: list[str], study_file: object) -> str:
     """What ``run`` says of a file it refuses: the first problem, and how many more there are
     (``validate`` lists them all, one line each)."""
@@ -185,6 +207,9 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     lines += [f"warning: {w}" for w in baseline_warnings(spec, base)]
     lines += [f"warning: baseline {w}" for w in doubts(base)]
     lines += [f"note: baseline {n} (harmless)" for n in notes(base, algorithm=spec.algorithm)]
+    problems += memory_problems(spec, base, lines)
+    if problems:  # the baseline's own: every stage's configs hold it
+        return problems, lines
     spaces: list[tuple[int, Any, Any]] = []
     for index, stage in enumerate(spec.stages):
         where = f"stages[{index}]"

@@ -38,8 +38,6 @@ class ModelFacts(BaseModel):
     #: the parameters in routed experts (MoE), in billions: vLLM splits them over TP × DP ranks
     expert_params_b: StrictFloat = Field(default=0.0, ge=0, le=10_000)
     #: what the KV cache holds per token: layers × 2 × KV heads × head dim (× dtype bytes)
-    num_hidden_layers: StrictInt | None = Field(default=None, ge=1, le=10_000)
-    num_key_value_heads: StrictInt | None = Field(default=None, ge=1, le=10_000)
     head_dim: StrictInt | None = Field(default=None, ge=1, le=100_000)
     #: layers that keep a KV cache, where fewer than all (hybrid linear-attention models)
     kv_cache_layers: StrictInt | None = Field(default=None, ge=1, le=10_000)
@@ -47,6 +45,12 @@ class ModelFacts(BaseModel):
     kv_lora_dim: StrictInt | None = Field(default=None, ge=1, le=100_000)
     max_prompt_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
     max_response_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
+    #: the shape the memory pre-flight computes with (``spaces.memory``); a config.json fills
+    #: them in, and without them they are inferred from the parameter count
+    num_hidden_layers: StrictInt | None = Field(default=None, ge=1, le=100_000)
+    num_key_value_heads: StrictInt | None = Field(default=None, ge=1, le=10_000)
+    intermediate_size: StrictInt | None = Field(default=None, ge=1, le=10_000_000)
+    vocab_size: StrictInt | None = Field(default=None, ge=1, le=100_000_000)
 
     @model_validator(mode="after")
     def _sizes_known(self) -> "ModelFacts":

@@ -68,6 +68,9 @@ def facts_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
             facts["kv_cache_layers"] = cached
         if _int(c, "kv_lora_rank"):  # multi-head latent attention caches one compressed vector
             facts["kv_lora_dim"] = _int(c, "kv_lora_rank") + _int(c, "qk_rope_head_dim")
+        for key in ("intermediate_size", "vocab_size"):  # the memory pre-flight's (spaces.memory)
+            if _int(c, key):
+                facts[key] = _int(c, key)
         total, experts = parameter_count(c)
         facts["n_params_b"] = round(total / 1e9, 2)
         if experts:

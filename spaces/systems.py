@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 from spaces import bounds as B
 from spaces import engines as E
 from spaces import limits as L
+from spaces import memory as M
 from spaces.base import Space, SpaceError, check_options, where_or
 from spaces.batching import static_batching_fill
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import hardware_tag, oom_ceiling, study_trials
-from spaces.overrides import Config, get
+from spaces.overrides import Config, get, merge
 
 if TYPE_CHECKING:
     import optuna
@@ -21,6 +22,46 @@ logger = logging.getLogger(__name__)
 
 
 MAX_TOKEN_LEN_CHOICES = (2048, 4096, 8192, 16384, 32768)
+#: static micro-batches (sequences a forward/backward pass) tried for the actor update and
+#: the log-prob passes; each stage keeps those that divide its per-GPU batch
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: the log-prob passes (forward only) may take this many times the update's token limit
+LOG_PROB_TOKEN_FACTORS = (1, 2, 4)
+MAX_NUM_SEQS_CHOICES = (128, 256, 512, 1024, 2048)
+ROLLOUT_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+REF_LOG_PROB_MICRO = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
+ROLLOUT_LOG_PROB_DYNAMIC = "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"
+REF_LOG_PROB_DYNAMIC = "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"
+ROLLOUT_LOG_PROB_TOKENS = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+REF_LOG_PROB_TOKENS = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
+DEPRECATED_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size"
+DEPRECATED_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size"
+MAX_NUM_SEQS = "actor_rollout_ref.rollout.max_num_seqs"
+ENFORCE_EAGER = "actor_rollout_ref.rollout.enforce_eager"
+FREE_CACHE_ENGINE = "actor_rollout_ref.rollout.free_cache_engine"
+#: a starting point's estimated peak stays within this share of the usable memory (the
+#: estimate's own error, and the allocator's fragmentation at larger passes)
+FIT_HEADROOM = 0.8
+#: verl 0.9.1's defaults for the keys above (rollout.yaml, ref.yaml)
+DEFAULTS: dict[str, Any] = {ROLLOUT_LOG_PROB_MICRO: None, REF_LOG_PROB_MICRO: None, MAX_NUM_SEQS: 256,
+                            ENFORCE_EAGER: False, FREE_CACHE_ENGINE: True}
+
+
+def _base_value(base: Config, key: str) -> Any:
+    return base.get(key, L.VERL_DEFAULTS.get(key, DEFAULTS.get(key)))
+
+
+def _divisors(total: int, candidates: tuple[int, ...], keep: Any, *, deprecated_set: bool) -> list[int | None]:
+    """The candidates that divide ``total``, with ``keep`` (the base's value) if it divides
+    too. A base that leaves the size unset keeps that choice (None, first: the incumbent's);
+    one that sets verl's older global key instead (``…micro_batch_size``) may not get the
+    per-GPU key as well, which verl refuses: only None then."""
+    if deprecated_set:
+        return [None]
+    values = {c for c in candidates if total % c == 0}
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1 and total % keep == 0:
+        values.add(keep)
+    return ([None] if keep is None else []) + sorted(values)
 
 
 def rollout_expert_parallel(base: Config, tp: int) -> Config:
@@ -60,16 +101,26 @@ def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Conf
 class SystemsSpace(Space):
     """Stage 0: the parallel layout and memory knobs (docs/method.md §2); speed only.
 
-    Conditional, so only valid combinations are asked: the
-    dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
-    limit × ulysses ≥ prompt + response always holds), rollout TP and Ulysses sizes only
+    Conditional, so only valid combinations are asked: the dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
+    limit × ulysses ≥ prompt + response always holds), static micro-batches only without it
+    (per Ulysses size, dividing the per-GPU batch), rollout TP and Ulysses sizes only
     among the values that fit the heads, the GPUs, the base's mini-batch and the token budget.
+    A knob with one valid value (the layout on one GPU) is set, not asked: a sampler would
+    spend nothing on it, and a reader of the trial sees only what was searched.
+
+    Besides the layout, what decides a small model's step time is host work per pass (on one
+    H200 with a 0.36B model, verl's quickstart settings left the GPU idle ~80% of a step): the
+    micro-batches of the update and the log-prob passes (or dynamic batching with token
+    limits for each), vLLM's sequences per batch, CUDA graphs (``enforce_eager``) and whether
+    the engine frees its cache between phases.
     """
 
     kind = "systems"
     LISTS = (
         "rollout_tp", "ulysses", "strategy", "forward_prefetch", "use_dynamic_bsz",
         "ppo_max_token_len_per_gpu", "gradient_checkpointing", "activation_offload",
+        "micro_batch", "log_prob_micro_batch", "log_prob_token_factor", "max_num_seqs", "enforce_eager",
+        "free_cache_engine",
     )
     OPTIONS = frozenset({"gpu_memory_utilization", *LISTS})
 
@@ -89,9 +140,8 @@ class SystemsSpace(Space):
         self.lines: list[str] = [f"systems: {L.GPU_MEMORY} — {self.memory.describe()}"]
 
         # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and the vLLM
-        # pool holds the base's token budget within the memory range. On a tuned base (a
-        # systems stage after the token budget stage) the memory floor rises instead, so that
-        # every layout the space proposes still holds that budget.
+        # pool holds the base's token budget within the memory range: each TP with its own
+        # memory floor (a tuned base's larger budget raises it), never the worst one for all.
         dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
         self.floors = rollout_memory_floors(model, hardware, base, self.memory)
         tps = list(self.floors)
@@ -108,6 +158,32 @@ class SystemsSpace(Space):
             if L.mini_batch_problem(mini, {**base, L.ULYSSES: s, L.ULYSSES_LEGACY: s}, hardware) is None
         ]
         self.lines.append(f"systems: ulysses ∈ {sps} ({L.ulysses_sizes(model, hardware).lines[0]}; keeps mini-batch {mini} valid)")
+        # Sequences a step: the update's per-GPU batch is the mini-batch's, the log-prob
+        # passes' the train batch's; vLLM's sequences a batch beyond one replica's share of the
+        # step's sequences cannot matter.
+        n = L._int_setting(base, L.ROLLOUT_N)
+        train = L._int_setting(base, L.TRAIN_BATCH)
+        dps = {s: max(1, hardware.n_gpus // s) for s in sps}
+        self.micro_choices = {
+            s: _divisors(mini * n // dps[s], MICRO_BATCH_CHOICES, _base_value(base, L.MICRO_BATCH),
+                         deprecated_set=base.get(DEPRECATED_MICRO) is not None)
+            for s in sps if (mini * n) % dps[s] == 0}
+        self.log_prob_choices = {
+            s: _divisors(train * n // dps[s], MICRO_BATCH_CHOICES, _base_value(base, ROLLOUT_LOG_PROB_MICRO),
+                         deprecated_set=base.get(DEPRECATED_LOG_PROB_MICRO) is not None)
+            for s in sps if (train * n) % dps[s] == 0}
+        replicas = max(1, hardware.n_gpus // (max(tps) if tps else 1) // dp_r // pp)  # fewest replicas, most each
+        per_replica = -(-train * n // replicas)
+        seqs = [v for v in MAX_NUM_SEQS_CHOICES if v < per_replica] + [
+            next((v for v in MAX_NUM_SEQS_CHOICES if v >= per_replica), MAX_NUM_SEQS_CHOICES[-1])]
+        base_seqs = _base_value(base, MAX_NUM_SEQS)
+        if isinstance(base_seqs, int) and not isinstance(base_seqs, bool) and base_seqs not in seqs:
+            seqs = sorted({*seqs, base_seqs})
+        self.lines.append(
+            f"systems: static micro-batches divide the per-GPU batch (update: mini {mini} × n {n} ÷ DP; log-prob: "
+            f"train {train} × n {n} ÷ DP); vLLM max_num_seqs ∈ {seqs} (≥ {per_replica} sequences a replica "
+            "cannot matter)"
+        )
         defaults: dict[str, list[Any]] = {
             "rollout_tp": tps,
             "ulysses": sps,
@@ -117,6 +193,12 @@ class SystemsSpace(Space):
             "ppo_max_token_len_per_gpu": list(MAX_TOKEN_LEN_CHOICES),
             "gradient_checkpointing": [True, False],
             "activation_offload": [False, True],
+            "micro_batch": _union(self.micro_choices),
+            "log_prob_micro_batch": _union(self.log_prob_choices),
+            "log_prob_token_factor": list(LOG_PROB_TOKEN_FACTORS),
+            "max_num_seqs": seqs,
+            "enforce_eager": [False, True],
+            "free_cache_engine": [True, False],
         }
         self.choices: dict[str, list[Any]] = {}
         for name in self.LISTS:
@@ -130,6 +212,10 @@ class SystemsSpace(Space):
                         f"{where}.{name}[{i}]: must be one of {valid}, but got {value!r}. Pick from those."
                     )
             self.choices[name] = [v for v in valid if v in asked]
+        self.micro_choices = {s: [v for v in values if v in self.choices["micro_batch"]]
+                              for s, values in self.micro_choices.items()}
+        self.log_prob_choices = {s: [v for v in values if v in self.choices["log_prob_micro_batch"]]
+                                 for s, values in self.log_prob_choices.items()}
         # Per Ulysses size, the dynamic-batch limits that cover the longest sequence.
         self.token_lens = {
             s: [t for t in self.choices["ppo_max_token_len_per_gpu"] if t * s >= model.max_seq_len]
@@ -147,25 +233,49 @@ class SystemsSpace(Space):
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         c = self.choices
-        config: Config = {L.ROLLOUT_TP: trial.suggest_categorical("rollout_tp", c["rollout_tp"])}
+        config: Config = {L.ROLLOUT_TP: _pick(trial, "rollout_tp", c["rollout_tp"])}
         config.update(rollout_expert_parallel(base, config[L.ROLLOUT_TP]))
-        strategy = trial.suggest_categorical("strategy", c["strategy"])
+        strategy = _pick(trial, "strategy", c["strategy"])
         config[L.STRATEGY] = strategy
         # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike (verl/utils/fsdp_utils.py, apply_fsdp2).
-        config[L.FORWARD_PREFETCH] = trial.suggest_categorical("forward_prefetch", c["forward_prefetch"])
-        sp = trial.suggest_categorical("ulysses", c["ulysses"])
+        config[L.FORWARD_PREFETCH] = _pick(trial, "forward_prefetch", c["forward_prefetch"])
+        sp = _pick(trial, "ulysses", c["ulysses"])
         config[L.ULYSSES] = sp
         config[L.ULYSSES_LEGACY] = sp  # the ref policy follows the actor-level key
         if sp > 1:
             config[L.USE_REMOVE_PADDING] = True
-        dynamic = trial.suggest_categorical("use_dynamic_bsz", c["use_dynamic_bsz"])
+        dynamic = _pick(trial, "use_dynamic_bsz", c["use_dynamic_bsz"])
         config[L.USE_DYNAMIC_BSZ] = dynamic
         if dynamic:
-            config[L.MAX_TOKEN_LEN] = trial.suggest_categorical(f"ppo_max_token_len_per_gpu_sp{sp}", self.token_lens[sp])
-        else:  # verl needs micro-batch sizes under static batching; the base may have none
+            limit = _pick(trial, f"ppo_max_token_len_per_gpu_sp{sp}", self.token_lens[sp])
+            config[L.MAX_TOKEN_LEN] = limit
+            # The log-prob passes follow the update's switch (verl's oc.select) but may take
+            # larger token limits: they keep no activations for a backward pass.
+            factor = _pick(trial, "log_prob_token_factor", c["log_prob_token_factor"])
+            for key in (ROLLOUT_LOG_PROB_DYNAMIC, REF_LOG_PROB_DYNAMIC):
+                config[key] = True
+            for key in (ROLLOUT_LOG_PROB_TOKENS, REF_LOG_PROB_TOKENS):
+                config[key] = limit * factor
+        else:
+            for key in (ROLLOUT_LOG_PROB_DYNAMIC, REF_LOG_PROB_DYNAMIC):
+                config[key] = False
+            # None: the base's own (unset) choice, left as it is
+            if self.micro_choices.get(sp):
+                micro = _pick(trial, f"micro_batch_sp{sp}", self.micro_choices[sp])
+                if micro is not None:
+                    config[L.MICRO_BATCH] = micro
+            if self.log_prob_choices.get(sp):
+                log_prob = _pick(trial, f"log_prob_micro_batch_sp{sp}", self.log_prob_choices[sp])
+                if log_prob is not None:
+                    config[ROLLOUT_LOG_PROB_MICRO] = config[REF_LOG_PROB_MICRO] = log_prob
+            # what verl needs under static batching and the base leaves unset (a base that
+            # batched dynamically has no micro-batches): verl refuses a config without them
             config.update(static_batching_fill({**base, **config}, self.hardware, algorithm=self.algorithm))
-        config[L.GRADIENT_CHECKPOINTING] = trial.suggest_categorical("gradient_checkpointing", c["gradient_checkpointing"])
-        config[L.ACTIVATION_OFFLOAD] = trial.suggest_categorical("activation_offload", c["activation_offload"])
+        config[L.GRADIENT_CHECKPOINTING] = _pick(trial, "gradient_checkpointing", c["gradient_checkpointing"])
+        config[L.ACTIVATION_OFFLOAD] = _pick(trial, "activation_offload", c["activation_offload"])
+        config[MAX_NUM_SEQS] = _pick(trial, "max_num_seqs", c["max_num_seqs"])
+        config[ENFORCE_EAGER] = _pick(trial, "enforce_eager", c["enforce_eager"])
+        config[FREE_CACHE_ENGINE] = _pick(trial, "free_cache_engine", c["free_cache_engine"])
         # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
         # (OOMs of this same layout) depend on the layout chosen above.
         low = self.floors[config[L.ROLLOUT_TP]]
@@ -190,31 +300,111 @@ class SystemsSpace(Space):
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
         c = self.choices
         sp = L.ulysses_size(base)
-        params: dict[str, Any] = {
-            "rollout_tp": L.setting(base, L.ROLLOUT_TP),
-            "strategy": L.setting(base, L.STRATEGY),
-            "ulysses": sp,
-            "use_dynamic_bsz": bool(L.setting(base, L.USE_DYNAMIC_BSZ)),
-            "gradient_checkpointing": bool(L.setting(base, L.GRADIENT_CHECKPOINTING)),
-            "activation_offload": bool(L.setting(base, L.ACTIVATION_OFFLOAD)),
-        }
-        for name, value in params.items():
-            if value not in c[name]:
+        dynamic = bool(L.setting(base, L.USE_DYNAMIC_BSZ))
+        wanted: list[tuple[str, Any, list[Any]]] = [
+            ("rollout_tp", L.setting(base, L.ROLLOUT_TP), c["rollout_tp"]),
+            ("strategy", L.setting(base, L.STRATEGY), c["strategy"]),
+            ("ulysses", sp, c["ulysses"]),
+            ("use_dynamic_bsz", dynamic, c["use_dynamic_bsz"]),
+            ("gradient_checkpointing", bool(L.setting(base, L.GRADIENT_CHECKPOINTING)), c["gradient_checkpointing"]),
+            ("activation_offload", bool(L.setting(base, L.ACTIVATION_OFFLOAD)), c["activation_offload"]),
+            ("max_num_seqs", _base_value(base, MAX_NUM_SEQS), c["max_num_seqs"]),
+            ("enforce_eager", bool(_base_value(base, ENFORCE_EAGER)), c["enforce_eager"]),
+            ("free_cache_engine", bool(_base_value(base, FREE_CACHE_ENGINE)), c["free_cache_engine"]),
+        ]
+        wanted.append(("forward_prefetch", bool(L.setting(base, L.FORWARD_PREFETCH)), c["forward_prefetch"]))
+        if dynamic:
+            limit = L.setting(base, L.MAX_TOKEN_LEN)
+            wanted.append((f"ppo_max_token_len_per_gpu_sp{sp}", limit, self.token_lens.get(sp, [])))
+            log_prob_limit = base.get(ROLLOUT_LOG_PROB_TOKENS, limit)
+            factor = log_prob_limit // limit if isinstance(log_prob_limit, int) and isinstance(limit, int) and limit else None
+            if factor is None or factor * limit != log_prob_limit or base.get(REF_LOG_PROB_TOKENS, log_prob_limit) != log_prob_limit:
                 return None
+            wanted.append(("log_prob_token_factor", factor, c["log_prob_token_factor"]))
+        else:
+            if self.micro_choices.get(sp):
+                wanted.append((f"micro_batch_sp{sp}", _base_value(base, L.MICRO_BATCH), self.micro_choices[sp]))
+            if self.log_prob_choices.get(sp):
+                log_prob = _base_value(base, ROLLOUT_LOG_PROB_MICRO)
+                ref = _base_value(base, REF_LOG_PROB_MICRO)
+                if ref is not None and ref != log_prob and self._uses_ref(base):
+                    return None  # two log-prob micro-batches: not a point of this space
+                wanted.append((f"log_prob_micro_batch_sp{sp}", log_prob, self.log_prob_choices[sp]))
+        params: dict[str, Any] = {}
+        for name, value, valid in wanted:
+            if value not in valid:
+                return None
+            if len(valid) > 1:  # a knob with one value is set, not asked (see suggest)
+                params[name] = value
         memory = L.setting(base, L.GPU_MEMORY)
-        if not isinstance(memory, (int, float)) or not self.floors[params["rollout_tp"]] <= memory <= self.memory.high:
+        own_tp = L.setting(base, L.ROLLOUT_TP)
+        if not isinstance(memory, (int, float)) or own_tp not in self.floors \
+                or not self.floors[own_tp] <= memory <= self.memory.high:
             return None
         params["gpu_memory_utilization"] = float(memory)
-        prefetch = bool(L.setting(base, L.FORWARD_PREFETCH))
-        if prefetch not in c["forward_prefetch"]:
-            return None
-        params["forward_prefetch"] = prefetch
-        if params["use_dynamic_bsz"]:
-            limit = L.setting(base, L.MAX_TOKEN_LEN)
-            if limit not in self.token_lens.get(sp, []):
-                return None
-            params[f"ppo_max_token_len_per_gpu_sp{sp}"] = limit
         return params
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """The fewest, largest passes that fit: when host work per pass sets the pace (on one
+        H200 a 0.36B model's update took 128 passes of ~0.5 s, each ~30 ms of arithmetic),
+        a step shrinks with the number of passes, and memory is what bounds their size. From
+        the incumbent's layout and memory fraction: gradient checkpointing on, CUDA graphs on,
+        vLLM's batch as large as can matter, and the largest micro-batches (static), then the
+        largest token limits (dynamic batching), whose estimated peak stays within
+        ``FIT_HEADROOM`` of the usable memory (``spaces.memory``)."""
+        incumbent = self.incumbent_params(base)
+        if incumbent is None or n < 1:
+            return []
+        sp = L.ulysses_size(base)
+        common = {**incumbent}
+        for name, value in (("gradient_checkpointing", True), ("activation_offload", False),
+                            ("max_num_seqs", self.choices["max_num_seqs"][-1]), ("enforce_eager", False),
+                            ("free_cache_engine", True)):
+            if len(self.choices[name]) > 1 and value in self.choices[name]:
+                common[name] = value
+        for stale in [k for k in common if k.startswith(("micro_batch_sp", "log_prob_micro_batch_sp",
+                                                          "ppo_max_token_len_per_gpu_sp", "log_prob_token_factor"))]:
+            del common[stale]
+        points: list[dict[str, Any]] = []
+        variants: list[tuple[bool, list[tuple[str, list[Any]]]]] = [
+            (False, [(f"micro_batch_sp{sp}", self.micro_choices.get(sp, [])),
+                     (f"log_prob_micro_batch_sp{sp}", self.log_prob_choices.get(sp, []))]),
+            (True, [(f"ppo_max_token_len_per_gpu_sp{sp}", self.token_lens.get(sp, [])),
+                    ("log_prob_token_factor", self.choices["log_prob_token_factor"])]),
+        ]
+        for dynamic, knobs in variants:
+            if dynamic not in self.choices["use_dynamic_bsz"]:
+                continue
+            point = {**common}
+            if len(self.choices["use_dynamic_bsz"]) > 1:
+                point["use_dynamic_bsz"] = dynamic
+            sized = [(name, [v for v in values if v is not None]) for name, values in knobs]
+            if any(not values for _, values in sized):
+                continue
+            for name, values in sized:  # each at its smallest, then each grown as far as it fits
+                point[name] = values[0]
+            for name, values in sized:
+                for value in reversed(values):
+                    if self._fits({**point, name: value}, base):
+                        point[name] = value
+                        break
+            if self._fits(point, base) and point != incumbent and point not in points:
+                points.append(point)
+        return points[:n]
+
+    def _fits(self, params: dict[str, Any], base: Config) -> bool:
+        import optuna
+
+        try:
+            config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
+        except (KeyError, ValueError):
+            return False
+        found = M.estimate(self.model, self.hardware, config)
+        return found is None or found.peak_gb <= FIT_HEADROOM * M.usable_gb(self.hardware)
+
+    @staticmethod
+    def _uses_ref(base: Config) -> bool:
+        return bool(L.setting(base, L.USE_KL_LOSS) or L.setting(base, L.USE_KL_IN_REWARD))
 
     def explain(self) -> list[str]:
         return list(self.lines)
@@ -222,3 +412,13 @@ class SystemsSpace(Space):
     @property
     def speed_only(self) -> bool:
         return True
+
+
+def _union(by_ulysses: Mapping[int, list[Any]]) -> list[Any]:
+    values = {v for choices in by_ulysses.values() for v in choices}
+    return ([None] if None in values else []) + sorted(v for v in values if v is not None)
+
+
+def _pick(trial: "optuna.trial.BaseTrial", name: str, choices: list[Any]) -> Any:
+    """A categorical knob: asked of the sampler only when it has more than one valid value."""
+    return choices[0] if len(choices) == 1 else trial.suggest_categorical(name, choices)

@@ -274,7 +274,9 @@ def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
     space = build("systems")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
     layout = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 1, "use_dynamic_bsz": False,
-              "gradient_checkpointing": True, "activation_offload": False}
+              "gradient_checkpointing": True, "activation_offload": False, "micro_batch_sp1": None,
+              "log_prob_micro_batch_sp1": None, "max_num_seqs": 512, "enforce_eager": False,
+              "free_cache_engine": True}
     study.enqueue_trial({**layout, "gpu_memory_utilization": 0.5})
     trial = study.ask()
     assert space.suggest(trial, GRPO_BASE)[L.GPU_MEMORY] == 0.5

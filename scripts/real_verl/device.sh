@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# On the lent H200, from the repository root: the real-verl study, one phase after another.
+# On the lent H200, from the repository root: a real-verl study, one phase after another.
 # Idempotent; each device call runs some phases:  bash scripts/real_verl/device.sh PHASE...
+# The study: $VS_STUDY (default tiny-h200, studies/$VS_STUDY.yaml) on the workload that
+# make_tiny.py builds with --shape $VS_SHAPE (default tiny) under $VS_DATA (default /tmp/vs-tiny).
 #   parts         copy the carried parts (.realverl/cN/pNN) to $R/parts
 #   setup         join + check + unpack the site tree, build the tiny model/data, print versions
 #   start         GPU monitor, nvidia-smi snapshot, the study driver and the failure provocations
@@ -12,10 +14,13 @@
 #   side-wait:T   wait for it until T s into this call, then bring its evidence back ($OUT/side.tar.gz)
 #   oom:D         the memory-fraction provocation, D s from now (background)
 #   follow:S      follow the study for up to S s (returns early when the driver exits)
+#   follow-until:T  the same, until T s after this call began
+#   snapshot      the database, the runs' metrics and GPU samples, the logs' ends, to $OUT
 #   finish        status, report, export, real training from the export, evidence to $OUT
 set -uo pipefail
-REPO=$PWD; R=${VS_ROOT:-/tmp/vs}; EV=$R/evidence; STUDY=$R/study/tiny-h200.yaml
-DB=sqlite:///$R/study/tiny-h200.db
+REPO=$PWD; R=${VS_ROOT:-/tmp/vs}; EV=$R/evidence; NAME=${VS_STUDY:-tiny-h200}; STUDY=$R/study/$NAME.yaml
+DB=sqlite:///$R/study/$NAME.db; SHAPE=${VS_SHAPE:-tiny}; DATA=${VS_DATA:-/tmp/vs-tiny}
+STUDY_SRC=${VS_STUDY_SRC:-studies/$NAME.yaml}
 mkdir -p "$R/parts" "$EV" "$R/study"
 export PYTHONPATH=$R/site:$REPO PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 RAY_DISABLE_DOCKER_CPU_WARNING=1
@@ -46,8 +51,8 @@ keep_tails() {  # the last 400 kB of each big run log, under $R/logs (the whole 
 }
 running() { [ -f "$R/driver.pid" ] && kill -0 "$(cat "$R/driver.pid")" 2>/dev/null; }
 progress() {
-  local n; n=$(ls "$R"/study/runs/tiny-h200 2>/dev/null | wc -l)
-  echo "$(stamp) driver $(running && echo alive || echo gone); runs $n; steps: $(for f in "$R"/study/runs/tiny-h200/*/metrics.jsonl; do [ -f "$f" ] && printf '%s ' "$(wc -l < "$f")"; done)"
+  local n; n=$(ls "$R"/study/runs/$NAME 2>/dev/null | wc -l)
+  echo "$(stamp) driver $(running && echo alive || echo gone); runs $n; steps: $(for f in "$R"/study/runs/$NAME/*/metrics.jsonl; do [ -f "$f" ] && printf '%s ' "$(wc -l < "$f")"; done)"
 }
 
 for phase in "$@"; do
@@ -68,16 +73,16 @@ for phase in "$@"; do
     for w in .realverl/c*/extra/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" "$R/site"; done
     python3 -c "import torch, vllm, verl, ray, optuna, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'ray', ray.__version__, 'optuna', optuna.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1 | tee "$EV/versions.txt"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$EV/versions.txt"
-    [ -f /tmp/vs-tiny/model/config.json ] || python3 scripts/real_verl/make_tiny.py /tmp/vs-tiny | tail -3 ;;
+    [ -f "$DATA/model/config.json" ] || python3 scripts/real_verl/make_tiny.py "$DATA" --shape "$SHAPE" 2>&1 | tail -3 ;;
   start)
-    cp "${VS_STUDY_SRC:-studies/tiny-h200.yaml}" "$STUDY"
+    cp "$STUDY_SRC" "$STUDY"
     [ -f "$R/monitor.pid" ] || { setsid nohup python3 scripts/real_verl/gpu_monitor.py "$EV/gpu_monitor.jsonl" >"$R/monitor.log" 2>&1 < /dev/null & echo $! > "$R/monitor.pid"; }
     { stamp; smi; } > "$EV/nvidia-smi-before-study.txt"
     if [ ! -f "$R/driver.pid" ]; then
       date +%s > "$R/driver.started"
       setsid nohup python3 -c "$VS_PY" run "$STUDY" > "$R/driver1.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
       cp "$R/driver.pid" "$R/driver1.pid"
-      setsid nohup python3 scripts/real_verl/provoke.py "$STUDY" "$R/provoke-runs" "$EV/provoke.json" > "$EV/provoke.log" 2>&1 < /dev/null &
+      [ "${VS_PROVOKE:-1}" = 1 ] && setsid nohup python3 scripts/real_verl/provoke.py "$STUDY" "$R/provoke-runs" "$EV/provoke.json" > "$EV/provoke.log" 2>&1 < /dev/null &
     fi
     sleep 5; progress ;;
   killresume:*)
@@ -85,11 +90,11 @@ for phase in "$@"; do
     wait_s=${phase#killresume:}; start=$(cat "$R/driver.started")
     while [ $(( $(date +%s) - start )) -lt "$wait_s" ]; do sleep 2; done
     { echo "# $(stamp) before SIGKILL of the driver (pid $(cat "$R/driver.pid"))"; marked; } > "$EV/killresume.txt"
-    vs status tiny-h200 --storage "$DB" >> "$EV/killresume.txt" 2>&1
+    vs status "$NAME" --storage "$DB" >> "$EV/killresume.txt" 2>&1
     kill -9 "$(cat "$R/driver.pid")"; sleep 3
     { echo "# $(stamp) after SIGKILL: the dead driver's probes run on"; marked; } >> "$EV/killresume.txt"
     date +%s > "$R/resume.started"
-    setsid nohup python3 -c "$VS_PY" resume tiny-h200 --storage "$DB" > "$R/driver2.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
+    setsid nohup python3 -c "$VS_PY" resume "$NAME" --storage "$DB" > "$R/driver2.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
     cp "$R/driver.pid" "$R/driver2.pid"
     sleep 25
     { echo "# $(stamp) 25 s into resume"; marked; head -30 "$R/driver2.log"; } >> "$EV/killresume.txt"
@@ -98,12 +103,13 @@ for phase in "$@"; do
     [ -f "$R/monitor.pid" ] || { setsid nohup python3 scripts/real_verl/gpu_monitor.py "$EV/gpu_monitor.jsonl" >"$R/monitor.log" 2>&1 < /dev/null & echo $! > "$R/monitor.pid"; } ;;
   resume)
     [ -f "$R/driver.pid" ] && { echo "driver started already"; continue; }
-    cp "${VS_STUDY_SRC:-studies/tiny-h200.yaml}" "$STUDY"
-    [ -f "$R/study/tiny-h200.db" ] || cp "${RESUME_DB:-docs/device-runs/2026-12-01-h200/tiny-h200.db}" "$R/study/tiny-h200.db"
+    cp "$STUDY_SRC" "$STUDY"
+    [ -f "$R/study/$NAME.db" ] || cp "${RESUME_DB:-docs/device-runs/2026-12-01-h200/tiny-h200.db}" "$R/study/$NAME.db"
+    [ -f "$R/monitor.pid" ] || { setsid nohup python3 scripts/real_verl/gpu_monitor.py "$EV/gpu_monitor.jsonl" >"$R/monitor.log" 2>&1 < /dev/null & echo $! > "$R/monitor.pid"; }
     { stamp; smi; } > "$EV/nvidia-smi-before-resume.txt"
-    vs status tiny-h200 --storage "$DB" > "$EV/status-before-resume.txt" 2>&1
+    vs status "$NAME" --storage "$DB" > "$EV/status-before-resume.txt" 2>&1
     date +%s > "$R/driver.started"
-    setsid nohup python3 -c "$VS_PY" resume tiny-h200 --storage "$DB" > "$R/driver-resume.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
+    setsid nohup python3 -c "$VS_PY" resume "$NAME" --storage "$DB" > "$R/driver-resume.log" 2>&1 < /dev/null & echo $! > "$R/driver.pid"
     sleep 5; head -12 "$R/driver-resume.log"; progress ;;
   side)
     [ -f "$R/side.pid" ] || { setsid nohup python3 scripts/real_verl/prune_sigterm.py "${VS_STUDY_SRC:-studies/tiny-h200.yaml}" "$R/side" "$EV/side" > "$R/side.log" 2>&1 < /dev/null & echo $! > "$R/side.pid"; } ;;
@@ -119,6 +125,17 @@ for phase in "$@"; do
     tar -C "$R" -czf "$OUT/side.tar.gz" --exclude='std*.log' evidence side/runs $( [ -d "$R/logs" ] && echo logs ) ;;
   oom:*)
     [ -f "$R/oom.pid" ] || { PROVOKE_DELAY_S=${phase#oom:} setsid nohup python3 scripts/real_verl/provoke.py "$STUDY" "$R/provoke-runs" "$EV/provoke-oom.json" oom_memory_fraction > "$EV/provoke-oom.log" 2>&1 < /dev/null & echo $! > "$R/oom.pid"; } ;;
+  follow-until:*)  # follow the study until T s after this call began (returns early when the driver exits)
+    end=${phase#follow-until:}
+    while [ $SECONDS -lt $end ] && running; do sleep 20; progress; done
+    progress; grep -v '^    |' "$R"/driver*.log | tail -8 | cut -c1-400 ;;
+  snapshot)  # what a lost machine would take with it: the database, the runs' metrics, the logs' ends
+    python3 -c "import sqlite3, sys; s = sqlite3.connect(sys.argv[1]); d = sqlite3.connect(sys.argv[2]); s.backup(d)" \
+      "$R/study/$NAME.db" "$EV/$NAME.db" 2>&1 | tail -2
+    keep_tails "$R"/study/runs/*/*/std*.log
+    cp "$R"/driver*.log "$EV/" 2>/dev/null
+    (cd "$R" && tar -czf "$OUT/snapshot.tar.gz" --exclude='std*.log' evidence study/runs $( [ -d "$R/logs" ] && echo logs ))
+    ls -la "$OUT" ;;
   follow:*)
     end=$(( SECONDS + ${phase#follow:} ))
     while [ $SECONDS -lt $end ] && running; do sleep 20; progress; done
@@ -133,22 +150,23 @@ for phase in "$@"; do
     [ -d "$R/side" ] && { cp "$R/side"/*.db "$R/side"/*.yaml "$R/side/driver.log" "$EV/side/" 2>/dev/null; \
       vs status tiny-h200-prune --storage "sqlite:///$R/side/tiny-h200-prune.db" > "$EV/side/status.txt" 2>&1; }
     { stamp; smi; echo; marked; } > "$EV/after-study.txt"
-    vs status tiny-h200 --storage "$DB" > "$EV/status.txt" 2>&1; cat "$EV/status.txt"
-    vs status tiny-h200 --storage "$DB" --json > "$EV/status.json" 2>&1
-    vs report tiny-h200 --storage "$DB" -o "$EV/report.html" > "$EV/report.log" 2>&1
-    vs export tiny-h200 --storage "$DB" -o "$EV/best.yaml" 2>&1 | tail -2
-    # SIGTERM: the driver's own stop path (cancel every probe), as a Ctrl-C would
-    running && { kill "$(cat "$R/driver.pid")"; for _ in $(seq 30); do running || break; sleep 1; done; }
+    # SIGTERM first: the driver's own stop path (cancel every probe, queue their trials
+    # again), as a Ctrl-C would; the study resumes from this database in the next lease
+    running && { kill "$(cat "$R/driver.pid")"; for _ in $(seq 40); do running || break; sleep 1; done; }
+    vs status "$NAME" --storage "$DB" > "$EV/status.txt" 2>&1; cat "$EV/status.txt" | head -60
+    vs status "$NAME" --storage "$DB" --json > "$EV/status.json" 2>&1
+    vs report "$NAME" --storage "$DB" -o "$EV/report.html" > "$EV/report.log" 2>&1
+    vs export "$NAME" --storage "$DB" -o "$EV/best.yaml" 2>&1 | tail -2
     { stamp; smi; echo; marked; } > "$EV/after-sigterm.txt"
     { stamp; smi; } > "$EV/nvidia-smi-before-train.txt"
-    VERL_FILE_LOGGER_PATH=$EV/train_from_export.metrics.jsonl timeout 420 python3 -m verl.trainer.main_ppo \
+    [ "${TRAIN_STEPS:-3}" -gt 0 ] && VERL_FILE_LOGGER_PATH=$EV/train_from_export.metrics.jsonl timeout 420 python3 -m verl.trainer.main_ppo \
       --config-path "$EV" --config-name best trainer.total_training_steps=${TRAIN_STEPS:-3} \
       'trainer.logger=[console,file]' trainer.val_before_train=false trainer.save_freq=-1 trainer.resume_mode=disable \
       trainer.default_local_dir=$R/ckpt hydra.run.dir=$R/train_hydra > "$EV/train_from_export.log" 2>&1
     echo "train exit $?; steps $(wc -l < "$EV/train_from_export.metrics.jsonl" 2>/dev/null)"
     { stamp; smi; echo; marked; } > "$EV/after-train.txt"
     cp "$R"/driver*.log "$EV/" 2>/dev/null
-    cp "$R/study/tiny-h200.db" "$EV/"
+    cp "$R/study/$NAME.db" "$EV/"
     gzip -f "$EV/train_from_export.log"
     # runs: everything but the big logs, whose ends are kept
     (cd "$R" && tar -czf "$OUT/runs.tar.gz" --exclude='std*.log' study/runs provoke-runs side/runs)

@@ -1,0 +1,178 @@
+"""The memory pre-flight: a config's peak GPU memory per GPU, estimated before launch.
+
+On a real node a probe that runs out of memory costs minutes of start-up; so does one that
+never could have fit. ``estimate`` adds up, per GPU and per phase of a colocated verl step
+(FSDP actor + vLLM on the same GPUs), what each part holds:
+
+- rollout: vLLM's share (``gpu_memory_utilization`` × the GPU, weights and KV cache inside it)
+  beside the actor's resident states (fp32 parameters and Adam moments, sharded over the
+  data-parallel ranks, unless offloaded) and the reference model's bf16 weights;
+- update: the actor's parameters, gradients and Adam moments (16 bytes a parameter ÷ DP),
+  one micro-batch's activations (all of them, or with gradient checkpointing each layer's
+  input plus one layer's working set) and its logits; vLLM's share stays unless
+  ``free_cache_engine`` lets it sleep;
+- the log-prob passes: forward only, one layer's working set and the logits;
+- each process's CUDA context (the trainer's and vLLM's).
+
+The peak is the larger phase. Its terms carry their arithmetic (``lines``) so ``validate``
+can show why a config cannot fit. FSDP only: other engines get no estimate (None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from spaces import limits as L
+from spaces.facts import HardwareFacts, ModelFacts
+
+GB = 1024**3
+#: a CUDA context and the allocator's slack, per process on a GPU (the trainer's and vLLM's)
+CONTEXT_GB = 0.75
+#: what a sleeping vLLM engine keeps (its CUDA graphs' pool and context), ``free_cache_engine``
+SLEEPING_VLLM_GB = 1.0
+#: bytes a parameter the FSDP actor holds: fp32 parameters (verl loads the trained model in
+#: fp32), fp32 gradients, Adam's two fp32 moments
+PARAM_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8
+#: the share of the GPU a config may plan to use: the method's guard keeps 5 GB free on an
+#: 80 GB GPU (docs/method.md §1)
+USABLE_FRACTION = 0.94
+
+PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
+OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+ROLLOUT_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+ROLLOUT_LOG_PROB_DYNAMIC = "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"
+ROLLOUT_LOG_PROB_TOKENS = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+FREE_CACHE_ENGINE = "actor_rollout_ref.rollout.free_cache_engine"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated GB per GPU: the peak, each phase, and the arithmetic behind them."""
+
+    peak_gb: float
+    rollout_gb: float
+    update_gb: float
+    log_prob_gb: float
+    lines: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+
+
+def _shape(model: ModelFacts) -> _Shape:
+    """The model's sizes, from its config.json where the study read one; a shape the facts
+    leave out is inferred from the parameter count (a dense decoder: 12 h² a layer)."""
+    hidden = int(model.hidden_size or 0)
+    intermediate = int(getattr(model, "intermediate_size", None) or 4 * hidden)
+    vocab = int(getattr(model, "vocab_size", None) or 128_000)
+    layers = getattr(model, "num_hidden_layers", None)
+    if not layers:
+        per_layer = 4 * hidden * hidden + 3 * hidden * intermediate
+        layers = max(1, round((model.n_params_b * 1e9 - vocab * hidden) / per_layer))
+    return _Shape(int(layers), hidden, intermediate, vocab)
+
+
+def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = config.get(key, L.VERL_DEFAULTS.get(key, default))
+    return bool(value)
+
+
+def _int(config: Mapping[str, Any], key: str, default: int) -> int:
+    value = config.get(key, L.VERL_DEFAULTS.get(key))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def estimate(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any]) -> MemoryEstimate | None:
+    """Peak GPU memory per GPU of ``config`` (flat verl overrides), or None for an engine this
+    model does not cover (Megatron and others: not FSDP)."""
+    strategy = L.setting(config, L.STRATEGY)
+    if strategy not in ("fsdp", "fsdp2") or config.get("model_engine", "fsdp") not in ("fsdp", None):
+        return None
+    s = _shape(model)
+    params = model.n_params_b * 1e9
+    sp = L.ulysses_size(config)
+    dp = max(1, hardware.n_gpus // sp)
+    seq = model.max_seq_len
+    fraction = float(L.setting(config, L.GPU_MEMORY))
+    vllm_gb = fraction * hardware.gpu_memory_gb
+    param_offload = _flag(config, PARAM_OFFLOAD, False)
+    optimizer_offload = _flag(config, OPTIMIZER_OFFLOAD, False)
+    uses_ref = bool(L.setting(config, L.USE_KL_LOSS) or L.setting(config, L.USE_KL_IN_REWARD))
+    ref_gb = 2 * params / dp / GB if uses_ref else 0.0
+    states_gb = (PARAM_BYTES + GRAD_BYTES + ADAM_BYTES) * params / dp / GB
+    resident_gb = ((0 if param_offload else PARAM_BYTES) + (0 if optimizer_offload else ADAM_BYTES)) * params / dp / GB
+    contexts_gb = 2 * CONTEXT_GB
+    lines = [f"model: {s.layers} layers, hidden {s.hidden}, intermediate {s.intermediate}, vocab {s.vocab:,}; "
+             f"{model.n_params_b:g}B parameters over DP {dp} ({hardware.n_gpus} GPUs ÷ ulysses {sp})"]
+
+    rollout_gb = vllm_gb + resident_gb + ref_gb + contexts_gb
+    lines.append(f"rollout = vLLM {fraction:g} × {hardware.gpu_memory_gb:g} GB ({vllm_gb:.1f}) + actor resident "
+                 f"{resident_gb:.1f} (fp32 params{' offloaded' if param_offload else ''}, Adam"
+                 f"{' offloaded' if optimizer_offload else ''}) + ref {ref_gb:.1f} + contexts {contexts_gb:.1f} "
+                 f"= {rollout_gb:.1f} GB")
+
+    # One micro-batch of the update: its tokens, and what each token keeps for the backward.
+    if L.setting(config, L.USE_DYNAMIC_BSZ):
+        tokens = _int(config, L.MAX_TOKEN_LEN, 16384)
+        how = f"dynamic batching, {tokens:,} tokens"
+    else:
+        micro = _int(config, L.MICRO_BATCH, 1)
+        tokens = micro * seq  # padded to the longest prompt + response without padding removal
+        how = f"micro-batch {micro} × {seq} tokens"
+    tokens = math.ceil(tokens / sp)  # Ulysses splits each sequence over its ranks
+    layer_bytes = 2 * (6 * s.hidden + 4 * s.intermediate)  # bf16 tensors a token keeps in one layer
+    checkpointing = bool(L.setting(config, L.GRADIENT_CHECKPOINTING))
+    offload = bool(L.setting(config, L.ACTIVATION_OFFLOAD))
+    if checkpointing:
+        kept = 0 if offload else tokens * s.layers * 2 * s.hidden  # each layer's input
+        activations_gb = (kept + tokens * layer_bytes) / GB
+        act_how = f"checkpointing{' + offload' if offload else ''}: inputs {kept / GB:.1f} + one layer"
+    else:
+        activations_gb = tokens * s.layers * layer_bytes / GB
+        act_how = "all layers"
+    logits_gb = tokens * s.vocab * (2 + 4 + 4) / GB  # bf16 logits, fp32 log-softmax and its gradient
+    vllm_in_update = SLEEPING_VLLM_GB if _flag(config, FREE_CACHE_ENGINE, True) else vllm_gb
+    update_gb = states_gb + ref_gb + activations_gb + logits_gb + vllm_in_update + contexts_gb
+    lines.append(f"update = actor states {states_gb:.1f} (16 B/param) + ref {ref_gb:.1f} + activations "
+                 f"{activations_gb:.1f} ({how}, {act_how}) + logits {logits_gb:.1f} + vLLM "
+                 f"{'asleep' if vllm_in_update == SLEEPING_VLLM_GB else 'awake'} {vllm_in_update:.1f} + contexts "
+                 f"{contexts_gb:.1f} = {update_gb:.1f} GB")
+
+    if _flag(config, ROLLOUT_LOG_PROB_DYNAMIC, bool(L.setting(config, L.USE_DYNAMIC_BSZ))):
+        lp_tokens = _int(config, ROLLOUT_LOG_PROB_TOKENS, _int(config, L.MAX_TOKEN_LEN, 16384))
+    else:
+        lp_tokens = _int(config, ROLLOUT_LOG_PROB_MICRO, 1) * seq
+    lp_tokens = math.ceil(lp_tokens / sp)
+    lp_work_gb = lp_tokens * (layer_bytes + s.vocab * (2 + 4)) / GB
+    log_prob_gb = (PARAM_BYTES * params / dp / GB + ref_gb + lp_work_gb + vllm_in_update + contexts_gb
+                   + (0 if optimizer_offload else ADAM_BYTES * params / dp / GB))
+    lines.append(f"log-prob = actor params + Adam {log_prob_gb - ref_gb - lp_work_gb - vllm_in_update - contexts_gb:.1f} "
+                 f"+ ref {ref_gb:.1f} + one pass ({lp_tokens:,} tokens) {lp_work_gb:.1f} + vLLM {vllm_in_update:.1f} "
+                 f"+ contexts {contexts_gb:.1f} = {log_prob_gb:.1f} GB")
+    peak = max(rollout_gb, update_gb, log_prob_gb)
+    lines.append(f"peak = max({rollout_gb:.1f}, {update_gb:.1f}, {log_prob_gb:.1f}) = {peak:.1f} GB per GPU")
+    return MemoryEstimate(round(peak, 2), round(rollout_gb, 2), round(update_gb, 2), round(log_prob_gb, 2),
+                          tuple(lines))
+
+
+def usable_gb(hardware: HardwareFacts) -> float:
+    return USABLE_FRACTION * hardware.gpu_memory_gb
+
+
+def fit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any]) -> str | None:
+    """Why ``config`` cannot fit its GPUs by the estimate (one line with the arithmetic), or None."""
+    found = estimate(model, hardware, config)
+    if found is None or found.peak_gb <= usable_gb(hardware):
+        return None
+    phase = max((("rollout", found.rollout_gb), ("update", found.update_gb), ("log-prob", found.log_prob_gb)),
+                key=lambda p: p[1])[0]
+    detail = next(line for line in found.lines if line.startswith(phase))
+    return (f"estimated peak GPU memory {found.peak_gb:.1f} GB per GPU must fit {USABLE_FRACTION:g} × "
+            f"{hardware.gpu_memory_gb:g} GB = {usable_gb(hardware):.1f} GB, but the {detail}")
