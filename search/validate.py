@@ -119,10 +119,12 @@ REAL_GPU_LAUNCHERS = ("local", "ray")
 
 
 def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str]:
-    """The memory pre-flight of the baseline: its estimate goes to the report lines; on real
-    GPUs a baseline whose estimated peak cannot fit is refused with the arithmetic (on a
-    simulator, only shown)."""
-    from spaces.memory import estimate, fit_problem
+    """The memory pre-flight of the baseline: its estimate goes to the report lines. On real
+    GPUs a baseline whose bf16 weights alone cannot fit in vLLM's share is refused with the
+    arithmetic; a baseline the estimate puts over the GPU otherwise is a warning (it is the
+    user's own run, and verl's own examples run where the estimate says they cannot: LoRA,
+    offload and MoE are beyond it), and the stages' configs may then reach its peak."""
+    from spaces.memory import baseline_allowance, estimate, fit_problem
 
     found = estimate(spec.model, spec.hardware, base)
     if found is None:
@@ -131,6 +133,10 @@ def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str
     lines += [f"  {line}" for line in found.lines]
     problem = fit_problem(spec.model, spec.hardware, base)
     if problem is None or spec.launcher.kind not in REAL_GPU_LAUNCHERS:
+        return []
+    if baseline_allowance(spec.model, spec.hardware, base):
+        lines.append(f"warning: baseline: {problem} (an estimate, over the user's own run: configs up to its peak are "
+                     "not refused before launch)")
         return []
     return [f"baseline: {problem}. Lower the memory fraction or the micro-batch, switch gradient checkpointing "
             "or offload on, or declare larger GPUs."]

@@ -268,9 +268,10 @@ class SystemsSpace(Space):
                 log_prob = _pick(trial, f"log_prob_micro_batch_sp{sp}", self.log_prob_choices[sp])
                 if log_prob is not None:
                     config[ROLLOUT_LOG_PROB_MICRO] = config[REF_LOG_PROB_MICRO] = log_prob
-            # what verl needs under static batching and the base leaves unset (a base that
-            # batched dynamically has no micro-batches): verl refuses a config without them
-            config.update(static_batching_fill({**base, **config}, self.hardware, algorithm=self.algorithm))
+            if L.setting(base, L.USE_DYNAMIC_BSZ):
+                # the base batched dynamically and set no micro-batches, which verl needs once
+                # batching is static (its validate_config refuses the config without them)
+                config.update(static_batching_fill({**base, **config}, self.hardware, algorithm=self.algorithm))
         config[L.GRADIENT_CHECKPOINTING] = _pick(trial, "gradient_checkpointing", c["gradient_checkpointing"])
         config[L.ACTIVATION_OFFLOAD] = _pick(trial, "activation_offload", c["activation_offload"])
         config[MAX_NUM_SEQS] = _pick(trial, "max_num_seqs", c["max_num_seqs"])

@@ -182,3 +182,46 @@ def test_valid_mini_batches_lists_exactly_the_valid_values() -> None:
     values = L.valid_mini_batches({L.ROLLOUT_N: 1}, H8x80, low=384, high=640).value
     assert values == list(range(384, 641, 8))
     assert L.valid_mini_batches({L.TRAIN_BATCH: 500}, H8x80, low=384, high=640).value == list(range(384, 501, 8))
+
+
+QWEN3_8B = ModelFacts(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=36,
+                      head_dim=128, n_params_b=8.19, max_prompt_length=1024, max_response_length=2048)
+QWEN3_30B_A3B = ModelFacts(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, num_hidden_layers=48,
+                           head_dim=128, n_params_b=30.53, expert_params_b=28.99, max_prompt_length=1024,
+                           max_response_length=2048)
+
+
+def test_the_token_budget_charges_the_real_kv_cache() -> None:
+    """36 layers × 2 × 8 KV heads × 128 × 2 B = 147,456 B a token for Qwen3-8B; the method's
+    hidden ÷ 8 KiB rule charged 524,288 (3.6×)."""
+    assert QWEN3_8B.kv_bytes_per_token() == 147_456
+    assert L.bytes_per_token(M7) == 524_288 and round(524_288 / 147_456, 1) == 3.6
+    budget = L.token_budget(QWEN3_8B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 2})
+    assert budget.memory_cap == int((80 * 0.6 - 8.19) * 1024**3 / 147_456)
+    assert "KV 147,456 B a token (36 layers × 2 × 8 KV heads × 128 × 2 B)" in budget.lines[0]
+
+
+def test_moe_experts_are_split_over_rollout_tp_and_dp() -> None:
+    """Qwen3-30B-A3B at rollout TP 1 on 80 GB: 61 GB of weights on one GPU leave no pool at 0.6
+    (the old bound: 0); with DP 8 (EP = TP × DP) the experts are spread over 8 GPUs."""
+    one = L.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1})
+    spread = L.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1, L.ROLLOUT_DP: 8,
+                                                   "actor_rollout_ref.rollout.expert_parallel_size": 8})
+    assert one.memory_cap == 0 and spread.memory_cap > 200_000
+    assert "experts 28.99B × 2 bytes ÷ TP·DP 8" in spread.lines[1]
+    assert L.check_config({**OK_GRPO, L.ROLLOUT_TP: 1, L.ROLLOUT_DP: 8, "actor_rollout_ref.rollout.expert_parallel_size": 4},
+                          model=QWEN3_30B_A3B, hardware=H8x80, algorithm=GRPO) == [
+        "actor_rollout_ref.rollout.expert_parallel_size=4: rollout expert parallelism must equal rollout TP × DP "
+        "(1 × 8 = 8) in verl 0.9.1"]
+
+
+def test_each_rollout_tp_keeps_its_own_memory_floor() -> None:
+    """The floor of the worst TP is not every layout's: TP 1 needs a larger fraction than TP 8
+    to hold 32B's weights and the budget, and each layout is offered from its own floor."""
+    from spaces import bounds as B
+    from spaces.systems import rollout_memory_floors
+
+    floors = rollout_memory_floors(M32, H8x80, {**OK_GRPO, L.TOKEN_BUDGET: 60_000, L.ROLLOUT_TP: 8, L.GPU_MEMORY: 0.9},
+                                   B.GPU_MEMORY_UTILIZATION)
+    assert floors[8] < floors[4] < floors[2] and 1 not in floors  # 64 GB of weights on one GPU: no fraction holds it
+    assert floors == {2: 0.86, 4: 0.66, 8: 0.56}  # (60,000 × 640 KiB + 32B × 2 B ÷ TP) ÷ 80 GB, rounded up

@@ -373,3 +373,17 @@ def test_systems_after_the_token_stage_raises_the_memory_floor() -> None:
     untuned = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO,
                           base=merge(GRPO_BASE, {L.MICRO_BATCH: 8}), options={})
     assert untuned.memory.low == 0.3 and min(untuned.floors.values()) == 0.3
+
+
+def test_the_systems_stage_gives_static_batching_the_micro_batches_verl_needs() -> None:
+    """A base that batches dynamically sets no micro-batch; verl refuses static batching
+    without one (its validate_config): the stage sets them where it turns dynamic batching off."""
+    base = merge(GRPO_BASE, {L.USE_DYNAMIC_BSZ: True, L.MAX_TOKEN_LEN: 8192, L.USE_KL_LOSS: True})
+    base = {k: v for k, v in base.items() if "micro_batch" not in k}
+    space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    static = [c for c in sample(space, base, n=40, seed=4) if not c[L.USE_DYNAMIC_BSZ]]
+    assert static
+    for config in static:
+        for key in (L.MICRO_BATCH, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+            assert isinstance(config.get(key), int), (key, config)

@@ -203,3 +203,30 @@ def test_templates_compose_and_validate(
         config[CRITIC_MICRO] = 4
     assert L.check_config(config, model=model, hardware=hardware, algorithm=algorithm) == []
     assert v.validate(config) == [], config
+
+
+@needs_verl
+def test_plus_keys_behave_as_in_verl(validator: tuple[VerlValidator, str]) -> None:
+    """Hydra 1.3.8's own rules, as verl's launcher applies them: `+key` adds a key; on a key verl
+    leaves null it sets it; a mapping merges into verl's node; on a key with a value it is an
+    error (one line, saying to drop the +), never Hydra's advice."""
+    v, model_dir = validator
+    base = grpo_base(model_dir)
+    assert v.validate(merge(base, {"+actor_rollout_ref.rollout.engine_kwargs.vllm.attention_backend": "FLASH_ATTN"})) == []
+    assert v.validate(merge(base, {"+ray_kwargs.ray_init.num_cpus": 16})) == []  # null in verl: set
+    assert v.validate(merge(base, {"+actor_rollout_ref.rollout.engine_kwargs.sglang": {"attention_backend": "fa3",
+                                                                                        "mem_fraction": 0.5}})) == []
+    [problem] = v.validate(merge(base, {"+actor_rollout_ref.actor.optim.lr": 2e-6}))
+    assert problem.startswith("+actor_rollout_ref.actor.optim.lr: the + adds a key, but verl already has") and "To append" not in problem
+
+
+@needs_verl
+def test_a_hugging_face_id_is_never_looked_up_on_the_network(validator: tuple[VerlValidator, str]) -> None:
+    """verl's critic check reads the critic model's config and tokenizer; an id that is no
+    local directory is checked against a local stand-in, offline, with the config's own sizes."""
+    v, model_dir = validator
+    config = merge(ppo_base(model_dir), {"critic.model.path": "Some-Org/Not-Here-7B",
+                                         "actor_rollout_ref.model.path": "Some-Org/Not-Here-7B"})
+    assert v.validate(config) == []
+    [problem] = v.validate(merge(config, {"critic.ppo_micro_batch_size_per_gpu": None}))
+    assert "critic" in problem and "micro_batch" in problem  # the critic's own check still runs
