@@ -179,7 +179,7 @@ def _pruner_for(steps: int) -> dict[str, Any] | None:
 
 
 def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | None = None,
-                model_config: Path | None = None, source: str = "") -> InitResult:
+                model_config: Path | None = None) -> InitResult:
     """The study data for ``command``; raises BadInputError (one line) when a fact is missing."""
     from objectives.score import MIN_SCORED_STEPS, MIN_SPEED_STEPS
     from search.run_length import fit_probes, run_length

@@ -85,6 +85,3 @@ def plan_lines(spec: StudySpec, base: Config, speed_only: dict[str, bool]) -> li
                  "pruning stops many probes early, and the systems stage measures the real speed)")
     return lines
 
-
-def explain_speed_only(spaces: dict[str, Any]) -> dict[str, bool]:
-    return {name: bool(getattr(space, "speed_only", False)) for name, space in spaces.items()}

@@ -85,7 +85,7 @@ STUDY_CASES: list[tuple[str, Change, str]] = [
     ("override key with =", lambda d: d["baseline"].update({"a=b": 1}), r"override key must be a dotted config path"),
     ("override value newline", lambda d: d["baseline"].update({"trainer.project_name": "a\nb"}), r"string override must be one short line"),
     ("override value mapping where verl has a number", lambda d: d["baseline"].update({"actor_rollout_ref.actor.optim.lr": {"a": 1}}), r"optim\.lr=\{'a': 1\}: must be a number"),
-    ("override mapping with a bad key", lambda d: d["baseline"].update({"+actor_rollout_ref.rollout.engine_kwargs.vllm": {"a b": 1}}), r"a mapping's keys must be names"),
+    ("override mapping with a bad key", lambda d: d["baseline"].update({"+actor_rollout_ref.rollout.engine_kwargs.vllm": {"a$b": 1}}), r"a mapping's keys must be names"),
     ("override value NaN", lambda d: d["baseline"].update({"actor_rollout_ref.actor.optim.lr": float("nan")}), r"override value must be finite"),
     ("unknown space", _set("stages/0/space", "warp"), r"space must be one of"),
     ("lam on grpo", _set("stages/0/space", "lam"), r"λ|lam"),
@@ -293,7 +293,7 @@ def test_validate_unsafe_study_one_line_per_problem(tmp_path: Path) -> None:
     spans the safe range and the baseline); what the stages would do wrong is an error each."""
     data = demo_data()
     data["baseline"]["actor_rollout_ref.actor.optim.lr"] = 1e-4          # baseline outside the safe range
-    data["baseline"]["actor_rollout_ref.rollout.max_num_batched_tokens"] = 500_000  # above the memory bound
+    data["baseline"]["actor_rollout_ref.rollout.max_num_batched_tokens"] = 5_000_000  # above the memory bound
     data["stages"] = [
         {"name": "kl", "space": "kl", "params": {"high": 0.05}, "budget": {"max_trials": 3}},  # widened, no unsafe
         {"name": "lam", "space": "lam", "budget": {"max_trials": 3}},                          # λ on GRPO
@@ -308,7 +308,7 @@ def test_validate_unsafe_study_one_line_per_problem(tmp_path: Path) -> None:
     warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
     assert any(re.search(r"optim\.lr=0\.0001 lies outside the safe bound .*the search spans the safe range and the "
                          r"baseline, \[5e-07, 0\.0001\]", line) for line in warnings), warnings
-    assert any(re.search(r"max_num_batched_tokens=500,000 is above the memory bound", line) for line in warnings), warnings
+    assert any(re.search(r"max_num_batched_tokens=5,000,000 is above the memory bound", line) for line in warnings), warnings
     assert not list(tmp_path.glob("*.db"))
 
 
