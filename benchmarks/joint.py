@@ -28,6 +28,7 @@ from spaces import limits as L
 from spaces.base import Space
 from spaces.facts import Algorithm
 from spaces.overrides import Config
+from spaces import systems as S
 from spaces.stages import KLSpace, LamSpace, LRSpace, MiniBatchSpace, SystemsSpace, TokenBudgetSpace
 
 if TYPE_CHECKING:
@@ -86,7 +87,9 @@ class FairJointSpace(Space):
         if self.systems is not None:
             c = self.systems.choices
             for name in ("rollout_tp", "strategy", "forward_prefetch", "ulysses", "use_dynamic_bsz",
-                         "ppo_max_token_len_per_gpu", "gradient_checkpointing", "activation_offload"):  # fmt: skip
+                         "ppo_max_token_len_per_gpu", "gradient_checkpointing", "activation_offload", "micro_batch",
+                         "log_prob_micro_batch", "log_prob_token_factor", "max_num_seqs", "enforce_eager",
+                         "free_cache_engine"):  # fmt: skip
                 params.append(Param(name, "cat", choices=tuple(c[name])))
             params.append(Param("gpu_memory_utilization", "float", self.systems.memory.low, self.systems.memory.high))
         # Valid mini-batch sizes depend on the Ulysses size (the data-parallel ranks): the
@@ -142,6 +145,24 @@ class FairJointSpace(Space):
                 valid = self.systems.token_lens[sp]
                 asked = int(v["ppo_max_token_len_per_gpu"])
                 config[L.MAX_TOKEN_LEN] = min((t for t in valid if t >= asked), default=valid[-1])
+                for key in (S.ROLLOUT_LOG_PROB_DYNAMIC, S.REF_LOG_PROB_DYNAMIC):
+                    config[key] = True
+                for key in (S.ROLLOUT_LOG_PROB_TOKENS, S.REF_LOG_PROB_TOKENS):
+                    config[key] = config[L.MAX_TOKEN_LEN] * int(v["log_prob_token_factor"])
+            else:
+                # Static batching: the micro-batches valid for this Ulysses size nearest to the
+                # ones asked (None: the baseline's own, unset), as the systems stage asks them.
+                for key in (S.ROLLOUT_LOG_PROB_DYNAMIC, S.REF_LOG_PROB_DYNAMIC):
+                    config[key] = False
+                micro = _nearest(self.systems.micro_choices.get(sp, []), v["micro_batch"])
+                if micro is not None:
+                    config[L.MICRO_BATCH] = micro
+                log_prob = _nearest(self.systems.log_prob_choices.get(sp, []), v["log_prob_micro_batch"])
+                if log_prob is not None:
+                    config[S.ROLLOUT_LOG_PROB_MICRO] = config[S.REF_LOG_PROB_MICRO] = log_prob
+            config[S.MAX_NUM_SEQS] = int(v["max_num_seqs"])
+            config[S.ENFORCE_EAGER] = bool(v["enforce_eager"])
+            config[S.FREE_CACHE_ENGINE] = bool(v["free_cache_engine"])
             config[L.GRADIENT_CHECKPOINTING] = bool(v["gradient_checkpointing"])
             config[L.ACTIVATION_OFFLOAD] = bool(v["activation_offload"])
             config[L.GPU_MEMORY] = float(v["gpu_memory_utilization"])
@@ -176,7 +197,18 @@ class FairJointSpace(Space):
                 gradient_checkpointing=bool(g(L.GRADIENT_CHECKPOINTING)),
                 activation_offload=bool(g(L.ACTIVATION_OFFLOAD)),
                 gpu_memory_utilization=g(L.GPU_MEMORY),
+                micro_batch=None if dynamic else g(L.MICRO_BATCH),
+                log_prob_micro_batch=None if dynamic else S.effective(dict(config), S.ROLLOUT_LOG_PROB_MICRO),
+                max_num_seqs=S.effective(dict(config), S.MAX_NUM_SEQS),
+                enforce_eager=bool(S.effective(dict(config), S.ENFORCE_EAGER)),
+                free_cache_engine=bool(S.effective(dict(config), S.FREE_CACHE_ENGINE)),
             )  # fmt: skip
+            limit, log_prob_limit = g(L.MAX_TOKEN_LEN), S.effective(dict(config), S.ROLLOUT_LOG_PROB_TOKENS)
+            factor = log_prob_limit // limit if dynamic and isinstance(limit, int) and isinstance(log_prob_limit, int) else None
+            values["log_prob_token_factor"] = factor if factor else self.by_name["log_prob_token_factor"].choices[0]
+            for name in ("micro_batch", "log_prob_micro_batch"):  # unset under dynamic batching
+                if values[name] is None and None not in self.by_name[name].choices:
+                    values[name] = self.by_name[name].choices[0]
         on = bool(g(self.switch_key))
         values.update(mini_batch=g(L.MINI_BATCH), use_kl=on, lr=g(L.LR))
         coef = g(self.coef_key)
@@ -195,7 +227,7 @@ class FairJointSpace(Space):
 
         rebuilt = merge(self.base, self.to_config(values))
         for key in set(rebuilt) | set(config):
-            a, b = L.setting(rebuilt, key), L.setting(config, key)
+            a, b = S.effective(rebuilt, key), S.effective(dict(config), key)
             if key in (L.CHUNKED_PREFILL, L.KL_CTRL_TYPE) or (key == self.coef_key and not on):
                 continue
             if a != b and not (isinstance(a, float) and isinstance(b, (int, float)) and math.isclose(a, b)):
@@ -276,6 +308,17 @@ class FairJointSpace(Space):
         return lines
 
 
+def _nearest(valid: list[Any], asked: Any) -> Any:
+    """The value of ``valid`` nearest to ``asked`` (None, the baseline's unset choice, only when
+    asked and valid)."""
+    if asked in valid or not valid:
+        return asked if valid else None
+    numbers = [v for v in valid if v is not None]
+    if asked is None or not numbers:
+        return valid[0]
+    return min(numbers, key=lambda v: (abs(v - asked), v))
+
+
 def _cs_value(value: Any) -> Any:
-    """ConfigSpace categoricals hold str/int/float; booleans travel as strings."""
-    return str(value) if isinstance(value, bool) else value
+    """ConfigSpace categoricals hold str/int/float; booleans and None travel as strings."""
+    return str(value) if isinstance(value, bool) or value is None else value

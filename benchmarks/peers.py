@@ -247,7 +247,11 @@ def run_peer(spec: StudySpec, launcher: ReplayLauncher, method: str, *, budget_g
     """One peer, once, until ``budget_gpu_h`` GPU-hours are spent; its trace."""
     space = FairJointSpace(spec)
     ev = Evaluator(spec, launcher, space, budget_gpu_h=budget_gpu_h, name=method)
-    if method == "smac":
+    from benchmarks.prior_peers import RUNNERS
+
+    if method in RUNNERS:
+        RUNNERS[method](ev, seed)
+    elif method == "smac":
         _run_smac(ev, seed)
     elif method == "dehb":
         _run_dehb(ev, seed)

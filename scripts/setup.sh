@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (Python 3.10-3.12) and install verl-sweep with everything its tests need.
 # Idempotent: a second run only checks that the packages are there.
-# --bench also installs the benchmark's HPO peers (SMAC3, DEHB: python -m benchmarks.run).
+# --bench also installs the benchmark's HPO peers (SMAC3, DEHB, NePS, Syne Tune: python -m benchmarks.run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -16,6 +16,9 @@ if [ "${1:-}" = "--bench" ]; then
   .venv/bin/pip install -q -c constraints-bench.txt -e ".[verl,ray,gpu,postgres,test,bench]"
   # DEHB 0.1.2 pins numpy<2 (ours is 2.4.6; it runs on it): without its deps, listed in bench.
   .venv/bin/pip install -q --no-deps -c constraints-bench.txt "dehb==0.1.2"
+  # NePS 0.17.0 (PriorBand) pins pandas<3 and networkx<3 (ours: 3.1.1, 3.6.1; it runs on them):
+  # without its deps, listed in bench; torchvision, which it lists, it never imports.
+  .venv/bin/pip install -q --no-deps -c constraints-bench.txt "neural-pipeline-search==0.17.0"
   echo "$want" > "$stamp"
   exit 0
 fi

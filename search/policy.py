@@ -12,13 +12,13 @@ import dataclasses
 import datetime
 import math
 import statistics
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from optuna.trial import TrialState
 
 from objectives.score import Eta, Score, eta as eta_of, paired_eta
 from search.errors import SweepError
-from search.records import Assignment, CloseReason, Role, StageResult, TrialRecord, requeued_numbers
+from search.records import FOLLOW_UP_ORIGIN, START_ORIGIN, Assignment, CloseReason, Role, StageResult, TrialRecord, requeued_numbers
 from spaces.overrides import Config, merge
 
 if TYPE_CHECKING:
@@ -487,6 +487,32 @@ def running_etas(trials: Trials) -> list[tuple[float | None, TrialRecord]]:
         eta = t.intermediate_values[step] / statistics.fmean(at_step) if step is not None and at_step else None
         out.append((eta, t))
     return out
+
+
+def structured_points(trials: Trials) -> tuple[list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
+    """The stage's starting points and follow-ups (``START_ORIGIN``, ``FOLLOW_UP_ORIGIN``): the
+    params of each that ended with its η (when it finished; its running η when it was stopped:
+    its last report over the incumbent runs' mean at that step; 0 when its run failed), and
+    the params of those still queued or running."""
+    points = [t for t in trials if t.role is Role.CANDIDATE and t.assignment.origin in (START_ORIGIN, FOLLOW_UP_ORIGIN)]
+    curves = [t.intermediate_values for t in trials if t.state == TrialState.COMPLETE and t.role is Role.INCUMBENT]
+    ended: list[tuple[dict[str, Any], float]] = []
+    pending: list[dict[str, Any]] = []
+    for t in points:
+        params = dict(t.point or t.params)
+        if t.state in (TrialState.WAITING, TrialState.RUNNING):
+            pending.append(params)
+            continue
+        if t.state == TrialState.COMPLETE and t.eta is not None:
+            ended.append((params, t.eta))
+            continue
+        step = max(t.intermediate_values, default=None)
+        at_step = [c[step] for c in curves if step is not None and step in c and c[step] > 0]
+        if t.state == TrialState.PRUNED and step is not None and at_step:
+            ended.append((params, t.intermediate_values[step] / statistics.fmean(at_step)))
+        else:
+            ended.append((params, 0.0))
+    return ended, pending
 
 
 def ranked_candidates(trials: Trials, *, confirmed_only: bool = True) -> tuple[list[tuple[Pooled, TrialRecord]], str]:

@@ -69,6 +69,11 @@ _BASE_CONFIG, _STAGE, _PROBE_STEPS, _AHEAD_OF, _RUN_PREFIX = "base_config", "sta
 _INITIALIZED, _WALL_CLOCK_USED_S, _RESULT = "initialized", "wall_clock_used_s", "result"
 
 
+#: ``Assignment.origin`` of a stage's starting points (``Space.starting_points``), and of the
+#: points its space proposes once they all ended (``Space.follow_up_points``)
+START_ORIGIN, FOLLOW_UP_ORIGIN = "start", "follow-up"
+
+
 @dataclasses.dataclass(frozen=True)
 class Assignment:
     """What a trial is asked to do: what is queued again when its run is lost. Fields left None

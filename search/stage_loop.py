@@ -12,16 +12,17 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import math
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from optuna.trial import TrialState
 
 from objectives.probe import ProbeSettings
 from search import liveness
 from search.errors import BadInputError
-from search.policy import SLOW_START, QueuedRun, StagePolicy, found_nothing, ranked_candidates, slow_start
-from search.records import Role, StageResult, TrialRecord, stage_study_name
+from search.policy import SLOW_START, QueuedRun, StagePolicy, found_nothing, ranked_candidates, slow_start, structured_points
+from search.records import FOLLOW_UP_ORIGIN, Assignment, Role, StageResult, TrialRecord, stage_study_name
 from search.stage_study import StageClock, StageStudy
 from search.storage import HEARTBEAT_INTERVAL_S, with_retries
 from search.trials import TrialRunner
@@ -78,6 +79,8 @@ class StageLoop:
         self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
         self.last_heartbeat = 0.0
         self.last_saved = time.monotonic()
+        #: the number of readings from which the space proposed no follow-up
+        self.no_follow_up_after = -1
 
     @property
     def active(self) -> bool:
@@ -173,6 +176,13 @@ class StageLoop:
                         wants_ahead = True
             elif over_time or not self._queue_confirmations(trials, extra=False):
                 return Tick.OVER
+        if allowed and self.space.n_follow_ups and launcher.free_slots() > 0:
+            if self._queue_follow_ups(trials):
+                may_start = True
+            elif may_start and self._round_in_flight(trials):
+                # The sampler's draws wait for the round: drawn now, they would spend the
+                # budget that the next round's points, read from this one, are for.
+                may_start = False
         if may_start and launcher.free_slots() > 0:
             # Count on the database as it is now: with many workers, a cached view starts
             # trials the others have already filled the budget with.
@@ -232,6 +242,43 @@ class StageLoop:
                 self.ctx.console.note(f"{self.study.name}: re-running on fresh seeds: "
                                       + ", ".join(f"trial {r.of.number}" for r in reruns))
         return bool(reruns)
+
+    def _queue_follow_ups(self, trials: list[TrialRecord]) -> bool:
+        """In rounds: once the starting points and the follow-ups so far all ended, the space's
+        next ``Space.follow_ups_per_round`` points from what they read
+        (``Space.follow_up_points``), up to ``Space.n_follow_ups``, inside the stage's budget."""
+        def wanted(trials: list[TrialRecord]) -> tuple[int, list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
+            done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
+            ended, pending = structured_points(trials)
+            if pending or not ended or len(ended) == self.no_follow_up_after:
+                return 0, ended, pending
+            return min(self.space.follow_ups_per_round - len(pending), self.space.n_follow_ups - done,
+                       self.stage.budget.max_trials - self.policy.counted(trials)), ended, pending
+
+        if wanted(trials)[0] <= 0:
+            return False
+        n, ended, pending = wanted(self.study.trials(fresh=True))  # another worker may have queued some
+        if n <= 0:
+            return False
+        points = self.space.follow_up_points(self.base, [*ended, *((p, math.nan) for p in pending)], n)
+        if not points:
+            self.no_follow_up_after = len(ended)  # nothing new from these: ask again after more ended
+        for point in points:
+            self.study.queue(point, Assignment(role=Role.CANDIDATE, seed=self.ctx.spec.seeds[0], origin=FOLLOW_UP_ORIGIN))
+        if points:
+            params, best = max(ended, key=lambda r: r[1])
+            self.ctx.console.note(f"{self.study.name}: {len(points)} more point(s) from the best so far "
+                                  f"({', '.join(f'{k}={v}' for k, v in params.items())}: η {best:.3f})")
+        return bool(points)
+
+    def _round_in_flight(self, trials: list[TrialRecord]) -> bool:
+        """A round of follow-ups (or the starting points) still runs, nothing is queued, and the
+        space may have more to propose once it ended."""
+        if any(t.state == TrialState.WAITING for t in trials):
+            return False
+        done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
+        ended, pending = structured_points(trials)
+        return bool(pending) and done < self.space.n_follow_ups and len(ended) != self.no_follow_up_after
 
     def _queue_early_confirmation(self, trials: list[TrialRecord]) -> bool:
         rerun = self.policy.early_confirmation(trials)

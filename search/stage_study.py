@@ -23,7 +23,7 @@ from search import liveness
 from search.errors import SweepError
 from search.pruning import build_pruner
 from search.records import (
-    Assignment, RecordCache, Role, StageResult, StageStudyAttrs, TrialRecord, ahead_study_attrs, carried_attrs,
+    START_ORIGIN, Assignment, RecordCache, Role, StageResult, StageStudyAttrs, TrialRecord, ahead_study_attrs, carried_attrs,
     created_study_attrs, initialized_attr, records, result_attr, stage_study_name, wall_clock_attr, wasted_attrs,
 )
 from search.sampler import build_sampler
@@ -261,7 +261,7 @@ class StageStudy:
         n_start = min(stage.sampler.n_startup_trials, room - len(queued))
         for point in space.starting_points(base, n_start):
             if point not in queued:
-                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin="start"))
+                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin=START_ORIGIN))
         if space.kind == "systems":
             # The source's layout for this model size and GPU count is the first candidate.
             template = template_for(spec.model, spec.hardware, spec.algorithm)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from spaces.overrides import Config
 
@@ -31,6 +31,10 @@ class Space(abc.ABC):
     #: the space keeps every later suggestion below a value that ran out of memory (a bound
     #: learned from OOMs, ``spaces.oom``), so the stage's sampler need not learn them too
     oom_clamped: bool = False
+    #: points the space proposes after its starting points (``follow_up_points``), one as
+    #: another ends, with at most ``follow_ups_per_round`` of them in flight; 0: none
+    n_follow_ups: int = 0
+    follow_ups_per_round: int = 1
 
     @abc.abstractmethod
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config: ...
@@ -43,6 +47,14 @@ class Space(abc.ABC):
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
         """Up to ``n`` Optuna parameter dicts to try first (the method's first moves, or points
         spread over the range), so a stage does not start from blind random draws."""
+        return []
+
+    def follow_up_points(self, base: Config, readings: Sequence[tuple[dict[str, Any], float]],
+                         n: int) -> list[dict[str, Any]]:
+        """Up to ``n`` points to try next, from the ``readings`` of the starting points and
+        follow-ups so far: (params, η: finished, or running when it was stopped, 0 when its run
+        failed, NaN while it still runs). Search that goes where the points so far pointed;
+        none by default."""
         return []
 
     def explain(self) -> list[str]:

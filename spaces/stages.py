@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from spaces import bounds as B
 from spaces import limits as L
@@ -433,29 +433,68 @@ class PolishSpace(CompositeSpace):
             # only pay with a larger lr (it tolerates more), so the polish may turn it on.
             self.parts.append(KLSwitchSpace(kl))
 
+    #: the first pass: lr up, with the mini-batch moved either way. Which way lets lr climb
+    #: depends on how the loss scales with the mini-batch (averaged over it, a larger one
+    #: tolerates more lr; summed, a smaller one does): both are tried, neither assumed
+    FIRST_PASS = ((1.25, 2.0), (0.8, 2.0))
+
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
-        """Coupled moves the one-at-a-time stages could not make: a larger mini-batch with a
-        larger lr, a smaller one with a smaller lr (the batch-size/lr scaling rule)."""
+        """The first pass (``FIRST_PASS``): coupled moves the one-at-a-time stages could not
+        make, in both directions; ``follow_up_points`` goes on from the better one."""
+        return self._moves(base, [(mini, rate, None) for mini, rate in self.FIRST_PASS])[:n]
+
+    #: the pattern search after the first pass (``follow_up_points``): three rounds of two
+    n_follow_ups = 6
+    follow_ups_per_round = 2
+
+    def follow_up_points(self, base: Config, readings: Sequence[tuple[dict[str, Any], float]],
+                         n: int) -> list[dict[str, Any]]:
+        """The next round, a pattern search from the point that read highest so far (ties: the
+        larger mini-batch), as its factors (m, r) of the incumbent's mini-batch and lr: when it
+        beat the incumbent, twice as far (m², r²) and, with KL off in it, the same move with a
+        KL pull at the middle of KL's log range (a pull lets lr climb past where it turns
+        unstable); when it did not, half way (√m, √r) first. Then half way, then the same
+        mini-batch with half the lr step. Points already tried are skipped."""
+        incumbent = self.incumbent_params(base)
+        mini, lr, kl = self.parts
+        assert isinstance(mini, MiniBatchSpace) and isinstance(lr, LRSpace)
+        if incumbent is None or n <= 0:
+            return []
+        read = [(reading, params) for params, reading in readings
+                if mini.param in params and lr.param in params and not math.isnan(reading)]
+        if not read:
+            return []
+        reading, best = max(read, key=lambda item: (item[0], item[1][mini.param]))
+        m, r = best[mini.param] / incumbent[mini.param], best[lr.param] / incumbent[lr.param]
+        own_kl = {k: v for k, v in best.items() if k not in (mini.param, lr.param)}
+        pull = None
+        if isinstance(kl, KLSwitchSpace) and not best.get(KLSwitchSpace.param, False):
+            pull = {KLSwitchSpace.param: True, **kl.kl.starting_points(base, 3)[1]}
+        far, half, softer = (m * m, r * r, own_kl), (math.sqrt(m), math.sqrt(r), own_kl), (m, math.sqrt(r), own_kl)
+        with_pull = [(m, r, pull)] if pull else []
+        moves = [far, *with_pull, half, softer] if reading > 1.0 else [half, *with_pull, softer]
+        tried = [params for params, _ in readings]
+        return [p for p in self._moves(base, moves) if p not in tried][:n]
+
+    def _moves(self, base: Config, moves: Sequence[tuple[float, float, dict[str, Any] | None]]) -> list[dict[str, Any]]:
+        """Each (mini-batch factor, lr factor, KL point or None) as a point from the incumbent:
+        the nearest valid mini-batch, lr clamped to its bound; the incumbent itself and repeats
+        left out."""
         incumbent = self.incumbent_params(base)
         if incumbent is None:
             return []
-        mini, lr, kl = self.parts
+        mini, lr = self.parts[0], self.parts[1]
         assert isinstance(mini, MiniBatchSpace) and isinstance(lr, LRSpace)
-        # With KL off, a KL pull is what lets lr climb past where it turns unstable: the
-        # largest move is tried with KL on at the middle of its (log) range too.
-        kl_on = kl.kl.starting_points(base, 3)[1] if isinstance(kl, KLSwitchSpace) else None
-        moves = [(1.25, 2.0, None), (1.25, 2.0, kl_on), (1.25, 1.4, None), (0.8, 0.6, None), (1.1, 1.6, None),
-                 (0.9, 0.75, None)]
         points: list[dict[str, Any]] = []
         for mini_factor, lr_factor, kl_point in moves:
             value = min(mini.choices, key=lambda c: abs(c - mini_factor * incumbent[mini.param]))
             rate = min(lr.bound.high, max(lr.bound.low, float(f"{incumbent[lr.param] * lr_factor:.3g}")))
             point = {**incumbent, mini.param: value, lr.param: rate}
             if kl_point is not None:
-                point.update({KLSwitchSpace.param: True, **kl_point})
+                point = {mini.param: value, lr.param: rate, **kl_point}
             if point != incumbent and point not in points:
                 points.append(point)
-        return points[:n]
+        return points
 
     def explain(self) -> list[str]:
         return [line for part in self.parts for line in part.explain()]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import optuna
 import pytest
 
 from spaces import SPACES, Algorithm, HardwareFacts, ModelFacts, SpaceError, build_space
+from spaces.base import Space
 from spaces import limits as L
 from spaces.bounds import KL_COEF, ParamBound
 from spaces.overrides import merge
@@ -332,18 +334,47 @@ def test_polish_tunes_mini_batch_and_lr_together_within_the_baselines_bounds() -
     assert all(5e-7 <= c[L.LR] <= 5e-6 for c in configs)
     assert space.incumbent_params(chain) == {"mini_batch": 384, "lr": 2e-6, "use_kl": False}
     points = space.starting_points(chain, 4)
-    assert len(points) == 4 and len({tuple(sorted(p.items())) for p in points}) == 4
-    # coupled moves: a larger mini-batch goes with a larger lr; with KL off in the chain, the
-    # largest move is also tried with a KL pull (what lets lr climb where it turns unstable)
-    assert all((p["mini_batch"] > 384) == (p["lr"] > 2e-6) for p in points)
-    assert [p["use_kl"] for p in points[:2]] == [False, True] and points[0]["lr"] == points[1]["lr"]
-    assert 0.0005 < points[1]["kl_coef"] < 0.01
-    assert sum(p["use_kl"] for p in points) == 1
+    # the first pass: lr up with the mini-batch moved either way (neither coupling assumed);
+    # here the chain's 384 is the lower bound, so "down" keeps the mini-batch
+    assert points == [{"mini_batch": 480, "lr": 4e-6, "use_kl": False}, {"mini_batch": 384, "lr": 4e-6, "use_kl": False}]
     for p in points:
         config = space.suggest(optuna.trial.FixedTrial(p), chain)
         assert config[L.USE_KL_LOSS] is p["use_kl"] and config[L.LR] == p["lr"]
-    for p in points:
         assert p["mini_batch"] in space.parts[0].choices and 5e-7 <= p["lr"] <= 5e-6
+
+
+def _polish_from(mini: int, lr: float) -> tuple[Space, dict[str, object]]:
+    chain = merge(GRPO_BASE, {L.MINI_BATCH: mini, L.LR: lr})
+    return build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain,
+                       options={}, baseline=GRPO_BASE), chain
+
+
+def test_polish_follows_the_direction_its_first_pass_read_either_way() -> None:
+    """A smaller mini-batch that tolerates a larger lr (a loss summed over the mini-batch) is
+    followed as a larger one is (a loss averaged over it): the second pass goes on from the
+    starting point that read highest, twice as far, with a KL pull, half way."""
+    space, chain = _polish_from(512, 1e-6)
+    up, down = space.starting_points(chain, 4)
+    assert up["mini_batch"] > 512 and down["mini_batch"] < 512 and up["lr"] == down["lr"] == 2e-6
+    for better, worse, side in ((down, up, -1), (up, down, 1)):
+        follow = space.follow_up_points(chain, [(better, 1.08), (worse, 0.6)], 3)
+        assert len(follow) == 3 and better not in follow and worse not in follow
+        far, pull, half = follow
+        assert side * (far["mini_batch"] - better["mini_batch"]) >= 0 and far["lr"] == 4e-6  # up: 640 is the bound
+        assert pull["use_kl"] and (pull["mini_batch"], pull["lr"]) == (better["mini_batch"], better["lr"])
+        assert side * (half["mini_batch"] - 512) > 0 and side * (better["mini_batch"] - half["mini_batch"]) > 0
+        assert 1e-6 < half["lr"] < 2e-6 and not far["use_kl"] and not half["use_kl"]
+    # nothing beat the incumbent: half way first, on the better side still
+    follow = space.follow_up_points(chain, [(down, 0.97), (up, 0.4)], 1)
+    assert follow[0]["mini_batch"] < 512 and 1e-6 < follow[0]["lr"] < 2e-6
+    # a point still running (NaN) is neither followed nor proposed again
+    follow = space.follow_up_points(chain, [(down, 1.08), (up, math.nan)], 5)
+    assert up not in follow and all(p["mini_batch"] <= 512 for p in follow)
+    # the next round goes on from the best point so far, with its KL
+    pulled = {**down, "use_kl": True, "kl_coef": 0.00224}
+    follow = space.follow_up_points(chain, [(down, 1.08), (up, 0.6), (pulled, 1.15)], 1)
+    assert follow[0]["use_kl"] and follow[0]["kl_coef"] == 0.00224 and follow[0]["mini_batch"] < down["mini_batch"]
+    assert space.follow_up_points(chain, [], 2) == [] and space.follow_up_points(chain, [(down, 1.1)], 0) == []
 
 
 def test_polish_includes_kl_strength_when_the_chain_has_kl_on() -> None:

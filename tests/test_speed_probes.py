@@ -25,6 +25,9 @@ H200 = HardwareFacts(gpus_per_node=1, gpu_memory_gb=141)
 QWEN_05B = ModelFacts(hidden_size=896, num_attention_heads=14, n_params_b=0.358, max_prompt_length=256,
                       max_response_length=1024, num_hidden_layers=24, num_key_value_heads=2, intermediate_size=4864,
                       vocab_size=320)
+#: the H200 study's systems options: vLLM's own knobs listed, so they are swept too
+VLLM_KNOBS: dict[str, Any] = {"max_num_seqs": [256, 512], "enforce_eager": [False, True],
+                              "free_cache_engine": [True, False]}
 QUICKSTART: dict[str, Any] = {
     L.TRAIN_BATCH: 64, L.MINI_BATCH: 16, L.MICRO_BATCH: 4, L.ROLLOUT_N: 8, L.ROLLOUT_NAME: "vllm",
     L.ADV_ESTIMATOR: "grpo", L.ROLLOUT_TP: 1, L.GPU_MEMORY: 0.4, S.ROLLOUT_LOG_PROB_MICRO: 8,
@@ -108,8 +111,14 @@ def sample(space: Any, base: dict[str, Any], n: int, seed: int = 0) -> list[tupl
 
 
 def test_one_gpu_systems_space_asks_the_batching_not_the_layout() -> None:
+    default = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
+                          options={})
+    asked_by_default = {name for params, _ in sample(default, QUICKSTART, n=20) for name in params}
+    # vLLM's own knobs keep the base's values unless the stage lists them
+    assert not asked_by_default & {"max_num_seqs", "enforce_eager", "free_cache_engine"}
+    assert {c[S.MAX_NUM_SEQS] for _, c in sample(default, QUICKSTART, n=5)} == {256}
     space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
-                        options={})
+                        options=VLLM_KNOBS)
     drawn = sample(space, QUICKSTART, n=60)
     asked = {name for params, _ in drawn for name in params}
     # one GPU: one rollout TP and one Ulysses size, so neither is asked
@@ -127,13 +136,12 @@ def test_one_gpu_systems_space_asks_the_batching_not_the_layout() -> None:
             # each pass's micro-batch divides its per-GPU batch: 16 × 8 for the update, 64 × 8 for log-probs
             assert 128 % config[L.MICRO_BATCH] == 0 and 512 % config[S.ROLLOUT_LOG_PROB_MICRO] == 0
             assert config[S.ROLLOUT_LOG_PROB_DYNAMIC] is False
-        # 512 sequences a step on one replica: more than 512 a batch cannot matter
-        assert config[S.MAX_NUM_SEQS] in (128, 256, 512)
+        assert config[S.MAX_NUM_SEQS] in (256, 512)
 
 
 def test_the_quickstart_baseline_is_the_incumbent_and_round_trips() -> None:
     space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
-                        options={})
+                        options=VLLM_KNOBS)
     params = space.incumbent_params(QUICKSTART)
     assert params is not None
     assert params["micro_batch_sp1"] == 4 and params["log_prob_micro_batch_sp1"] == 8
@@ -177,7 +185,7 @@ def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
     from spaces import memory as M
 
     space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
-                        options={})
+                        options=VLLM_KNOBS)
     static, dynamic = space.starting_points(QUICKSTART, 2)
     # on 141 GB the whole per-GPU mini-batch (16 × 8) is one pass, the log-prob batch two
     assert static["use_dynamic_bsz"] is False and static["micro_batch_sp1"] == 128
@@ -189,7 +197,8 @@ def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
     # on a 24 GB GPU the same study gets smaller passes, each estimated to fit
     small = HardwareFacts(gpus_per_node=1, gpu_memory_gb=24)
     base = {**QUICKSTART, L.GPU_MEMORY: 0.3}
-    space = build_space("systems", model=QWEN_05B, hardware=small, algorithm=Algorithm.GRPO, base=base, options={})
+    space = build_space("systems", model=QWEN_05B, hardware=small, algorithm=Algorithm.GRPO, base=base,
+                        options=VLLM_KNOBS)
     points = space.starting_points(base, 2)
     assert points and points[0]["micro_batch_sp1"] < 128
     for point in points:
@@ -265,3 +274,12 @@ def test_the_h200_speed_probes_replay_to_the_scores_the_study_stored(tmp_path: P
             break
     assert outcome is not None and outcome.state is ProbeState.COMPLETE and outcome.last_step == last_step
     assert outcome.score is not None and outcome.score.rate == pytest.approx(rate, rel=1e-6)
+
+
+def test_a_node_with_layouts_to_choose_gets_no_batching_starting_points() -> None:
+    """On 8 GPUs the rollout TP and Ulysses sizes are the search's first subject: the sampler's
+    own draws over them start the stage, not the largest-passes points."""
+    node = HardwareFacts(gpus_per_node=8, gpu_memory_gb=80)
+    base = {**QUICKSTART, L.ROLLOUT_TP: 2, L.TRAIN_BATCH: 256, L.MINI_BATCH: 64}
+    space = build_space("systems", model=QWEN_05B, hardware=node, algorithm=Algorithm.GRPO, base=base, options={})
+    assert len(space.choices["rollout_tp"]) > 1 and space.starting_points(base, 3) == []
