@@ -199,6 +199,9 @@ def run(
 
         url = storage or spec.storage_url()
         preflight(url)
+        from search.study_root import check_name_clash
+
+        check_name_clash(url, spec)  # before verl's checks, which take seconds
         # Exactly validate's checks, before a database exists: a definition verl would refuse
         # must not be stored (its stored definition would then refuse the corrected file).
         problems, _ = _check_study(spec)
@@ -379,6 +382,32 @@ def validate(
         if problems:
             raise BadInputError("\n".join(problems))
         print(f"{study_file}: OK")
+
+    _guard(action)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def init(
+    ctx: typer.Context,
+    output: Path = typer.Option(..., "-o", "--output", help="The study file to write (.yaml)."),
+    gpu_memory_gb: Optional[float] = typer.Option(None, "--gpu-memory-gb", help="One GPU's memory in GB (default: read through NVML)."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", help="The model's config.json, where model.path has none locally."),
+    name: Optional[str] = typer.Option(None, "--name", help="The study's name (default: the file's)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+    debug: bool = DebugOption,
+) -> None:
+    """Write a study file from the verl run you have: `verl-sweep init -o study.yaml -- python3 -m
+    verl.trainer.main_ppo k=v …`, or `verl-sweep init -o study.yaml run_qwen.sh` (the script runs
+    through bash with none of its programs run). Then validates it and says what it will search."""
+    _setup(debug)
+
+    def action() -> None:
+        from search.init import run_init
+
+        code = run_init(list(ctx.args), output=output, name=name, gpu_memory_gb=gpu_memory_gb,
+                        model_config=model_config, force=force, check=_check_study)
+        if code:
+            raise typer.Exit(code)
 
     _guard(action)
 

@@ -271,6 +271,8 @@ def print_status_table(data: dict[str, Any]) -> None:
     for stage in data["stages"]:
         if stage.get("winner"):
             console.print(f"{stage['name']}: {stage['winner']['summary']}", markup=False, soft_wrap=True)
+        if stage.get("ended_early"):
+            console.print(f"  {stage['ended_early']}", markup=False, soft_wrap=True)
         if stage.get("reasons"):
             console.print("  trials not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items())),
                           markup=False, soft_wrap=True)

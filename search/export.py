@@ -16,6 +16,7 @@ import yaml
 
 from search.records import StageResult
 from search.study_file import StudySpec
+from spaces.engines import MODEL_ENGINE
 from spaces.overrides import Config, get, merge, nest, to_overrides
 
 #: the method's guards: keep the last 3 checkpoints
@@ -58,9 +59,14 @@ def to_yaml(spec: StudySpec, results: list[StageResult], config: Config, *, conf
     comments = header_lines(spec, results) + [
         f"run: python -m verl.trainer.main_ppo --config-path <this dir> --config-name {config_name}",
     ]
+    config = dict(config)
+    defaults: list[Any] = ["ppo_trainer"]
+    engine = config.pop(MODEL_ENGINE, None)
+    if engine is not None:  # a config group, chosen in the defaults list (as ppo_megatron_trainer.yaml does)
+        defaults.append({f"override {MODEL_ENGINE}": engine})
     body: dict[str, Any] = {
         "hydra": {"searchpath": ["pkg://verl.trainer.config"]},
-        "defaults": ["ppo_trainer", "_self_"],
+        "defaults": [*defaults, "_self_"],
     }
     body.update(nest(config))
     text = yaml.safe_dump(body, sort_keys=False, default_flow_style=False)

@@ -81,6 +81,18 @@ def gpu_hours_saved(stage: Stage, trials: list[TrialRecord]) -> float:
     return saved_s / 3600.0
 
 
+def ended_early(stage: Stage, trials: list[TrialRecord]) -> str | None:
+    """Why a stage found nothing, when every probe that finished ended before its length: the
+    run itself is shorter than the probes (a probe as long as the run is the whole run)."""
+    steps = stage.probe_steps
+    done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
+    if not done or max(done) >= steps:
+        return None
+    return (f"every probe of this stage ended before its {steps} steps (the furthest at step {max(done)}): the run "
+            "itself stops there (trainer.total_training_steps or trainer.total_epochs). Make the probes at most ¼ "
+            "of the run (`verl-sweep init` sets them so), or lengthen the run")
+
+
 def reason_category(row: dict[str, Any]) -> str:
     """What a pruned or failed trial's reason is counted under: the failure kind when one was
     classified, else the reason's head without its step ("pruned at step 200: …" → "pruned")."""
@@ -166,17 +178,21 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
         reasons = collections.Counter(reason_category(r) for r in rows if r["state"] in ("pruned", "fail"))
         base: Config = attrs.base_config or {}
         gpu_s = sum(r["gpu_time_s"] or 0.0 for r in rows)
+        planned = Stage.stored(spec, index, attrs.probe_steps)
         entry.update(
             state="finished" if result else "running",
             counts=dict(counts),
             reasons=dict(reasons),
             gpu_hours=round(gpu_s / 3600.0, 4),
-            gpu_hours_saved=round(gpu_hours_saved(Stage.stored(spec, index, attrs.probe_steps), trials), 4),
+            gpu_hours_saved=round(gpu_hours_saved(planned, trials), 4),
             incumbent={"config": base,
                        "trials": [r["number"] for r in rows if r["role"] == Role.INCUMBENT]},
             winner=result,
             trials=rows,
         )
+        note = ended_early(planned, trials)
+        if note:
+            entry["ended_early"] = note
         stages.append(entry)
     return {"study": spec.name, "algorithm": spec.algorithm.value, "stages": stages}
 

@@ -231,6 +231,31 @@ class StudySpec(_Strict):
                 raise ValueError(f"{key}: {e}") from None
         return baseline
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lengths_from_baseline(cls, data: Any) -> Any:
+        """The model's prompt and response lengths default to the baseline's ``data.*``: one
+        fact, written once (init writes both; a study may leave model's out)."""
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict) or not isinstance(data.get("baseline"), dict):
+            return data
+        model = dict(data["model"])
+        for field in ("max_prompt_length", "max_response_length"):
+            value = data["baseline"].get(f"data.{field}")
+            if field not in model and isinstance(value, int) and not isinstance(value, bool):
+                model[field] = value
+        return {**data, "model": model}
+
+    @model_validator(mode="after")
+    def _lengths_agree(self) -> "StudySpec":
+        # A mismatch would bound the search for one length and run the other.
+        for field in ("max_prompt_length", "max_response_length"):
+            value = self.baseline.get(f"data.{field}")
+            if isinstance(value, int) and not isinstance(value, bool) and value != getattr(self.model, field):
+                raise ValueError(f"model.{field}: must equal the baseline's data.{field} ({value}), but got "
+                                 f"{getattr(self.model, field)}: the bounds are computed from one and the run uses the "
+                                 f"other. Remove model.{field} (it is taken from the baseline) or make them equal")
+        return self
+
     @field_validator("seeds")
     @classmethod
     def _check_seeds(cls, seeds: list[int]) -> list[int]:
@@ -260,12 +285,15 @@ class StudySpec(_Strict):
     def baseline_config(self) -> dict[str, Any]:
         """The baseline overrides plus what the study's facts imply (algorithm, GPU count,
         sequence lengths); the base config of stage 1."""
+        from spaces.engines import implied_engine
+
         implied = {
             "algorithm.adv_estimator": self.algorithm.adv_estimator,
             "trainer.n_gpus_per_node": self.hardware.gpus_per_node,
             "trainer.nnodes": self.hardware.nodes,
             "data.max_prompt_length": self.model.max_prompt_length,
             "data.max_response_length": self.model.max_response_length,
+            **implied_engine(self.baseline),
         }
         return merge(implied, self.baseline)
 
@@ -382,12 +410,16 @@ def describe_error(error: Any) -> str:
 #: what a model's config.json may fill in (the file's own names are the study's)
 _CONFIG_JSON_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
                        "intermediate_size", "vocab_size")
+#: what a config.json implies besides (``spaces.model_config``): the KV cache's shape, the size
+_DERIVED_FIELDS = ("head_dim", "kv_cache_layers", "kv_lora_dim", "n_params_b", "expert_params_b")
 
 
 def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[dict[str, Any], set[str]]:
     """The study with ``model.config_json`` read (through the one user-file reader) and the
     sizes it has filled in where the file leaves them out, so that they are validated like
     values written in the file. Returns the data and the fields taken from config.json."""
+    from spaces.model_config import facts_from_config, language_config
+
     model = data.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("config_json"), str):
         return data, set()
@@ -395,7 +427,7 @@ def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[di
     if source_dir is not None and not path.is_absolute():
         path = source_dir / path
     model = {**model, "config_json": str(path)}
-    missing = [k for k in _CONFIG_JSON_FIELDS if model.get(k) is None]
+    missing = [k for k in (*_CONFIG_JSON_FIELDS, *_DERIVED_FIELDS) if model.get(k) is None]
     if missing:
         try:
             config = load_json(path, what="model config.json")
@@ -403,10 +435,31 @@ def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[di
             raise BadInputError(f"model.config_json: {e}") from None
         if not isinstance(config, dict):
             raise BadInputError(f"model.config_json: {path} must hold a JSON object, but got {type(config).__name__}.")
-        for key in missing:
-            if key in config:
-                model[key] = config[key]
+        shape = language_config(config)
+        for key in _CONFIG_JSON_FIELDS:  # as written, so that a wrong type is named as such
+            if key in missing and key in shape:
+                model[key] = shape[key]
+        derived = facts_from_config(config)
+        for key in _DERIVED_FIELDS:
+            if key in missing and key in derived:
+                model[key] = derived[key]
     return {**data, "model": model}, {f"model.{k}" for k in missing if k in model}
+
+
+#: a number YAML 1.1 reads as a string (PyYAML: `1e-6`, `5E+3` lack the dot it wants)
+_YAML12_FLOAT = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+$")
+
+
+def numbers_as_meant(value: Any) -> Any:
+    """``1e-6``, copied from every verl script into a study file, is a string to YAML 1.1
+    (PyYAML) and a number to YAML 1.2, Hydra and the user: read as the number."""
+    if isinstance(value, str) and _YAML12_FLOAT.match(value):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: numbers_as_meant(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [numbers_as_meant(v) for v in value]
+    return value
 
 
 def parse_study(data: Any, *, source_dir: Path | None = None) -> StudySpec:
@@ -416,6 +469,10 @@ def parse_study(data: Any, *, source_dir: Path | None = None) -> StudySpec:
             f"a study file must be a YAML mapping, but got {type(data).__name__}. "
             "See studies/demo.yaml for an example."
         )
+    try:
+        data = numbers_as_meant(data)
+    except RecursionError:
+        raise BadInputError("a study file's values must not be nested this deeply.") from None
     data, from_json = _with_config_json(data, source_dir)
     try:
         spec = StudySpec.model_validate(data)

@@ -44,13 +44,7 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str
     except BadInputError:
         stored_now = stored
     changed = [path for path in _differences(stored_now, data) if path != "source_dir"]  # where the file lies
-    refused = [path for path in changed if not _is_operational(path) and not _BUDGET.match(path)]
-    if refused:
-        shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-        raise BadInputError(
-            f"study {spec.name!r} already exists in this database with a different definition ({shown} "
-            f"changed). Run `verl-sweep resume {spec.name}` to continue it as stored, or rename the study."
-        )
+    _refuse_other_definition(spec, changed)
     # A stage's budget may change until the stage has chosen its winner: the stages after it
     # start from that winner, so a finished stage stays as it ran.
     budgets = {int(m["index"]) for path in changed if (m := _BUDGET.match(path))}
@@ -64,6 +58,38 @@ def save_spec(storage: optuna.storages.BaseStorage, spec: StudySpec) -> list[str
     if changed:  # resume and workers read the stored definition: give them the new settings too
         root.set_user_attr(SPEC_ATTR, data)
     return changed
+
+
+def _refuse_other_definition(spec: StudySpec, changed: list[str]) -> None:
+    refused = [path for path in changed if not _is_operational(path) and not _BUDGET.match(path)]
+    if refused:
+        shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
+        raise BadInputError(
+            f"study {spec.name!r} already exists in this database with a different definition ({shown} "
+            f"changed). Run `verl-sweep resume {spec.name}` to continue it as stored, or rename the study."
+        )
+
+
+def check_name_clash(url: str, spec: StudySpec) -> None:
+    """What ``save_spec`` would refuse (another definition under this name), found read-only
+    and before verl's checks (seconds): a database that does not exist yet has no clash."""
+    from search.storage import _is_sqlite, _sqlite_path, open_storage
+
+    if _is_sqlite(url) and not _sqlite_path(url).is_file():
+        return
+    storage = open_storage(url, create=False, readonly=True)
+    try:
+        root = optuna.load_study(study_name=spec.name, storage=storage)
+    except KeyError:
+        return
+    stored = root.user_attrs.get(SPEC_ATTR)
+    if stored is None:
+        return  # save_spec says what it is
+    try:
+        stored = spec_to_dict(spec_from_dict(stored))
+    except BadInputError:
+        pass
+    _refuse_other_definition(spec, [p for p in _differences(stored, spec_to_dict(spec)) if p != "source_dir"])
 
 
 def _stored_definition(root: optuna.Study) -> Any:

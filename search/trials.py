@@ -32,7 +32,7 @@ from search.records import (
 )
 from spaces import hardware_tag
 from spaces.base import SpaceError
-from spaces.memory import fit_problem
+from spaces.memory import baseline_allowance, fit_problem
 from spaces.overrides import Config, merge, to_overrides
 
 if TYPE_CHECKING:
@@ -119,6 +119,13 @@ class TrialRunner:
                     logger.warning("could not release trial %d", trial.number, exc_info=True)
             raise
 
+    def _memory_allowance(self) -> float:
+        """The baseline's estimated peak where the baseline is the user's run that fits
+        (``spaces.memory.baseline_allowance``), computed once."""
+        if not hasattr(self, "_allowance_gb"):
+            self._allowance_gb = baseline_allowance(self.spec.model, self.spec.hardware, self.spec.baseline_config())
+        return self._allowance_gb
+
     def _skip(self, trial: optuna.trial.Trial, skip: Skip) -> bool:
         set_attrs(trial, skipped_attrs(skip.closed_as, skip.reason))
         tell(self.study.study, trial, state=TrialState.FAIL)
@@ -142,7 +149,8 @@ class TrialRunner:
             overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
         seed = decision.seed if decision.seed is not None else policy.point_seed(view, trial.number, trial.params)
         config = merge(base, overrides, {"data.seed": seed})
-        too_big = fit_problem(self.spec.model, self.spec.hardware, config) if self.launcher.real_gpus else None
+        too_big = fit_problem(self.spec.model, self.spec.hardware, config, allowance_gb=self._memory_allowance()) \
+            if self.launcher.real_gpus else None
         if too_big is not None:
             # Refused before launch: on a real node the probe would cost minutes of start-up
             # and then run out of memory. Infeasible, as a real OOM is (the sampler learns it).

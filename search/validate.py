@@ -14,8 +14,9 @@ from spaces.overrides import Config, merge
 
 logger = logging.getLogger(__name__)
 
-#: how many configs per stage are sampled for verl's own validation (besides its two extremes)
-N_SAMPLES_PER_STAGE = 2
+#: how many configs per stage are sampled for verl's own validation (besides its two extremes):
+#: composed from the baseline with Hydra's override step, ~0.15 s each
+N_SAMPLES_PER_STAGE = 8
 
 
 def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Config]:
@@ -34,37 +35,31 @@ def sample_configs(space: Any, base: Config, n: int, seed: int = 0) -> list[Conf
 
 def extreme_configs(space: Any, base: Config) -> list[Config]:
     """The space's corners: every parameter at its low end, then every one at its high end
-    (the first and last choice of a categorical). Parameters that only some draws suggest
-    are left to the samples."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    trial = study.ask()
-    space.suggest(trial, base)
-    distributions = dict(trial.distributions)
-    study.tell(trial, 0.0)
-    configs = []
-    for end in (0, -1):
-        params = {name: _end(distribution, end) for name, distribution in distributions.items()}
-        try:
-            configs.append(merge(base, space.suggest(optuna.trial.FixedTrial(params), base)))
-        except (KeyError, ValueError):  # a parameter this corner needs that the first draw did not
-            continue
-    return configs
+    (the first and last choice of a categorical), each end taken from the range the space
+    asks for at that point (a memory floor that depends on the TP chosen before it)."""
+    return [merge(base, space.suggest(_CornerTrial(end), base)) for end in (0, -1)]
 
 
-def _end(distribution: Any, end: int) -> Any:
-    import optuna.distributions as d
+class _CornerTrial:
+    """A trial that answers every question with one end of the range asked: what the space
+    proposes at its corners, conditional parameters included."""
 
-    if isinstance(distribution, d.CategoricalDistribution):
-        return distribution.choices[end]
-    if end == 0:
-        return distribution.low
-    step = getattr(distribution, "step", None)
-    if step:  # the last value on the grid
-        return distribution.low + ((distribution.high - distribution.low) // step) * step
-    return distribution.high
+    def __init__(self, end: int) -> None:
+        self.end = end
+        self.params: dict[str, Any] = {}
+
+    def _answer(self, name: str, value: Any) -> Any:
+        self.params[name] = value
+        return value
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self._answer(name, list(choices)[self.end])
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        return self._answer(name, low if self.end == 0 else low + ((high - low) // step) * step)
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False) -> float:
+        return self._answer(name, low if self.end == 0 else high)
 
 
 #: baseline keys held to the method's safe bounds (the KL key is checked where it is switched on)
@@ -82,12 +77,15 @@ def probes_per_gpu(spec: StudySpec) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
-def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
-    """Baseline values outside the safe bounds, and a token budget above the memory bound."""
+def baseline_warnings(spec: StudySpec, base: Config) -> list[str]:
+    """Baseline values outside the method's safe bounds, one line each. They are accepted (verl's
+    own examples start from lr 1e-5, KL 0.02, a memory fraction of 0.25): the stage that tunes
+    the knob searches the safe range widened to hold the baseline (``ParamBound.including``),
+    so the search starts where the user is and may move into the safe range."""
     from spaces import SAFE_BOUNDS, token_budget
     from spaces.overrides import get
 
-    problems = []
+    warnings = []
     keys = dict(_BASELINE_BOUNDS)
     if get(base, "actor_rollout_ref.actor.use_kl_loss"):
         keys["actor_rollout_ref.actor.kl_loss_coef"] = "kl"
@@ -100,27 +98,32 @@ def baseline_problems(spec: StudySpec, base: Config) -> list[str]:
             continue
         if name == "gpu_memory_utilization":
             bound = bound.shared(probes_per_gpu(spec))
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not bound.contains(value):
-            if key in spec.unsafe_baseline:
-                logger.warning("baseline.%s=%s lies outside the safe bound (%s); allowed by unsafe_baseline",
-                               key, value, bound.describe())
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not bound.contains(value) \
+                and key not in spec.unsafe_baseline:
+            if name == "kl" and value <= 0:
+                warnings.append(f"baseline.{key}={value} is KL off in effect; the kl stage tries "
+                                f"{bound.describe()} against it")
                 continue
-            problems.append(f"baseline.{key}: must be within the safe bound ({bound.describe()}), but got {value}. "
-                            "Start from a safe baseline.")
+            widened = bound.including(value)
+            warnings.append(f"baseline.{key}={value} lies outside the safe bound ({bound.describe()}): accepted; the "
+                            f"search spans the safe range and the baseline, [{widened.low:g}, {widened.high:g}]")
     tokens = get(base, "actor_rollout_ref.rollout.max_num_batched_tokens")
     if isinstance(tokens, int) and not isinstance(tokens, bool):
         limit = token_budget(spec.model, spec.hardware, base)
         if tokens > limit.bound:
-            problems.append(f"baseline.actor_rollout_ref.rollout.max_num_batched_tokens: must be ≤ the memory bound "
-                            f"{limit.bound} (see `verl-sweep validate` for the arithmetic), but got {tokens}. Lower it.")
-    return problems
+            warnings.append(f"baseline.actor_rollout_ref.rollout.max_num_batched_tokens={tokens:,} is above the memory "
+                            f"bound {limit.bound:,} verl-sweep estimates: accepted; the token budget stage searches up "
+                            "to the baseline")
+    return warnings
 
 
 def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str]:
-    """The memory pre-flight of the baseline: its estimate goes to the report lines; on real
-    GPUs a baseline whose estimated peak cannot fit is refused with the arithmetic (on a
-    simulator, only shown)."""
-    from spaces.memory import estimate, fit_problem
+    """The memory pre-flight of the baseline: its estimate goes to the report lines. On real
+    GPUs a baseline whose bf16 weights alone cannot fit in vLLM's share is refused with the
+    arithmetic; a baseline the estimate puts over the GPU otherwise is a warning (it is the
+    user's own run, and verl's own examples run where the estimate says they cannot: LoRA,
+    offload and MoE are beyond it), and the stages' configs may then reach its peak."""
+    from spaces.memory import baseline_allowance, estimate, fit_problem
 
     found = estimate(spec.model, spec.hardware, base)
     if found is None:
@@ -129,6 +132,10 @@ def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str
     lines += [f"  {line}" for line in found.lines]
     problem = fit_problem(spec.model, spec.hardware, base)
     if problem is None or not LAUNCHERS[spec.launcher.kind].real_gpus:  # a simulator decides its own OOMs
+        return []
+    if baseline_allowance(spec.model, spec.hardware, base):
+        lines.append(f"warning: baseline: {problem} (an estimate, over the user's own run: configs up to its peak are "
+                     "not refused before launch)")
         return []
     return [f"baseline: {problem}. Lower the memory fraction or the micro-batch, switch gradient checkpointing "
             "or offload on, or declare larger GPUs."]
@@ -142,21 +149,28 @@ def one_line(problems: list[str], study_file: object) -> str:
                           "lists them)" if more else "")
 
 
-def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str], list[str]]:
-    """Returns (problems, report lines). Problems are one line each; none means valid."""
+def validate_study(spec: StudySpec, *, with_verl: bool = True,
+                   n_samples: int = N_SAMPLES_PER_STAGE) -> tuple[list[str], list[str]]:
+    """Returns (problems, report lines). Problems are one line each; none means valid.
+
+    One cause, one error: a baseline that breaks a rule or that verl refuses is reported alone
+    (every stage's configs hold it, so each would repeat it, or fail for its sake)."""
+    from spaces.limits import doubts, notes, type_problems
+
     problems: list[str] = []
     lines: list[str] = []
     base = spec.baseline_config()
     facts: dict[str, Any] = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
-    base_rules = check_config(base, **facts)
-    problems += [f"baseline: {p}" for p in base_rules]
-    from spaces.limits import type_problems
-
-    if type_problems(base):  # the spaces compute with these values too: nothing more to check
+    problems += [f"baseline: {p}" for p in check_config(base, **facts)]
+    if problems or type_problems(base):
         return problems, lines
-    problems += baseline_problems(spec, base)
+    lines += [f"warning: {w}" for w in baseline_warnings(spec, base)]
+    lines += [f"warning: baseline {w}" for w in doubts(base)]
+    lines += [f"note: baseline {n} (harmless)" for n in notes(base, algorithm=spec.algorithm)]
     problems += memory_problems(spec, base, lines)
-    configs: list[tuple[str, Config]] = [("baseline", base)]
+    if problems:  # the baseline's own: every stage's configs hold it
+        return problems, lines
+    spaces: list[tuple[int, Any, Any]] = []
     for index, stage in enumerate(spec.stages):
         where = f"stages[{index}]"
         try:
@@ -171,24 +185,69 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True) -> tuple[list[str
             logger.warning(warning)
         lines.append(f"stage {index + 1} {stage.name} ({stage.space}):")
         lines += [f"  {text}" for text in space.explain()]
-        for config in extreme_configs(space, base) + sample_configs(space, base, N_SAMPLES_PER_STAGE, seed=index):
-            for p in check_config(config, **facts):
-                if p in base_rules:
-                    continue  # the baseline's own problem, reported once
-                problems.append(f"{where} ({stage.name}) would produce a config that breaks a rule: {p}")
-            configs.append((stage.name, config))
+        spaces.append((index, stage, space))
+    problems += probe_fit_problems(spec, base, spaces, lines)
+    verl = None
     if with_verl and not problems:
         from spaces import verl_check
 
         if verl_check.verl_available():
-            lines.append(f"checking {len(configs)} configs with verl {verl_check.verl_version()}'s own config and validation")
-            # One Hydra initialisation for all of them; the baseline first: every stage's
-            # configs hold it, so its problems would repeat once per stage.
-            with verl_check.VerlValidator() as validator:
-                for label, config in configs:
-                    problems += [f"{label}: verl rejects the config: {p}" for p in validator.validate(config)]
-                    if problems and label == "baseline":
-                        break
+            verl = verl_check.VerlValidator()
         else:
             lines.append("verl is not installed here: checked with verl-sweep's rules only")
+    with verl if verl is not None else _no_verl():
+        if verl is not None:  # the baseline first: its problem would repeat once per stage config
+            refused = verl.validate(base)
+            if refused:
+                return problems + [f"baseline: verl rejects the config: {p}" for p in refused], lines
+        n_checked = 1
+        for index, stage, space in spaces:
+            where = f"stages[{index}]"
+            for config in extreme_configs(space, base) + sample_configs(space, base, n_samples, seed=index):
+                problems += [f"{where} ({stage.name}) would produce a config that breaks a rule: {p}"
+                             for p in check_config(config, **facts)]
+                if verl is not None and not problems:
+                    problems += [f"{where} ({stage.name}): verl rejects a config it would produce: {p}"
+                                 for p in verl.validate(config)]
+                    n_checked += 1
+        if verl is not None:
+            lines.append(f"checked {n_checked} configs with verl {verl_check.verl_version()}'s own config and validation "
+                         f"(the baseline, each stage's extremes and {n_samples} samples)")
+    if not problems:
+        from search.plan import plan_lines
+
+        lines += plan_lines(spec, base)
     return sorted(set(problems), key=problems.index), lines
+
+
+def probe_fit_problems(spec: StudySpec, base: Config, spaces: list[tuple[int, Any, Any]], lines: list[str]) -> list[str]:
+    """Probes as long as the run itself are refused (each would end with the run, and every
+    stage would find "no candidate finished"); learning probes over ¼ of it get a warning line."""
+    import math
+
+    from search.run_length import MAX_PROBE_FRACTION, run_length
+
+    run = run_length(base)
+    if run.steps is None:
+        return []
+    cap = max(1, math.floor(run.steps * MAX_PROBE_FRACTION))
+    problems = []
+    for index, stage, space in spaces:
+        planned = Stage.of(spec, index)
+        steps = planned.probe_steps
+        field = f"stages[{index}].probe_steps" if stage.probe_steps else ("probe.steps" if planned.learns else "probe.speed_steps")
+        if steps >= run.steps:
+            problems.append(f"{field}: probes of stage {stage.name} must be shorter than the run ({run.steps:,} steps: "
+                            f"{run.how}), but are {steps:,} steps, each the whole run. Set it ≤ {cap:,} (¼ of the run).")
+        elif steps > cap and planned.learns:
+            lines.append(f"warning: {field}: stage {stage.name}'s probes ({steps:,} steps) are over ¼ of the run "
+                         f"({run.steps:,} steps: {run.how}); a probe should look at the run's start")
+    return problems
+
+
+class _no_verl:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

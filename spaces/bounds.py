@@ -102,6 +102,19 @@ class ParamBound:
         return dataclasses.replace(self, low=low, high=high, source=source)
 
 
+    def including(self, value: Any) -> "ParamBound":
+        """This bound widened to hold the base config's ``value`` when it lies outside (verl's
+        own examples start from lr 1e-5 or a memory fraction of 0.25): the search spans the
+        safe range and the run the user has. A value that is no positive number (a KL
+        coefficient of 0 is KL off) leaves the bound as it is."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value <= 0 or self.contains(value) or (self.is_int and not float(value).is_integer()):
+            return self
+        value = int(value) if self.is_int else float(value)
+        low, high = min(self.low, value), max(self.high, value)
+        return dataclasses.replace(self, low=low, high=high,
+                                   source=f"{self.source}; widened to the base config's {_fmt(value)}")
+
     def shared(self, n_sharing: int) -> "ParamBound":
         """This bound for one of ``n_sharing`` probes on one GPU: a fraction of the card
         (the memory fraction) is divided among them."""

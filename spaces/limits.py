@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+from spaces import engines as E
 from spaces.base import SpaceError
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.overrides import get
@@ -135,9 +136,41 @@ def _gb_for_tokens(tokens: int, hidden_size: int) -> float:
     return tokens * (hidden_size / 8) / 1024**2
 
 
-def _weights_gb(model: ModelFacts, tp: int) -> float:
-    # bf16 weights (2 bytes a parameter) split over the rollout TP ranks.
-    return model.n_params_b * 2 / tp
+def bytes_per_token(model: ModelFacts) -> int:
+    """What one token of the rollout's KV cache takes: from the real shape (layers × 2 × KV
+    heads × head dim × 2 bytes) when the facts have it, else the method's hidden ÷ 8 rule
+    (hidden × 128 bytes: about 3.6× the real cache of Qwen3-8B)."""
+    real = model.kv_bytes_per_token()
+    return real if real else int(model.hidden_size or 0) * 128
+
+
+def kv_arithmetic(model: ModelFacts) -> str:
+    """How ``bytes_per_token`` was found, for the explain lines."""
+    if model.kv_bytes_per_token() is None:
+        return f"(hidden {model.hidden_size} ÷ 8) KiB a token (the method's rule; no layer facts)"
+    layers = model.kv_cache_layers or model.num_hidden_layers
+    if model.kv_lora_dim:
+        return f"KV {bytes_per_token(model):,} B a token ({layers} layers × latent {model.kv_lora_dim} × 2 B)"
+    kv_heads = model.num_key_value_heads or model.num_attention_heads
+    head_dim = model.head_dim or int(model.hidden_size or 0) // int(model.num_attention_heads or 1)
+    return f"KV {bytes_per_token(model):,} B a token ({layers} layers × 2 × {kv_heads} KV heads × {head_dim} × 2 B)"
+
+
+def _tokens_in(model: ModelFacts, gb: float) -> int:
+    return int(gb * 1024**3 / bytes_per_token(model)) if gb > 0 else 0
+
+
+def _weights_gb(model: ModelFacts, tp: int, expert_split: int | None = None) -> float:
+    """bf16 weights (2 bytes a parameter) on one rollout GPU: the dense part split over TP,
+    a MoE model's routed experts over TP × DP (``expert_split``)."""
+    dense = model.n_params_b - model.expert_params_b
+    return dense * 2 / tp + model.expert_params_b * 2 / (expert_split or tp)
+
+
+def expert_split(config: Mapping[str, Any]) -> int:
+    """Rollout ranks that share a MoE model's experts: TP × DP (verl 0.9.1's rollout config:
+    with EP 1 they are split TP × DP ways, with EP > 1 as whole experts, EP = TP × DP)."""
+    return _int_setting(config, ROLLOUT_TP) * _int_setting(config, ROLLOUT_DP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,21 +185,23 @@ class TokenBudget:
 
 def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any]) -> TokenBudget:
     """The safe range for ``rollout.max_num_batched_tokens`` (docs/method.md §1 step 3)."""
-    hidden = int(model.hidden_size or 0)
     gb = hardware.gpu_memory_gb
     fraction = float(setting(config, GPU_MEMORY))
     tp = int(setting(config, ROLLOUT_TP))
-    seed = _tokens_for_gb(gb * SEED_FRACTION, hidden)
-    weights_gb = _weights_gb(model, tp)
+    split = expert_split(config)
+    seed = _tokens_in(model, gb * SEED_FRACTION)
+    weights_gb = _weights_gb(model, tp, split)
     pool_gb = gb * fraction - weights_gb
-    memory_cap = max(0, _tokens_for_gb(pool_gb, hidden)) if pool_gb > 0 else 0
+    memory_cap = max(0, _tokens_in(model, pool_gb))
     bound = min(seed, memory_cap)
     floor = max(MIN_TOKEN_BUDGET, model.max_seq_len)
     suggested = max(floor, round_down_2sf(bound)) if bound >= floor else bound
+    experts = (f" + experts {model.expert_params_b:g}B × 2 bytes ÷ TP·DP {split}" if model.expert_params_b else "")
+    dense = model.n_params_b - model.expert_params_b
     lines = (
-        f"seed = {gb:g} GB × {SEED_FRACTION} × 1024² ÷ ({hidden} ÷ 8) = {seed:,} tokens",
+        f"seed = {gb:g} GB × {SEED_FRACTION} ÷ {kv_arithmetic(model)} = {seed:,} tokens",
         f"vLLM pool = {gb:g} GB × gpu_memory_utilization {fraction:g} − weights "
-        f"({model.n_params_b:g}B × 2 bytes ÷ rollout TP {tp} = {weights_gb:g} GB) = {pool_gb:g} GB "
+        f"({dense:g}B × 2 bytes ÷ rollout TP {tp}{experts} = {weights_gb:.3g} GB) = {pool_gb:.3g} GB "
         f"→ {memory_cap:,} tokens",
         f"bound = min({seed:,}, {memory_cap:,}) = {bound:,}; suggested max (2 significant "
         f"figures, rounded down) = {suggested:,}",
@@ -176,10 +211,11 @@ def token_budget(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str
     return TokenBudget(floor, seed, memory_cap, bound, suggested, lines)
 
 
-def memory_fraction_for(model: ModelFacts, hardware: HardwareFacts, tokens: int, tp: int) -> float:
+def memory_fraction_for(model: ModelFacts, hardware: HardwareFacts, tokens: int, tp: int, *,
+                        data_parallel: int = 1) -> float:
     """The smallest ``gpu_memory_utilization`` whose vLLM pool holds ``tokens`` (the inverse
-    of ``token_budget``'s pool), rounded up to 0.01."""
-    needed_gb = _gb_for_tokens(tokens, int(model.hidden_size or 0)) + _weights_gb(model, tp)
+    of ``token_budget``'s pool) at rollout TP ``tp``, rounded up to 0.01."""
+    needed_gb = tokens * bytes_per_token(model) / 1024**3 + _weights_gb(model, tp, tp * data_parallel)
     return math.ceil(needed_gb / hardware.gpu_memory_gb * 100 - 1e-9) / 100
 
 
@@ -190,7 +226,25 @@ def _int_setting(config: Mapping[str, Any], key: str) -> int:
 
 
 def data_parallel_ranks(config: Mapping[str, Any], hardware: HardwareFacts) -> int:
+    """The actor's data-parallel ranks: GPUs ÷ Ulysses under FSDP, GPUs ÷ (TP·PP·CP) under
+    Megatron (veomni and torchtitan lay out their own meshes: GPUs)."""
+    kind = E.engine(config)
+    if kind == "megatron":
+        tp, pp, cp = E.megatron_layout(config)
+        return max(1, hardware.n_gpus // (tp * pp * cp))
+    if kind != "dp":
+        return hardware.n_gpus
     return max(1, hardware.n_gpus // ulysses_size(config))
+
+
+def _dp_arithmetic(config: Mapping[str, Any], hardware: HardwareFacts) -> str:
+    dp = data_parallel_ranks(config, hardware)
+    if E.engine(config) == "megatron":
+        tp, pp, cp = E.megatron_layout(config)
+        return f"{hardware.n_gpus} GPUs ÷ (Megatron TP {tp} · PP {pp} · CP {cp}) = {dp}"
+    if E.engine(config) != "dp":
+        return f"{hardware.n_gpus} GPUs = {dp}"
+    return f"{hardware.n_gpus} GPUs ÷ ulysses {ulysses_size(config)} = {dp}"
 
 
 def mini_batch_problem(value: int, config: Mapping[str, Any], hardware: HardwareFacts) -> str | None:
@@ -207,7 +261,7 @@ def mini_batch_problem(value: int, config: Mapping[str, Any], hardware: Hardware
     if (value * n) % dp:
         return (
             f"{MINI_BATCH}={value}: mini × rollout.n ({value} × {n} = {value * n}) must be divisible "
-            f"by the data-parallel ranks ({hardware.n_gpus} GPUs ÷ ulysses {sp} = {dp})"
+            f"by the data-parallel ranks ({_dp_arithmetic(config, hardware)})"
         )
     per_gpu = value * n // dp
     if micro is not None and int(micro) > 0 and per_gpu % int(micro):
@@ -280,6 +334,16 @@ def kl_keys(algorithm: Algorithm) -> tuple[str, str]:
     return USE_KL_IN_REWARD, KL_CTRL_COEF
 
 
+def kl_keys_in_use(algorithm: Algorithm, config: Mapping[str, Any]) -> tuple[str, str]:
+    """The KL term the config already has on (an in-reward KL in a GRPO-style config, say),
+    else the algorithm's own (``kl_keys``): a KL stage tunes the key the run reads."""
+    if get(config, USE_KL_IN_REWARD) is True and get(config, USE_KL_LOSS) is not True:
+        return USE_KL_IN_REWARD, KL_CTRL_COEF
+    if get(config, USE_KL_LOSS) is True and get(config, USE_KL_IN_REWARD) is not True:
+        return USE_KL_LOSS, KL_LOSS_COEF
+    return kl_keys(algorithm)
+
+
 def require_gae(algorithm: Algorithm, *, where: str = "lam") -> None:
     if algorithm is not Algorithm.PPO:
         raise SpaceError(
@@ -347,22 +411,23 @@ def check_config(
     if name is None or name not in ROLLOUT_NAMES:
         problems.append(f"{ROLLOUT_NAME}={name}: must be one of {sorted(ROLLOUT_NAMES)} (mandatory since verl 0.6)")
 
-    # Advantage estimator: verl fails only inside the trainer on an unknown name.
+    # Advantage estimator: verl fails only inside the trainer on an unknown name. GAE is the
+    # PPO chain (a critic); every other estimator runs critic-free, the GRPO-style chain.
     adv = setting(config, ADV_ESTIMATOR)
     if adv not in KNOWN_ADV_ESTIMATORS:
         problems.append(f"{ADV_ESTIMATOR}={adv}: must be one of verl's estimators {sorted(KNOWN_ADV_ESTIMATORS)}")
-    elif adv != algorithm.adv_estimator:
-        problems.append(
-            f"{ADV_ESTIMATOR}={adv}: the study's algorithm {algorithm.value} needs {algorithm.adv_estimator}"
-        )
+    elif (adv == E.CRITIC_ESTIMATOR) != (algorithm is Algorithm.PPO):
+        chain = "ppo (GAE with a critic)" if adv == E.CRITIC_ESTIMATOR else "grpo (every critic-free estimator)"
+        problems.append(f"{ADV_ESTIMATOR}={adv}: runs the {chain} chain, but the study's algorithm is {algorithm.value}")
+    engine_problem = E.engine_problem(config)
+    if engine_problem:
+        problems.append(engine_problem)
 
-    # Group size: GRPO's advantage is relative within the group.
+    # Group size: a group estimator's advantage is relative within the prompt's group.
     n = setting(config, ROLLOUT_N)
     if not _is_int(n) or n < 1:
         problems.append(f"{ROLLOUT_N}={n}: must be an integer ≥ 1")
         n = 1
-    elif algorithm is Algorithm.GRPO and n < 2:
-        problems.append(f"{ROLLOUT_N}={n}: GRPO needs rollout.n ≥ 2 (group-relative advantage)")
 
     # Memory fraction: verl does not range-check it.
     fraction = setting(config, GPU_MEMORY)
@@ -381,24 +446,32 @@ def check_config(
             )
         if heads % tp:
             problems.append(f"{ROLLOUT_TP}={tp}: must divide the attention heads ({heads})")
+        ep = get(config, E.ROLLOUT_EP)
+        if _is_int(ep) and ep > 1 and name != "trtllm" and ep != tp * dp_r:
+            # verl 0.9.1's RolloutConfig asserts it when it is built (the run's first seconds)
+            problems.append(f"{E.ROLLOUT_EP}={ep}: rollout expert parallelism must equal rollout TP × DP "
+                            f"({tp} × {dp_r} = {tp * dp_r}) in verl 0.9.1")
         if pp > 1:
             # verl 0.9.1's RolloutConfig: no engine implements rollout pipeline parallelism yet.
             problems.append(f"{ROLLOUT_PP}={pp}: rollout pipeline parallelism > 1 is not implemented for vllm/sglang/trtllm in verl 0.9.1")
     else:
         problems.append(f"{ROLLOUT_TP}={tp}: rollout TP, DP and PP must be integers ≥ 1 (DP={dp_r}, PP={pp})")
 
-    # Ulysses: divides heads and the sequence, needs remove-padding, and leaves whole DP ranks.
+    # Ulysses (FSDP): divides heads and the sequence, needs remove-padding, and leaves whole DP ranks.
     for key in (ULYSSES, ULYSSES_LEGACY):
         raw = setting(config, key)
         if not _is_int(raw) or raw < 1:
             problems.append(f"{key}={raw}: must be an integer ≥ 1")
     sp = ulysses_size(config)
-    if heads % sp:
-        problems.append(f"{ULYSSES}={sp}: attention heads ({heads}) must be divisible by the ulysses size")
-    if n_gpus % sp:
-        problems.append(f"{ULYSSES}={sp}: must divide the GPU count ({n_gpus})")
-    if sp > 1 and not setting(config, USE_REMOVE_PADDING):
-        problems.append(f"{ULYSSES}={sp}: ulysses > 1 needs {USE_REMOVE_PADDING}=true")
+    if E.engine(config) == "dp":
+        if heads % sp:
+            problems.append(f"{ULYSSES}={sp}: attention heads ({heads}) must be divisible by the ulysses size")
+        if n_gpus % sp:
+            problems.append(f"{ULYSSES}={sp}: must divide the GPU count ({n_gpus})")
+        if sp > 1 and not setting(config, USE_REMOVE_PADDING):
+            problems.append(f"{ULYSSES}={sp}: ulysses > 1 needs {USE_REMOVE_PADDING}=true")
+    else:
+        sp = 1
 
     # Batch sizes (static batching only; with dynamic batching verl splits by tokens).
     dynamic = bool(setting(config, USE_DYNAMIC_BSZ))
@@ -410,17 +483,22 @@ def check_config(
         problem = mini_batch_problem(mini, config, hardware)
         if problem:
             problems.append(problem)
-        if n_gpus and (train * n) % n_gpus:
+        minimal, what = n_gpus, f"the GPU count ({n_gpus})"
+        micro = setting(config, MICRO_BATCH)
+        if E.engine(config) == "megatron" and _is_int(micro) and micro >= 1:  # verl's validate_config
+            dp = data_parallel_ranks(config, hardware)
+            minimal, what = dp * micro, f"Megatron DP {dp} × micro-batch {micro} ({dp * micro})"
+        if minimal and (train * n) % minimal:
             problems.append(
-                f"{TRAIN_BATCH}={train}: train batch × rollout.n ({train * n}) must be divisible by "
-                f"the GPU count ({n_gpus})"
+                f"{TRAIN_BATCH}={train}: train batch × rollout.n ({train * n}) must be divisible by {what}"
             )
     if dynamic:
         limit = setting(config, MAX_TOKEN_LEN)
         longest = model.max_seq_len
-        if not _is_int(limit) or limit * sp < longest:
+        split, split_name = E.sequence_split(config)
+        if not _is_int(limit) or limit * split < longest:
             problems.append(
-                f"{MAX_TOKEN_LEN}={limit}: with dynamic batching, max token len × ulysses ({sp}) must "
+                f"{MAX_TOKEN_LEN}={limit}: with dynamic batching, max token len × {split_name} ({split}) must "
                 f"be ≥ the longest prompt + response ({longest})"
             )
 
@@ -433,18 +511,10 @@ def check_config(
     if kl_type not in ("fixed", "adaptive"):
         problems.append(f"{KL_CTRL_TYPE}={kl_type}: must be fixed or adaptive")
 
-    # λ is read only by GAE.
+    # λ is read only by GAE (a λ in a GRPO config is unread, harmless: see ``notes``).
     lam = get(config, LAM)
-    if lam is not None:
-        if algorithm is not Algorithm.PPO and lam != VERL_DEFAULTS[LAM]:
-            problems.append(f"{LAM}={lam}: λ only matters with GAE; the study's algorithm is {algorithm.value}")
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
-            problems.append(f"{LAM}={lam}: must lie in [0, 1]")
-
-    # forward_prefetch is an FSDP1 option.
-    strategy = setting(config, STRATEGY)
-    if setting(config, FORWARD_PREFETCH) and strategy != "fsdp":
-        problems.append(f"{FORWARD_PREFETCH}=true: forward prefetch is FSDP1 only, but strategy is {strategy}")
+    if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1):
+        problems.append(f"{LAM}={lam}: must lie in [0, 1]")
 
     # Token budget: chunked prefill off raises it to max_model_len (silently changes the knob).
     budget = setting(config, TOKEN_BUDGET)
@@ -456,3 +526,29 @@ def check_config(
             f"({model.max_seq_len}); set {CHUNKED_PREFILL}=true or a budget ≥ {model.max_seq_len}"
         )
     return problems
+
+
+def doubts(config: Mapping[str, Any]) -> list[str]:
+    """Settings verl runs but that are likely not what the user meant: one warning line each."""
+    found = []
+    n = setting(config, ROLLOUT_N)
+    adv = setting(config, ADV_ESTIMATOR)
+    if adv in E.GROUP_ESTIMATORS and _is_int(n) and n == 1 and not get(config, "distillation.enabled"):
+        # verl runs it: a group of one has mean 0 and std 1, so the advantage is the score itself
+        found.append(f"{ROLLOUT_N}=1: {adv} compares a response with the others of its prompt's group, but with one "
+                     "there is none and verl uses the score itself; set rollout.n ≥ 2 for the algorithm as meant")
+    return found
+
+
+def notes(config: Mapping[str, Any], *, algorithm: Algorithm) -> list[str]:
+    """Settings verl accepts but does not read for this config: harmless, said once, not refused."""
+    found = []
+    lam = get(config, LAM)
+    if algorithm is not Algorithm.PPO and lam is not None and lam != VERL_DEFAULTS[LAM]:
+        found.append(f"{LAM}={lam} is read only by GAE; {setting(config, ADV_ESTIMATOR)} leaves it unused")
+    if get(config, USE_KL_IN_REWARD) is not True and get(config, KL_CTRL_COEF) not in (None, VERL_DEFAULTS[KL_CTRL_COEF]):
+        found.append(f"{KL_CTRL_COEF}={get(config, KL_CTRL_COEF)} is unused: {USE_KL_IN_REWARD} is off")
+    if get(config, USE_KL_LOSS) is not True and get(config, KL_LOSS_COEF) not in (None, VERL_DEFAULTS[KL_LOSS_COEF]):
+        found.append(f"{KL_LOSS_COEF}={get(config, KL_LOSS_COEF)} is unused: {USE_KL_LOSS} is off")
+    return found
+

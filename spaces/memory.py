@@ -165,14 +165,31 @@ def estimate(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, An
                           tuple(lines))
 
 
+def baseline_allowance(model: ModelFacts, hardware: HardwareFacts, baseline: Mapping[str, Any]) -> float:
+    """The baseline's estimated peak when the baseline certainly fits where it runs by the one
+    term the estimate cannot get wrong (the rollout's bf16 weights within vLLM's share): a
+    user's run that verl runs today is evidence the estimate is short (LoRA, offload, MoE),
+    so configs up to its peak are not refused. 0 when the weights alone cannot fit."""
+    found = estimate(model, hardware, baseline)
+    if found is None:
+        return 0.0
+    tp = L._int_setting(baseline, L.ROLLOUT_TP)
+    weights_gb = model.n_params_b * 2 / tp
+    share_gb = float(L.setting(baseline, L.GPU_MEMORY)) * hardware.gpu_memory_gb
+    return found.peak_gb if weights_gb < share_gb else 0.0
+
+
 def usable_gb(hardware: HardwareFacts) -> float:
     return USABLE_FRACTION * hardware.gpu_memory_gb
 
 
-def fit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any]) -> str | None:
-    """Why ``config`` cannot fit its GPUs by the estimate (one line with the arithmetic), or None."""
+def fit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any], *,
+                allowance_gb: float = 0.0) -> str | None:
+    """Why ``config`` cannot fit its GPUs by the estimate (one line with the arithmetic), or None.
+    ``allowance_gb``: a peak known to run (the baseline's estimate, where the baseline is the
+    user's own run): a config estimated at no more than it is not refused."""
     found = estimate(model, hardware, config)
-    if found is None or found.peak_gb <= usable_gb(hardware):
+    if found is None or found.peak_gb <= max(usable_gb(hardware), allowance_gb):
         return None
     phase = max((("rollout", found.rollout_gb), ("update", found.update_gb), ("log-prob", found.log_prob_gb)),
                 key=lambda p: p[1])[0]

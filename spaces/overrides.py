@@ -18,6 +18,9 @@ KEY_PATTERN = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_
 # Characters that Hydra's override grammar treats specially inside an unquoted value.
 _HYDRA_SPECIAL = re.compile(r"[\s,=\[\]{}()'\"\\:$*?<>|&;`#@%!~]")
 _MAX_STRING = 4096
+# A string Hydra would read as a number (0001, 1e-6, 1_000): quoted to stay a string.
+_NUMBER = re.compile(r"^[-+]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d+)?$")
+_DICT_KEY_CHARS = re.compile(r"^[A-Za-z0-9_.*{}()\[\]\-/:=, ]+$")
 
 
 class OverrideError(ValueError):
@@ -55,14 +58,25 @@ def format_value(value: Any) -> str:
             # the probe's environment (the simulator takes it literally: two meanings).
             raise OverrideError(f"string override must not contain '${{' (an OmegaConf interpolation, which verl "
                                 f"would resolve), but got {value[:40]!r}. Write the value itself.")
-        if value == "" or _HYDRA_SPECIAL.search(value) or value.lower() in ("null", "true", "false"):
+        if value == "" or _HYDRA_SPECIAL.search(value) or value.lower() in ("null", "true", "false", "inf", "nan") \
+                or _NUMBER.match(value):
             # Quoted: Hydra takes the content literally, so commas or '=' cannot split it.
             escaped = value.replace("\\", "\\\\").replace("'", "\\'")
             return f"'{escaped}'"
         return value
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(format_value(v) for v in value) + "]"
-    raise OverrideError(f"override value must be a scalar or a list, but got {type(value).__name__}.")
+    if isinstance(value, dict):  # a mapping: Hydra's {key:value,...} (merged into verl's node under +key)
+        return "{" + ", ".join(f"{_dict_key(key)}: {format_value(v)}" for key, v in value.items()) + "}"
+    raise OverrideError(f"override value must be a scalar, a list or a mapping, but got {type(value).__name__}.")
+
+
+def _dict_key(key: Any) -> str:
+    """A mapping's key in Hydra's grammar: a name as it is, Hydra's special characters escaped
+    with a backslash (``model.visual.blocks.\\{*\\}``), as Hydra's parser reads them back."""
+    if not isinstance(key, str) or not key or not _DICT_KEY_CHARS.match(key) or "\n" in key:
+        raise OverrideError(f"a mapping's keys must be names like 'attention_backend', but got {key!r}.")
+    return re.sub(r"([\\()\[\]{}:=, \t])", r"\\\1", key)
 
 
 def to_overrides(config: Mapping[str, Any]) -> list[str]:

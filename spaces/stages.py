@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from spaces import bounds as B
 from spaces import limits as L
 from spaces.base import Moves, Space, SpaceError, check_options, where_or
+from spaces.batching import reference_fill
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
-from spaces.overrides import Config
+from spaces.overrides import Config, get
+from spaces.megatron import systems_space
 from spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
 
 if TYPE_CHECKING:
@@ -187,15 +189,19 @@ class KLSpace(Space):
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
         where = where_or(where, "kl")
-        allowed = self.OPTIONS if algorithm is Algorithm.PPO else B.BOUND_OPTIONS
+        self.switch_key, self.coef_key = L.kl_keys_in_use(algorithm, base)
+        #: the in-reward KL has a controller (fixed/adaptive); the KL loss a coefficient only
+        self.in_reward = self.switch_key == L.USE_KL_IN_REWARD
+        allowed = self.OPTIONS if self.in_reward else B.BOUND_OPTIONS
         check_options(options, allowed, where)
         self.algorithm = algorithm
-        self.bound = B.KL_COEF.narrowed({k: options[k] for k in B.BOUND_OPTIONS if k in options}, where=where)
-        self.switch_key, self.coef_key = L.kl_keys(algorithm)
+        on_coef = L.setting(base, self.coef_key) if L.setting(base, self.switch_key) else None
+        self.bound = B.KL_COEF.including(on_coef).narrowed({k: options[k] for k in B.BOUND_OPTIONS if k in options},
+                                                           where=where)
         self.types: list[str] = ["fixed", "adaptive"]
         self.target = B.TARGET_KL
         self.horizon = B.KL_HORIZON
-        if algorithm is Algorithm.PPO:
+        if self.in_reward:
             types = options.get("types", self.types)
             if not isinstance(types, list) or not types or any(t not in ("fixed", "adaptive") for t in types):
                 raise SpaceError(f"{where}.types: must be a non-empty list of fixed/adaptive, but got {types!r}. Use [fixed, adaptive].")
@@ -212,7 +218,9 @@ class KLSpace(Space):
             self.switch_key: True,
             self.coef_key: trial.suggest_float(self.param, self.bound.low, self.bound.high, log=True),
         }
-        if self.algorithm is Algorithm.PPO:
+        if not L.setting(base, self.switch_key):  # switched on: verl then builds a reference policy,
+            config.update(reference_fill({**base, **config}))  # under static batching with a micro-batch
+        if self.in_reward:
             kind = trial.suggest_categorical("kl_ctrl_type", self.types)
             config[L.KL_CTRL_TYPE] = kind
             if kind == "adaptive":  # target and horizon are read only by the adaptive controller
@@ -229,7 +237,7 @@ class KLSpace(Space):
         if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not self.bound.contains(coef):
             return None
         params: dict[str, Any] = {self.param: float(coef)}
-        if self.algorithm is Algorithm.PPO:
+        if self.in_reward:
             kind = L.setting(base, L.KL_CTRL_TYPE)
             if kind not in self.types:
                 return None
@@ -250,14 +258,14 @@ class KLSpace(Space):
         for i in range(n):
             fraction = i / (n - 1) if n > 1 else 0.5
             point: dict[str, Any] = {self.param: float(f"{math.exp(low + fraction * (high - low)):.3g}")}
-            if self.algorithm is Algorithm.PPO and "fixed" in self.types:
+            if self.in_reward and "fixed" in self.types:
                 point["kl_ctrl_type"] = "fixed"
             points.append(point)
         return points
 
     def explain(self) -> list[str]:
         lines = [f"kl: {self.switch_key}=true, {self.coef_key} — {self.bound.describe()}"]
-        if self.algorithm is Algorithm.PPO:
+        if self.in_reward:
             lines.append(f"kl: {L.KL_CTRL_TYPE} ∈ {self.types}; adaptive adds {self.target.describe()}, "
                          f"{self.horizon.describe()}")
         return lines
@@ -277,8 +285,13 @@ class TokenBudgetSpace(_BoundedSpace):
         where = where_or(where, "token_budget")
         check_options(options, B.BOUND_OPTIONS, where)
         self.budget = L.token_budget(model, hardware, base)
-        safe = B.token_budget_bound(self.budget.floor, self.budget.suggested_max, self.budget.lines[2])
-        super().__init__(safe.narrowed(options, where=where), hardware=hardware, where=where)
+        ceiling, arithmetic = self.budget.suggested_max, self.budget.lines[2]
+        own = get(base, self.key)
+        if ceiling < self.budget.floor and isinstance(own, int) and own >= self.budget.floor:
+            # The run holds its own budget: the memory estimate is the one that is short.
+            ceiling, arithmetic = own, f"{arithmetic}; below the floor, so the base config's {own:,} instead"
+        safe = B.token_budget_bound(self.budget.floor, ceiling, arithmetic)
+        super().__init__(safe.including(get(base, self.key)).narrowed(options, where=where), hardware=hardware, where=where)
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         # Chunked prefill on: otherwise verl raises the budget to max_model_len behind our back.
@@ -303,7 +316,8 @@ class LRSpace(_BoundedSpace):
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
         where = where_or(where, "lr")
         check_options(options, B.BOUND_OPTIONS, where)
-        super().__init__(B.LR.narrowed(options, where=where), hardware=hardware, where=where)
+        super().__init__(B.LR.including(get(base, L.LR)).narrowed(options, where=where), hardware=hardware,
+                         where=where)
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         return {self.key: self._suggest_value(trial)}
@@ -325,7 +339,8 @@ class LamSpace(_BoundedSpace):
         where = where_or(where, "lam")
         L.require_gae(algorithm, where=where)
         check_options(options, B.BOUND_OPTIONS, where)
-        super().__init__(B.LAM.narrowed(options, where=where), hardware=hardware, where=where)
+        super().__init__(B.LAM.including(get(base, L.LAM)).narrowed(options, where=where), hardware=hardware,
+                         where=where)
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         return {self.key: self._suggest_value(trial)}
@@ -512,7 +527,14 @@ class PolishSpace(CompositeSpace):
         return [line for part in self.parts for line in part.explain()]
 
 
-SpaceFactory = type[Space]
+class SpaceFactory(Protocol):
+    """A space class, or a function that picks one by the base config (its ``moves`` is what
+    every space it returns moves)."""
+
+    moves: Moves
+
+    def __call__(self, **kwargs: Any) -> Space: ...
+
 
 SPACES: dict[str, SpaceFactory] = {
     "mini_batch": MiniBatchSpace,
@@ -521,7 +543,7 @@ SPACES: dict[str, SpaceFactory] = {
     "lr": LRSpace,
     "lam": LamSpace,
     "entropy": EntropySpace,
-    "systems": SystemsSpace,
+    "systems": systems_space,  # FSDP's SystemsSpace or MegatronSystemsSpace, by the base's engine
     "polish": PolishSpace,
 }
 

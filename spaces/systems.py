@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from spaces import bounds as B
+from spaces import engines as E
 from spaces import limits as L
 from spaces import memory as M
 from spaces.base import Moves, Space, SpaceError, check_options, where_or
+from spaces.batching import static_batching_fill
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.oom import hardware_tag, oom_ceiling, study_trials
-from spaces.overrides import Config, merge
+from spaces.overrides import Config, get, merge
 
 if TYPE_CHECKING:
     import optuna
@@ -76,11 +77,44 @@ def _divisors(total: int, candidates: tuple[int, ...], keep: Any, *, deprecated_
     return ([None] if keep is None else []) + sorted(values)
 
 
+def rollout_expert_parallel(base: Config, tp: int) -> Config:
+    """verl 0.9.1's RolloutConfig wants EP = TP × DP once rollout expert parallelism is on (not
+    for trtllm): a layout that changes the rollout TP moves EP with it."""
+    ep = L.setting(base, E.ROLLOUT_EP)
+    if not L._is_int(ep) or ep <= 1 or L.setting(base, L.ROLLOUT_NAME) == "trtllm":
+        return {}
+    return {E.ROLLOUT_EP: tp * L._int_setting(base, L.ROLLOUT_DP)}
+
+
+def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Config,
+                          memory: B.ParamBound) -> dict[int, float]:
+    """Each rollout TP that fits, with the lowest memory fraction its vLLM pool holds the base's
+    token budget at (never below ``memory.low``). A TP whose floor is above ``memory.high``
+    does not fit, except the base's own TP: the run holds it, so its floor is at most the
+    base's fraction (the estimate is the one that is short). Each layout keeps its own floor:
+    the worst TP's floor is not applied to the others."""
+    dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
+    budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
+    own_tp, own_memory = L.setting(base, L.ROLLOUT_TP), L.setting(base, L.GPU_MEMORY)
+    floors: dict[int, float] = {}
+    sizes = L.rollout_tp_sizes(model, hardware).value
+    if L._is_int(own_tp) and own_tp not in sizes:  # a run's own TP across nodes: verl ran it
+        sizes = sorted({*sizes, own_tp})
+    for tp in sizes:
+        if hardware.n_gpus % (tp * dp_r * pp):
+            continue
+        floor = max(memory.low, L.memory_fraction_for(model, hardware, budget, tp, data_parallel=dp_r))
+        if tp == own_tp and isinstance(own_memory, (int, float)) and memory.contains(own_memory):
+            floor = min(floor, float(own_memory))
+        if floor <= memory.high or tp == own_tp:
+            floors[tp] = min(floor, memory.high)
+    return floors
+
+
 class SystemsSpace(Space):
     """Stage 0: the parallel layout and memory knobs (docs/method.md §2); speed only.
 
-    Conditional, so only valid combinations are asked: forward prefetch only under FSDP1, the
-    dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
+    Conditional, so only valid combinations are asked: the dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
     limit × ulysses ≥ prompt + response always holds), static micro-batches only without it
     (per Ulysses size, dividing the per-GPU batch), rollout TP and Ulysses sizes only
     among the values that fit the heads, the GPUs, the base's mini-batch and the token budget.
@@ -115,27 +149,22 @@ class SystemsSpace(Space):
         if not isinstance(sub, Mapping):
             raise SpaceError(f"{where}.gpu_memory_utilization: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
         check_options(sub, B.BOUND_OPTIONS, f"{where}.gpu_memory_utilization")
-        self.memory = B.GPU_MEMORY_UTILIZATION.narrowed(sub, where=f"{where}.gpu_memory_utilization")
+        self.algorithm = algorithm
+        self.memory = B.GPU_MEMORY_UTILIZATION.including(get(base, L.GPU_MEMORY)).narrowed(
+            sub, where=f"{where}.gpu_memory_utilization")
         self.lines: list[str] = [f"systems: {L.GPU_MEMORY} — {self.memory.describe()}"]
 
         # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and the vLLM
-        # pool holds the base's token budget within the memory range. On a tuned base (a
-        # systems stage after the token budget stage) the memory floor rises instead, so that
-        # every layout the space proposes still holds that budget.
+        # pool holds the base's token budget within the memory range: each TP with its own
+        # memory floor (a tuned base's larger budget raises it), never the worst one for all.
         dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
-        budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
-        floors: dict[int, float] = {}
-        for tp in L.rollout_tp_sizes(model, hardware).value:
-            floor = L.memory_fraction_for(model, hardware, budget, tp)
-            if hardware.n_gpus % (tp * dp_r * pp) == 0 and floor <= self.memory.high:
-                floors[tp] = floor
-        tps = list(floors)
-        if tps and max(floors.values()) > self.memory.low:
-            self.memory = dataclasses.replace(self.memory, low=max(floors.values()),
-                                              source=f"{self.memory.source}; floor holds token budget {budget:,}")
+        self.floors = rollout_memory_floors(model, hardware, base, self.memory)
+        tps = list(self.floors)
         self.lines.append(
             f"systems: rollout TP ∈ {tps} (divides GPUs/node and heads; TP·DP {dp_r}·PP {pp} divides "
-            f"{hardware.n_gpus} GPUs; pool at memory fraction {self.memory.low:g} ≥ token budget {budget:,})"
+            f"{hardware.n_gpus} GPUs; memory floor per TP, the pool holding token budget "
+            f"{max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len):,}: "
+            + ", ".join(f"TP {t} ≥ {f:g}" for t, f in self.floors.items()) + ")"
         )
         # Ulysses: valid sizes that keep the base's static mini-batch valid.
         mini = L._int_setting(base, L.MINI_BATCH)
@@ -239,12 +268,11 @@ class SystemsSpace(Space):
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         c = self.choices
         config: Config = {L.ROLLOUT_TP: _pick(trial, "rollout_tp", c["rollout_tp"])}
+        config.update(rollout_expert_parallel(base, config[L.ROLLOUT_TP]))
         strategy = _pick(trial, "strategy", c["strategy"])
         config[L.STRATEGY] = strategy
-        # FSDP1-only option: asked only under fsdp, pinned off otherwise.
-        config[L.FORWARD_PREFETCH] = (
-            _pick(trial, "forward_prefetch", c["forward_prefetch"]) if strategy == "fsdp" else False
-        )
+        # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike (verl/utils/fsdp_utils.py, apply_fsdp2).
+        config[L.FORWARD_PREFETCH] = _pick(trial, "forward_prefetch", c["forward_prefetch"])
         sp = _pick(trial, "ulysses", c["ulysses"])
         config[L.ULYSSES] = sp
         config[L.ULYSSES_LEGACY] = sp  # the ref policy follows the actor-level key
@@ -274,14 +302,19 @@ class SystemsSpace(Space):
                 log_prob = _pick(trial, f"log_prob_micro_batch_sp{sp}", self.log_prob_choices[sp])
                 if log_prob is not None:
                     config[ROLLOUT_LOG_PROB_MICRO] = config[REF_LOG_PROB_MICRO] = log_prob
+            if L.setting(base, L.USE_DYNAMIC_BSZ):
+                # the base batched dynamically and set no micro-batches, which verl needs once
+                # batching is static (its validate_config refuses the config without them)
+                config.update(static_batching_fill({**base, **config}, self.hardware, algorithm=self.algorithm))
         config[L.GRADIENT_CHECKPOINTING] = _pick(trial, "gradient_checkpointing", c["gradient_checkpointing"])
         config[L.ACTIVATION_OFFLOAD] = _pick(trial, "activation_offload", c["activation_offload"])
         config[MAX_NUM_SEQS] = _pick(trial, "max_num_seqs", c["max_num_seqs"])
         config[ENFORCE_EAGER] = _pick(trial, "enforce_eager", c["enforce_eager"])
         config[FREE_CACHE_ENGINE] = _pick(trial, "free_cache_engine", c["free_cache_engine"])
-        # Asked last: its ceiling depends on the layout chosen above.
-        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.memory.low,
-                                                   self._memory_high(trial))
+        # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
+        # (OOMs of this same layout) depend on the layout chosen above.
+        low = self.floors[config[L.ROLLOUT_TP]]
+        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, self._memory_high(trial)))
         return config
 
     def _memory_high(self, trial: "optuna.trial.BaseTrial") -> float:
@@ -314,8 +347,7 @@ class SystemsSpace(Space):
             ("enforce_eager", bool(_base_value(base, ENFORCE_EAGER)), c["enforce_eager"]),
             ("free_cache_engine", bool(_base_value(base, FREE_CACHE_ENGINE)), c["free_cache_engine"]),
         ]
-        if L.setting(base, L.STRATEGY) == "fsdp":
-            wanted.append(("forward_prefetch", bool(L.setting(base, L.FORWARD_PREFETCH)), c["forward_prefetch"]))
+        wanted.append(("forward_prefetch", bool(L.setting(base, L.FORWARD_PREFETCH)), c["forward_prefetch"]))
         if dynamic:
             limit = L.setting(base, L.MAX_TOKEN_LEN)
             wanted.append((f"ppo_max_token_len_per_gpu_sp{sp}", limit, self.token_lens.get(sp, [])))
@@ -340,7 +372,9 @@ class SystemsSpace(Space):
             if len(valid) > 1:  # a knob with one value is set, not asked (see suggest)
                 params[name] = value
         memory = L.setting(base, L.GPU_MEMORY)
-        if not isinstance(memory, (int, float)) or not self.memory.contains(memory):
+        own_tp = L.setting(base, L.ROLLOUT_TP)
+        if not isinstance(memory, (int, float)) or own_tp not in self.floors \
+                or not self.floors[own_tp] <= memory <= self.memory.high:
             return None
         params["gpu_memory_utilization"] = float(memory)
         return params

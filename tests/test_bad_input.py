@@ -84,7 +84,8 @@ STUDY_CASES: list[tuple[str, Change, str]] = [
     ("override key with shell", lambda d: d["baseline"].update({"data.train_files; rm -rf /": 1}), r"baseline: .*override key must be a dotted config path"),
     ("override key with =", lambda d: d["baseline"].update({"a=b": 1}), r"override key must be a dotted config path"),
     ("override value newline", lambda d: d["baseline"].update({"trainer.project_name": "a\nb"}), r"string override must be one short line"),
-    ("override value mapping", lambda d: d["baseline"].update({"trainer.project_name": {"a": 1}}), r"override value must be a scalar or a list"),
+    ("override value mapping where verl has a number", lambda d: d["baseline"].update({"actor_rollout_ref.actor.optim.lr": {"a": 1}}), r"optim\.lr=\{'a': 1\}: must be a number"),
+    ("override mapping with a bad key", lambda d: d["baseline"].update({"+actor_rollout_ref.rollout.engine_kwargs.vllm": {"a$b": 1}}), r"a mapping's keys must be names"),
     ("override value NaN", lambda d: d["baseline"].update({"actor_rollout_ref.actor.optim.lr": float("nan")}), r"override value must be finite"),
     ("unknown space", _set("stages/0/space", "warp"), r"space must be one of"),
     ("lam on grpo", _set("stages/0/space", "lam"), r"λ|lam"),
@@ -177,6 +178,18 @@ def test_changed_definition_under_same_name_is_refused(study_db: Path) -> None:
     assert re.search(r"study 'tiny' already exists in this database with a different definition "
                      r"\(baseline\.actor_rollout_ref\.actor\.optim\.lr changed\)", result.stderr), result.stderr
     assert _fingerprint(study_db) == before
+
+
+def test_the_name_clash_is_found_before_verls_checks(study_db: Path) -> None:
+    """One cause, one error, the cheap one first: a changed definition under a stored name is
+    refused before verl's compose (which would otherwise take seconds and name a typo)."""
+    data = _tiny()
+    data["baseline"]["actor_rollout_ref.actor.ppo_mini_batch_sizee"] = 16  # what verl would refuse
+    path = write_study(study_db.parent, data, "tiny-clash.yaml")
+    result = cli("run", str(path), "--storage", f"sqlite:///{study_db}", cwd=study_db.parent)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "already exists in this database with a different definition" in lines[0], lines
 
 
 def test_run_takes_new_launcher_settings_but_not_a_new_landscape(tmp_path: Path) -> None:
@@ -276,9 +289,11 @@ def test_override_values_cannot_smuggle_keys_or_shell(tmp_path: Path) -> None:
 
 
 def test_validate_unsafe_study_one_line_per_problem(tmp_path: Path) -> None:
+    """A baseline outside the safe bounds is accepted with one warning line per value (the search
+    spans the safe range and the baseline); what the stages would do wrong is an error each."""
     data = demo_data()
     data["baseline"]["actor_rollout_ref.actor.optim.lr"] = 1e-4          # baseline outside the safe range
-    data["baseline"]["actor_rollout_ref.rollout.max_num_batched_tokens"] = 500_000  # above the memory bound
+    data["baseline"]["actor_rollout_ref.rollout.max_num_batched_tokens"] = 5_000_000  # above the memory bound
     data["stages"] = [
         {"name": "kl", "space": "kl", "params": {"high": 0.05}, "budget": {"max_trials": 3}},  # widened, no unsafe
         {"name": "lam", "space": "lam", "budget": {"max_trials": 3}},                          # λ on GRPO
@@ -287,11 +302,25 @@ def test_validate_unsafe_study_one_line_per_problem(tmp_path: Path) -> None:
     result = cli("validate", str(path), cwd=tmp_path)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 4, errors
-    for pattern in (r"optim\.lr: must be within the safe bound", r"max_num_batched_tokens: must be ≤ the memory bound",
-                    r"stages\[0\]\.high: must be ≤ 0\.01 .*unsafe: true", r"stages\[1\]: λ only matters with GAE"):
+    assert len(errors) == 2, errors
+    for pattern in (r"stages\[0\]\.high: must be ≤ 0\.01 .*unsafe: true", r"stages\[1\]: λ only matters with GAE"):
         assert any(re.search(pattern, line) for line in errors), pattern
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert any(re.search(r"optim\.lr=0\.0001 lies outside the safe bound .*the search spans the safe range and the "
+                         r"baseline, \[5e-07, 0\.0001\]", line) for line in warnings), warnings
+    assert any(re.search(r"max_num_batched_tokens=5,000,000 is above the memory bound", line) for line in warnings), warnings
     assert not list(tmp_path.glob("*.db"))
+
+
+def test_a_baseline_outside_the_safe_bounds_is_searched_with_the_baseline(tmp_path: Path) -> None:
+    data = demo_data()
+    data["baseline"]["actor_rollout_ref.actor.optim.lr"] = 1e-5
+    data["stages"] = [{"name": "lr", "space": "lr", "budget": {"max_trials": 4}}]
+    path = write_study(tmp_path, data, "wide.yaml")
+    result = cli("validate", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"lr ∈ \[5e-07, 1e-05\] \(log\) — the method's lr range 5e-7 - 5e-6; widened to the base config's "
+                     r"1e-05", result.stdout)
 
 
 def test_a_mistyped_study_name_gets_the_closest_names_not_a_wall_of_them() -> None:
@@ -422,7 +451,12 @@ def test_bad_values_are_refused_by_validate_and_run(tmp_path: Path, label: str, 
 VERL_CASES: list[tuple[str, Change, str]] = [
     # class 3: what verl refuses is refused by run before it stores anything, as by validate
     ("typo'd key", lambda d: d["baseline"].update({"actor_rollout_ref.actor.ppo_mini_batch_sizee": 256}),
-     r"baseline: verl rejects the config: verl compose: Could not override 'actor_rollout_ref\.actor\.ppo_mini_batch_sizee'"),
+     r"baseline: verl rejects the config: actor_rollout_ref\.actor\.ppo_mini_batch_sizee: verl has no key "
+     r"'ppo_mini_batch_sizee' under actor_rollout_ref\.actor; did you mean `ppo_mini_batch_size`\?"),
+    ("+key on a key verl has", lambda d: d["baseline"].update({"+actor_rollout_ref.actor.ppo_epochs": 2}),
+     r"\+actor_rollout_ref\.actor\.ppo_epochs: the \+ adds a key, but verl already has"),
+    ("a YAML 1e-6 where verl has a boolean", lambda d: d["baseline"].update({"actor_rollout_ref.actor.use_kl_loss": "1e-6"}),
+     r"use_kl_loss=1e-06: must be true or false"),
     # (lr, use_kl_loss and the other keys verl-sweep's own rules compute with are checked
     # before verl: see NUMBER_CASES; verl's defaults give every other key its kind)
     ("non-numeric clip ratio", lambda d: d["baseline"].update({"actor_rollout_ref.actor.clip_ratio": "abc"}),

@@ -47,3 +47,21 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
         assert result.returncode == 0, (line, result.stdout[-2000:], result.stderr[-2000:])
     best = (tmp_path / "out" / "best.yaml").read_text()
     assert "defaults:" in best and "ppo_trainer" in best
+
+
+def test_from_your_verl_command_runs_as_written(tmp_path: Path) -> None:
+    """The "From your verl command" block: init from one of verl's own scripts and from a
+    command line (the model's config.json from a local Hugging Face cache), then validate."""
+    hub = tmp_path / "hub" / "models--Qwen--Qwen3-8B" / "snapshots" / "0"
+    hub.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "data" / "model-configs" / "Qwen--Qwen3-8B.json", hub / "config.json")
+    for name in (".venv", "tests"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    commands = _block_after("## From your verl command")
+    assert len(commands) == 3 and all(c.startswith(".venv/bin/verl-sweep ") for c in commands)
+    for line in commands:
+        result = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, (line, result.stdout[-2000:], result.stderr[-2000:])
+        assert re.search(r"ESTIMATE [\d,]+-[\d,]+ GPU-hours", result.stdout), result.stdout[-2000:]
+    assert (tmp_path / "studies" / "qwen3-8b.yaml").is_file() and (tmp_path / "studies" / "mine.yaml").is_file()

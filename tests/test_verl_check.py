@@ -127,13 +127,15 @@ def test_every_default_stage_config_is_accepted_ppo(validator: tuple[VerlValidat
 
 
 BAD = [
-    ("unknown key", {"actor_rollout_ref.actor.optim.learning_rate": 1e-6}, r"verl compose: .*learning_rate", None),
+    ("unknown key", {"actor_rollout_ref.actor.optim.learning_rate": 1e-6}, r"optim\.learning_rate: verl has no key 'learning_rate' under actor_rollout_ref\.actor\.optim", None),
+    ("typo", {"actor_rollout_ref.actor.ppo_mini_batch_sizee": 256}, r"did you mean `ppo_mini_batch_size`\?", None),
+    ("+key on a key verl has", {"+actor_rollout_ref.actor.optim.lr": 1e-6}, r"the \+ adds a key, but verl already has actor_rollout_ref\.actor\.optim\.lr .*Write actor_rollout_ref\.actor\.optim\.lr without the \+", None),
     ("mini > train", {L.MINI_BATCH: 2048}, r"train_batch_size \(1024\) must be >= actor\.ppo_mini_batch_size \(2048\)", r"must be ≤ data\.train_batch_size"),
     ("micro missing", {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None}, r"Please set at least one of 'actor_rollout_ref\.rollout\.log_prob_micro_batch_size'", None),
     ("unknown estimator", {L.ADV_ESTIMATOR: "grpoo"}, r"Unknown advantage estimator simply: grpoo", r"must be one of verl's estimators"),
     ("adaptive horizon 0", {L.ADV_ESTIMATOR: "gae", "critic.ppo_micro_batch_size_per_gpu": 4, L.USE_KL_IN_REWARD: True, L.KL_CTRL_TYPE: "adaptive", L.KL_CTRL_HORIZON: 0}, r"horizon must be larger than 0", r"needs horizon > 0"),
     ("ulysses without remove padding", {L.ULYSSES_LEGACY: 2, L.USE_REMOVE_PADDING: False}, r"you must enable `use_remove_padding`", r"needs .*use_remove_padding=true"),
-    ("GRPO n=1: only ours", {L.ROLLOUT_N: 1}, None, r"GRPO needs rollout\.n ≥ 2"),
+    ("GRPO n=1: verl runs it (a warning of ours)", {L.ROLLOUT_N: 1}, None, None),
     ("memory fraction 1.5: only ours", {L.GPU_MEMORY: 1.5}, None, r"must lie in \(0, 1\]"),
 ]
 
@@ -148,6 +150,7 @@ def test_bad_configs_are_rejected(
     algorithm = Algorithm.PPO if config[L.ADV_ESTIMATOR] == "gae" else Algorithm.GRPO
     ours = L.check_config(config, model=MODEL, hardware=HARDWARE, algorithm=algorithm)
     theirs = v.validate(config)
+    assert not any("To append" in p for p in theirs)  # never Hydra's advice to add a +
     if verl_says is not None:
         assert len(theirs) == 1 and __import__("re").search(verl_says, theirs[0]), theirs
     else:
@@ -200,3 +203,30 @@ def test_templates_compose_and_validate(
         config[CRITIC_MICRO] = 4
     assert L.check_config(config, model=model, hardware=hardware, algorithm=algorithm) == []
     assert v.validate(config) == [], config
+
+
+@needs_verl
+def test_plus_keys_behave_as_in_verl(validator: tuple[VerlValidator, str]) -> None:
+    """Hydra 1.3.8's own rules, as verl's launcher applies them: `+key` adds a key; on a key verl
+    leaves null it sets it; a mapping merges into verl's node; on a key with a value it is an
+    error (one line, saying to drop the +), never Hydra's advice."""
+    v, model_dir = validator
+    base = grpo_base(model_dir)
+    assert v.validate(merge(base, {"+actor_rollout_ref.rollout.engine_kwargs.vllm.attention_backend": "FLASH_ATTN"})) == []
+    assert v.validate(merge(base, {"+ray_kwargs.ray_init.num_cpus": 16})) == []  # null in verl: set
+    assert v.validate(merge(base, {"+actor_rollout_ref.rollout.engine_kwargs.sglang": {"attention_backend": "fa3",
+                                                                                        "mem_fraction": 0.5}})) == []
+    [problem] = v.validate(merge(base, {"+actor_rollout_ref.actor.optim.lr": 2e-6}))
+    assert problem.startswith("+actor_rollout_ref.actor.optim.lr: the + adds a key, but verl already has") and "To append" not in problem
+
+
+@needs_verl
+def test_a_hugging_face_id_is_never_looked_up_on_the_network(validator: tuple[VerlValidator, str]) -> None:
+    """verl's critic check reads the critic model's config and tokenizer; an id that is no
+    local directory is checked against a local stand-in, offline, with the config's own sizes."""
+    v, model_dir = validator
+    config = merge(ppo_base(model_dir), {"critic.model.path": "Some-Org/Not-Here-7B",
+                                         "actor_rollout_ref.model.path": "Some-Org/Not-Here-7B"})
+    assert v.validate(config) == []
+    [problem] = v.validate(merge(config, {"critic.ppo_micro_batch_size_per_gpu": None}))
+    assert "critic" in problem and "micro_batch" in problem  # the critic's own check still runs

@@ -32,7 +32,7 @@ OK_PPO: dict[str, Any] = {L.ROLLOUT_NAME: "vllm", L.ADV_ESTIMATOR: "gae"}
 CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str | None]] = [
     ("grpo-ok", M7, H8x80, GRPO, {}, None),
     ("ppo-ok", M7, H8x80, PPO, {}, None),
-    ("grpo-n1", M7, H8x80, GRPO, {L.ROLLOUT_N: 1}, r"rollout\.n=1: GRPO needs rollout\.n ≥ 2"),
+    ("grpo-n1-runs", M7, H8x80, GRPO, {L.ROLLOUT_N: 1}, None),  # verl runs it (test_doubts_are_warnings)
     ("grpo-default-n", M7, H8x80, GRPO, {L.ROLLOUT_N: None}, r"must be an integer ≥ 1"),
     ("ppo-n1-ok", M7, H8x80, PPO, {L.ROLLOUT_N: 1}, None),
     ("grpo-n2-ok", M7, H8x80, GRPO, {L.ROLLOUT_N: 2}, None),
@@ -40,7 +40,7 @@ CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str
     ("hf-rollout-gone", M7, H8x80, GRPO, {L.ROLLOUT_NAME: "hf"}, r"rollout\.name=hf: must be one of"),
     ("sglang-ok", M7, H8x80, GRPO, {L.ROLLOUT_NAME: "sglang"}, None),
     ("unknown-adv", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "grpoo"}, r"adv_estimator=grpoo: must be one of verl's"),
-    ("adv-mismatch", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "gae"}, r"algorithm grpo needs grpo"),
+    ("adv-mismatch", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "gae"}, r"adv_estimator=gae: runs the ppo \(GAE with a critic\) chain, but the study's algorithm is grpo"),
     ("mem-0", M7, H8x80, GRPO, {L.GPU_MEMORY: 0.0}, r"gpu_memory_utilization=0\.0: must lie in \(0, 1\]"),
     ("mem-1.2", M7, H8x80, GRPO, {L.GPU_MEMORY: 1.2}, r"gpu_memory_utilization=1\.2: must lie in \(0, 1\]"),
     ("mem-1-ok", M7, H8x80, GRPO, {L.GPU_MEMORY: 1.0}, None),
@@ -75,10 +75,19 @@ CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str
     ("adaptive-ok", M7, H8x80, PPO, {L.USE_KL_IN_REWARD: True, L.KL_CTRL_TYPE: "adaptive"}, None),
     ("horizon-0-unused", M7, H8x80, PPO, {L.KL_CTRL_TYPE: "adaptive", L.KL_CTRL_HORIZON: 0}, None),
     ("kl-type-bad", M7, H8x80, PPO, {L.KL_CTRL_TYPE: "pid"}, r"kl_ctrl\.type=pid: must be fixed or adaptive"),
-    ("lam-on-grpo", M7, H8x80, GRPO, {L.LAM: 0.95}, r"algorithm\.lam=0\.95: λ only matters with GAE"),
+    ("lam-on-grpo-harmless", M7, H8x80, GRPO, {L.LAM: 0.95}, None),  # unread by GRPO: a note (test below)
+    ("lam-out-of-range", M7, H8x80, PPO, {L.LAM: 1.5}, r"algorithm\.lam=1\.5: must lie in \[0, 1\]"),
+    ("rloo-grpo-chain-ok", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "rloo"}, None),
+    ("rloo-n1-runs", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "rloo", L.ROLLOUT_N: 1}, None),
+    ("remax-n1-ok", M7, H8x80, GRPO, {L.ADV_ESTIMATOR: "remax", L.ROLLOUT_N: 1}, None),  # not group-relative
+    ("rloo-on-ppo-chain", M7, H8x80, PPO, {L.ADV_ESTIMATOR: "rloo"}, r"runs the grpo \(every critic-free estimator\) chain"),
+    ("megatron-strategy-and-dp-engine", M7, H8x80, GRPO, {L.STRATEGY: "megatron", "model_engine": "dp"}, r"strategy=megatron: needs model_engine=megatron, but the config chooses model_engine=dp"),
+    ("megatron-dp-arithmetic", M7, H8x80, GRPO, {"model_engine": "megatron", L.MINI_BATCH: 251,
+     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 1}, r"8 GPUs ÷ \(Megatron TP 1 · PP 1 · CP 1\) = 8"),
+    ("megatron-no-ulysses-rule", M05, H8x80, GRPO, {"model_engine": "megatron", L.ULYSSES: 4}, None),
     ("lam-ppo-ok", M7, H8x80, PPO, {L.LAM: 0.95}, None),
     ("lam-out-of-range", M7, H8x80, PPO, {L.LAM: 1.5}, r"algorithm\.lam=1\.5: must lie in \[0, 1\]"),
-    ("prefetch-fsdp2", M7, H8x80, GRPO, {L.STRATEGY: "fsdp2", L.FORWARD_PREFETCH: True}, r"forward prefetch is FSDP1 only, but strategy is fsdp2"),
+    ("prefetch-fsdp2-ok", M7, H8x80, GRPO, {L.STRATEGY: "fsdp2", L.FORWARD_PREFETCH: True}, None),  # verl 0.9.1 prefetches under FSDP2 too
     ("prefetch-fsdp-ok", M7, H8x80, GRPO, {L.FORWARD_PREFETCH: True}, None),
     ("chunked-off", M7_LONG, H8x80, GRPO, {L.CHUNKED_PREFILL: False}, None),  # budget = max_model_len: nothing raised
     ("chunked-off-short", M7_LONG, H8x80, GRPO, {L.CHUNKED_PREFILL: False, L.TOKEN_BUDGET: 4096}, r"with chunked prefill off verl raises it to max_model_len \(8192\)"),
@@ -101,6 +110,26 @@ def test_check_config_rule(
         assert problems == [], problems
     else:
         assert len(problems) >= 1 and any(re.search(expected, p) for p in problems), problems
+
+
+def test_harmless_settings_are_notes() -> None:
+    config = merge(OK_GRPO, {L.LAM: 0.95, L.KL_CTRL_COEF: 0.05})
+    assert L.check_config(config, model=M7, hardware=H8x80, algorithm=GRPO) == []
+    found = L.notes(config, algorithm=GRPO)
+    assert any(re.search(r"algorithm\.lam=0\.95 is read only by GAE; grpo leaves it unused", n) for n in found)
+    assert any(re.search(r"kl_ctrl\.kl_coef=0\.05 is unused: algorithm\.use_kl_in_reward is off", n) for n in found)
+    assert L.notes(merge(OK_PPO, {L.LAM: 0.95}), algorithm=PPO) == []
+
+
+def test_doubts_are_warnings() -> None:
+    """A group estimator with one response a prompt: verl runs it (a group of one has mean 0, so
+    the advantage is the raw score), so it is a warning, not a refusal; not under distillation."""
+    for adv in ("grpo", "rloo", "gdpo"):
+        [doubt] = L.doubts(merge(OK_GRPO, {L.ADV_ESTIMATOR: adv, L.ROLLOUT_N: 1}))
+        assert re.search(rf"rollout\.n=1: {adv} compares a response with the others .* set rollout\.n ≥ 2", doubt)
+    assert L.doubts(merge(OK_GRPO, {L.ADV_ESTIMATOR: "remax", L.ROLLOUT_N: 1})) == []
+    assert L.doubts(merge(OK_GRPO, {L.ROLLOUT_N: 1, "distillation.enabled": True})) == []
+    assert L.doubts(OK_GRPO) == []
 
 
 def test_case_count() -> None:
@@ -153,3 +182,46 @@ def test_valid_mini_batches_lists_exactly_the_valid_values() -> None:
     values = L.valid_mini_batches({L.ROLLOUT_N: 1}, H8x80, low=384, high=640).value
     assert values == list(range(384, 641, 8))
     assert L.valid_mini_batches({L.TRAIN_BATCH: 500}, H8x80, low=384, high=640).value == list(range(384, 501, 8))
+
+
+QWEN3_8B = ModelFacts(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=36,
+                      head_dim=128, n_params_b=8.19, max_prompt_length=1024, max_response_length=2048)
+QWEN3_30B_A3B = ModelFacts(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, num_hidden_layers=48,
+                           head_dim=128, n_params_b=30.53, expert_params_b=28.99, max_prompt_length=1024,
+                           max_response_length=2048)
+
+
+def test_the_token_budget_charges_the_real_kv_cache() -> None:
+    """36 layers × 2 × 8 KV heads × 128 × 2 B = 147,456 B a token for Qwen3-8B; the method's
+    hidden ÷ 8 KiB rule charged 524,288 (3.6×)."""
+    assert QWEN3_8B.kv_bytes_per_token() == 147_456
+    assert L.bytes_per_token(M7) == 524_288 and round(524_288 / 147_456, 1) == 3.6
+    budget = L.token_budget(QWEN3_8B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 2})
+    assert budget.memory_cap == int((80 * 0.6 - 8.19) * 1024**3 / 147_456)
+    assert "KV 147,456 B a token (36 layers × 2 × 8 KV heads × 128 × 2 B)" in budget.lines[0]
+
+
+def test_moe_experts_are_split_over_rollout_tp_and_dp() -> None:
+    """Qwen3-30B-A3B at rollout TP 1 on 80 GB: 61 GB of weights on one GPU leave no pool at 0.6
+    (the old bound: 0); with DP 8 (EP = TP × DP) the experts are spread over 8 GPUs."""
+    one = L.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1})
+    spread = L.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1, L.ROLLOUT_DP: 8,
+                                                   "actor_rollout_ref.rollout.expert_parallel_size": 8})
+    assert one.memory_cap == 0 and spread.memory_cap > 200_000
+    assert "experts 28.99B × 2 bytes ÷ TP·DP 8" in spread.lines[1]
+    assert L.check_config({**OK_GRPO, L.ROLLOUT_TP: 1, L.ROLLOUT_DP: 8, "actor_rollout_ref.rollout.expert_parallel_size": 4},
+                          model=QWEN3_30B_A3B, hardware=H8x80, algorithm=GRPO) == [
+        "actor_rollout_ref.rollout.expert_parallel_size=4: rollout expert parallelism must equal rollout TP × DP "
+        "(1 × 8 = 8) in verl 0.9.1"]
+
+
+def test_each_rollout_tp_keeps_its_own_memory_floor() -> None:
+    """The floor of the worst TP is not every layout's: TP 1 needs a larger fraction than TP 8
+    to hold 32B's weights and the budget, and each layout is offered from its own floor."""
+    from spaces import bounds as B
+    from spaces.systems import rollout_memory_floors
+
+    floors = rollout_memory_floors(M32, H8x80, {**OK_GRPO, L.TOKEN_BUDGET: 60_000, L.ROLLOUT_TP: 8, L.GPU_MEMORY: 0.9},
+                                   B.GPU_MEMORY_UTILIZATION)
+    assert floors[8] < floors[4] < floors[2] and 1 not in floors  # 64 GB of weights on one GPU: no fraction holds it
+    assert floors == {2: 0.86, 4: 0.66, 8: 0.56}  # (60,000 × 640 KiB + 32B × 2 B ÷ TP) ÷ 80 GB, rounded up

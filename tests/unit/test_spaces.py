@@ -254,7 +254,7 @@ def test_systems_suggests_only_valid_combinations() -> None:
         if config[L.USE_DYNAMIC_BSZ]:
             assert config[L.MAX_TOKEN_LEN] * config[L.ULYSSES] >= 8192
         assert 0.3 <= config[L.GPU_MEMORY] <= 0.9
-    assert not seen_prefetch_fsdp2
+    assert seen_prefetch_fsdp2  # verl 0.9.1 prefetches under FSDP2 too (utils/fsdp_utils.py apply_fsdp2)
     assert {c[L.ULYSSES] for c in configs} == {1, 2, 4}
     assert {c[L.ROLLOUT_TP] for c in configs} == {1, 2, 4, 8}
 
@@ -275,7 +275,7 @@ def test_systems_options_and_incumbent() -> None:
 def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
     space = build("systems")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
-    layout = {"rollout_tp": 4, "strategy": "fsdp2", "ulysses": 1, "use_dynamic_bsz": False,
+    layout = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 1, "use_dynamic_bsz": False,
               "gradient_checkpointing": True, "activation_offload": False, "micro_batch_sp1": None,
               "log_prob_micro_batch_sp1": None, "max_num_seqs": 512, "enforce_eager": False,
               "free_cache_engine": True}
@@ -321,7 +321,10 @@ def test_polish_tunes_mini_batch_and_lr_together_within_the_baselines_bounds() -
                         options={}, baseline=GRPO_BASE)
     configs = sample(space, chain, n=40)
     # KL is off in the chain: the polish may turn it on (with a larger lr it may pay), or not
-    assert all(set(c) - {L.KL_LOSS_COEF} == {L.MINI_BATCH, L.LR, L.USE_KL_LOSS} for c in configs)
+    # switching KL on also gives the reference policy verl then builds its log-prob micro-batch
+    ref_micro = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
+    assert all(set(c) - {L.KL_LOSS_COEF, ref_micro} == {L.MINI_BATCH, L.LR, L.USE_KL_LOSS} for c in configs)
+    assert all((ref_micro in c) == c[L.USE_KL_LOSS] for c in configs)
     assert {c[L.USE_KL_LOSS] for c in configs} == {False, True}
     assert all(0.0005 <= c[L.KL_LOSS_COEF] <= 0.01 for c in configs if c[L.USE_KL_LOSS])
     assert all(L.KL_LOSS_COEF not in c for c in configs if not c[L.USE_KL_LOSS])
@@ -393,11 +396,25 @@ def test_systems_after_the_token_stage_raises_the_memory_floor() -> None:
     budget (at the method's lowest fraction 0.3 no TP would)."""
     base = merge(GRPO_BASE, {L.MICRO_BATCH: 8, L.TOKEN_BUDGET: 60_000})
     space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
-    assert 0.3 < space.memory.low < space.memory.high
+    assert 0.3 < min(space.floors.values()) and max(space.floors.values()) < space.memory.high
     for config in sample(space, base, n=60, seed=3):
         merged = merge(base, config)
         assert L.token_budget(MODEL_7B, A100x8, merged).memory_cap >= 60_000, config
         assert L.check_config(merged, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO) == [], config
     untuned = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO,
                           base=merge(GRPO_BASE, {L.MICRO_BATCH: 8}), options={})
-    assert untuned.memory.low == 0.3
+    assert untuned.memory.low == 0.3 and min(untuned.floors.values()) == 0.3
+
+
+def test_the_systems_stage_gives_static_batching_the_micro_batches_verl_needs() -> None:
+    """A base that batches dynamically sets no micro-batch; verl refuses static batching
+    without one (its validate_config): the stage sets them where it turns dynamic batching off."""
+    base = merge(GRPO_BASE, {L.USE_DYNAMIC_BSZ: True, L.MAX_TOKEN_LEN: 8192, L.USE_KL_LOSS: True})
+    base = {k: v for k, v in base.items() if "micro_batch" not in k}
+    space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    static = [c for c in sample(space, base, n=40, seed=4) if not c[L.USE_DYNAMIC_BSZ]]
+    assert static
+    for config in static:
+        for key in (L.MICRO_BATCH, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+            assert isinstance(config.get(key), int), (key, config)

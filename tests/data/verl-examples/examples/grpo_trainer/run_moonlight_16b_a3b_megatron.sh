@@ -1,0 +1,127 @@
+set -x
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1 # For megatron communication/computation overlapping
+
+# ---- user-adjustable ----
+HF_MODEL_PATH=${HF_MODEL_PATH:-moonshotai/Moonlight-16B-A3B}
+DIST_CKPT_PATH=${DIST_CKPT_PATH}
+TRAIN_FILE=${TRAIN_FILE:-$HOME/data/gsm8k/train.parquet}
+TEST_FILE=${TEST_FILE:-$HOME/data/gsm8k/test.parquet}
+NNODES=${NNODES:-3}
+NGPUS_PER_NODE=${NGPUS_PER_NODE:-8}
+
+TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-192}
+PPO_MINI_BATCH_SIZE=${PPO_MINI_BATCH_SIZE:-64}
+PPO_MICRO_BATCH_SIZE_PER_GPU=${PPO_MICRO_BATCH_SIZE_PER_GPU:-16}
+LOG_PROB_MICRO_BATCH_SIZE_PER_GPU=${LOG_PROB_MICRO_BATCH_SIZE_PER_GPU:-16}
+MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-1024}
+MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-2048}
+
+ACTOR_LR=${ACTOR_LR:-1e-6}
+KL_LOSS_COEF=${KL_LOSS_COEF:-0.001}
+ENTROPY_COEFF=${ENTROPY_COEFF:-0}
+
+ACTOR_TP=${ACTOR_TP:-4}
+ACTOR_PP=${ACTOR_PP:-3}
+ACTOR_EP=${ACTOR_EP:-4}
+ACTOR_ETP=${ACTOR_ETP:-1}
+ROLLOUT_TP=${ROLLOUT_TP:-4}
+ROLLOUT_GPU_MEM_UTIL=${ROLLOUT_GPU_MEM_UTIL:-0.6}
+ROLLOUT_N=${ROLLOUT_N:-5}
+
+PROJECT_NAME=${PROJECT_NAME:-verl_grpo_example_gsm8k_math}
+EXPERIMENT_NAME=${EXPERIMENT_NAME:-moonlight_megatron_ep}
+SAVE_FREQ=${SAVE_FREQ:-20}
+TEST_FREQ=${TEST_FREQ:-5}
+TOTAL_EPOCHS=${TOTAL_EPOCHS:-15}
+# ---- end user-adjustable ----
+########################### parameter arrays ###########################
+
+DATA=(
+    algorithm.adv_estimator=grpo
+    data.train_files="$TRAIN_FILE"
+    data.val_files="$TEST_FILE"
+    data.train_batch_size=${TRAIN_BATCH_SIZE}
+    data.max_prompt_length=${MAX_PROMPT_LENGTH}
+    data.max_response_length=${MAX_RESPONSE_LENGTH}
+    data.filter_overlong_prompts=True
+    data.truncation='error'
+    data.trust_remote_code=True
+    algorithm.use_kl_in_reward=False
+)
+
+MODEL=(
+    actor_rollout_ref.model.path=$HF_MODEL_PATH
+    actor_rollout_ref.model.trust_remote_code=True
+)
+
+ACTOR=(
+    actor_rollout_ref.actor.optim.lr=${ACTOR_LR}
+    actor_rollout_ref.actor.ppo_mini_batch_size=${PPO_MINI_BATCH_SIZE}
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=${PPO_MICRO_BATCH_SIZE_PER_GPU}
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=${ACTOR_PP}
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=${ACTOR_TP}
+    actor_rollout_ref.actor.megatron.expert_model_parallel_size=${ACTOR_EP}
+    actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=${ACTOR_ETP}
+    actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
+    actor_rollout_ref.actor.megatron.dist_checkpointing_path=$DIST_CKPT_PATH
+    actor_rollout_ref.actor.use_kl_loss=True
+    actor_rollout_ref.actor.kl_loss_coef=${KL_LOSS_COEF}
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl
+    actor_rollout_ref.actor.entropy_coeff=${ENTROPY_COEFF}
+)
+
+ROLLOUT=(
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=${LOG_PROB_MICRO_BATCH_SIZE_PER_GPU}
+    actor_rollout_ref.rollout.tensor_model_parallel_size=${ROLLOUT_TP}
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.gpu_memory_utilization=${ROLLOUT_GPU_MEM_UTIL}
+    actor_rollout_ref.rollout.n=${ROLLOUT_N}
+)
+
+REF=(
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=${LOG_PROB_MICRO_BATCH_SIZE_PER_GPU}
+    actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=${ACTOR_PP}
+    actor_rollout_ref.ref.megatron.tensor_model_parallel_size=${ACTOR_TP}
+    actor_rollout_ref.ref.megatron.expert_model_parallel_size=${ACTOR_EP}
+    actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=${ACTOR_ETP}
+    actor_rollout_ref.ref.megatron.use_dist_checkpointing=True
+    actor_rollout_ref.ref.megatron.dist_checkpointing_path=$DIST_CKPT_PATH
+)
+
+TRAINER=(
+    trainer.critic_warmup=0
+    trainer.logger='["console","wandb"]'
+    trainer.project_name=${PROJECT_NAME}
+    trainer.experiment_name=${EXPERIMENT_NAME}
+    trainer.n_gpus_per_node=${NGPUS_PER_NODE}
+    trainer.nnodes=${NNODES}
+    trainer.save_freq=${SAVE_FREQ}
+    trainer.test_freq=${TEST_FREQ}
+    trainer.total_epochs=${TOTAL_EPOCHS}
+)
+
+EXTRA=(
+    model_engine=megatron
+)
+
+########################### launch ###########################
+# uv (set VERL_USE_UV=0 for system python): on GPU, the driver and every Ray worker
+# (runtime_env.py_executable) run through `uv run` on the vllm × megatron extras of the committed uv.lock;
+# NPU falls back to ambient python. Run from the verl repo root.
+LAUNCH=(python3)
+RAY=(ray_kwargs.ray_init.runtime_env.py_executable=null)
+if [ "${VERL_USE_UV:-1}" != 0 ] && [ "${DEVICE:-gpu}" = gpu ]; then
+    LAUNCH=(uv run --frozen --all-packages --extra vllm --extra megatron python3)
+    RAY=(ray_kwargs.ray_init.runtime_env.py_executable="uv -v run --frozen --all-packages --extra vllm --extra megatron")
+fi
+"${LAUNCH[@]}" -m verl.trainer.main_ppo \
+    "${DATA[@]}" \
+    "${MODEL[@]}" \
+    "${ACTOR[@]}" \
+    "${ROLLOUT[@]}" \
+    "${REF[@]}" \
+    "${TRAINER[@]}" \
+    "${EXTRA[@]}" \
+    "${RAY[@]}" \
+    "$@"

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# On-policy distillation | vision (Qwen3.5) | vLLM rollout | FSDP training | Ascend NPU/GPU
+
+# dependency: NPU vllm==0.18.0, vllm-ascend@<54879467>, transformers@<cc7ab9be>
+
+set -xeuo pipefail
+
+# ---- user-adjustable ----
+STUDENT_MODEL=${STUDENT_MODEL:-Qwen/Qwen3.5-4B}
+TEACHER_MODEL=${TEACHER_MODEL:-Qwen/Qwen3.5-35B-A3B}
+
+NNODES=${NNODES:-1}
+NGPUS_PER_NODE=${NGPUS_PER_NODE:-8}
+TEACHER_WORLD_SIZE=${TEACHER_WORLD_SIZE:-8}
+
+distillation_loss_mode=${DISTILLATION_LOSS_MODE:-k1}
+use_policy_gradient=${USE_POLICY_GRADIENT:-True}
+distillation_topk=${DISTILLATION_TOPK:-64}
+
+train_batch_size=${TRAIN_BATCH_SIZE:-128}
+ppo_mini_batch_size=${PPO_MINI_BATCH_SIZE:-128}
+max_prompt_length=${MAX_PROMPT_LENGTH:-1024}
+max_response_length=${MAX_RESPONSE_LENGTH:-2048}
+ppo_max_token_len_per_gpu=${PPO_MAX_TOKEN_LEN_PER_GPU:-24576}
+
+actor_lr=${ACTOR_LR:-1e-6}
+
+rollout_tp=${ROLLOUT_TP:-2}
+rollout_gpu_mem_util=${ROLLOUT_GPU_MEM_UTIL:-0.4}
+teacher_tp=${TEACHER_TP:-8}
+teacher_ep=${TEACHER_EP:-8}
+teacher_gpu_mem_util=${TEACHER_GPU_MEM_UTIL:-0.4}
+
+total_epochs=${TOTAL_EPOCHS:-15}
+save_freq=${SAVE_FREQ:-200}
+test_freq=${TEST_FREQ:-5}
+
+project_name=${PROJECT_NAME:-verl_distill_geo3k}
+experiment_name=${EXPERIMENT_NAME:-qwen3_5_4b_from_qwen3_5_35b_vllm_fsdp}
+# ---- end user-adjustable ----
+
+train_file=${TRAIN_FILE:-$HOME/data/geo3k/train.parquet}
+val_file=${VAL_FILE:-$HOME/data/geo3k/test.parquet}
+
+max_num_tokens=$(( max_prompt_length + max_response_length + 1 ))
+########################### parameter arrays ###########################
+
+DATA=(
+    algorithm.adv_estimator=grpo
+    algorithm.use_kl_in_reward=False
+    data.train_files="['$train_file']"
+    data.val_files="['$val_file']"
+    data.train_batch_size=${train_batch_size}
+    data.max_prompt_length=${max_prompt_length}
+    data.max_response_length=${max_response_length}
+    data.filter_overlong_prompts=True
+    data.truncation='error'
+    data.image_key=images
+)
+
+MODEL=(
+    actor_rollout_ref.model.path="$STUDENT_MODEL"
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+)
+
+ACTOR=(
+    actor_rollout_ref.actor.optim.lr=${actor_lr}
+    actor_rollout_ref.actor.ppo_mini_batch_size=${ppo_mini_batch_size}
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
+    actor_rollout_ref.actor.use_dynamic_bsz=False
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${ppo_max_token_len_per_gpu}
+    actor_rollout_ref.actor.use_torch_compile=False
+    actor_rollout_ref.actor.strategy=fsdp2
+    actor_rollout_ref.actor.fsdp_config.reshard_after_forward=True
+    actor_rollout_ref.actor.fsdp_config.entropy_checkpointing=True
+    actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking=False
+    actor_rollout_ref.actor.fsdp_config.offload_policy=False
+    actor_rollout_ref.actor.fsdp_config.param_offload=True
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+)
+
+REF=(
+    actor_rollout_ref.ref.strategy=fsdp2
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
+    actor_rollout_ref.ref.fsdp_config.offload_policy=False
+    actor_rollout_ref.ref.fsdp_config.param_offload=True
+    actor_rollout_ref.ref.fsdp_config.reshard_after_forward=True
+    actor_rollout_ref.ref.fsdp_config.entropy_from_logits_with_chunking=False
+    actor_rollout_ref.ref.use_torch_compile=False
+)
+
+ROLLOUT=(
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
+    actor_rollout_ref.rollout.tensor_model_parallel_size=${rollout_tp}
+    actor_rollout_ref.rollout.gpu_memory_utilization=${rollout_gpu_mem_util}
+    actor_rollout_ref.rollout.n=1
+    actor_rollout_ref.rollout.max_model_len=${max_num_tokens}
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=${ppo_max_token_len_per_gpu}
+    actor_rollout_ref.rollout.calculate_log_probs=True
+)
+
+TRAINER=(
+    trainer.balance_batch=True
+    trainer.logger='["console"]'
+    trainer.project_name=${project_name}
+    trainer.experiment_name=${experiment_name}
+    trainer.n_gpus_per_node=${NGPUS_PER_NODE}
+    trainer.nnodes=${NNODES}
+    trainer.val_before_train=False
+    trainer.save_freq=${save_freq}
+    trainer.test_freq=${test_freq}
+    trainer.total_epochs=${total_epochs}
+)
+
+EXTRA=(
+    distillation.enabled=True
+    distillation.n_gpus_per_node=${TEACHER_WORLD_SIZE}
+    distillation.nnodes=${NNODES}
+    distillation.teacher_models.teacher_model.model_path="$TEACHER_MODEL"
+    distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=${teacher_tp}
+    distillation.teacher_models.teacher_model.inference.expert_parallel_size=${teacher_ep}
+    distillation.teacher_models.teacher_model.inference.name=vllm
+    distillation.teacher_models.teacher_model.inference.gpu_memory_utilization=${teacher_gpu_mem_util}
+    distillation.teacher_models.teacher_model.inference.max_model_len=${max_num_tokens}
+    distillation.distillation_loss.loss_mode=${distillation_loss_mode}
+    distillation.distillation_loss.topk=${distillation_topk}
+    distillation.distillation_loss.use_task_rewards=False
+    distillation.distillation_loss.use_policy_gradient=${use_policy_gradient}
+    distillation.distillation_loss.loss_max_clamp=10.0
+    distillation.distillation_loss.log_prob_min_clamp=-10.0
+)
+
+########################### launch ###########################
+start_time=$(date +%Y%m%d)_$(date +%H%M%S)
+mkdir -p logs
+python3 -m verl.trainer.main_ppo \
+    "${DATA[@]}" \
+    "${MODEL[@]}" \
+    "${ACTOR[@]}" \
+    "${REF[@]}" \
+    "${ROLLOUT[@]}" \
+    "${TRAINER[@]}" \
+    "${EXTRA[@]}" \
+    "$@" 2>&1 | tee logs/qwen3_5-35b-fsdp2-${start_time}.log
