@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Sequence
 
 from spaces.overrides import Config
 
@@ -46,7 +46,7 @@ class Space(abc.ABC):
     #: learned from OOMs, ``spaces.oom``), so the stage's sampler need not learn them too
     oom_clamped: bool = False
     #: what its knobs move; read by ``search.stage.Stage`` alone
-    moves: Moves = Moves.LEARNING
+    moves: ClassVar[Moves] = Moves.LEARNING
     #: points the space proposes after its starting points (``follow_up_points``), one as
     #: another ends, with at most ``follow_ups_per_round`` of them in flight; 0: none
     n_follow_ups: int = 0
