@@ -178,7 +178,7 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     from spaces.overrides import merge
 
     from benchmarks.joint import FairJointSpace
-    from spaces.stages import build_space
+    from spaces.registry import build_space
 
     landscape = load_landscape(landscape_name)
     key = hashlib.sha1(json.dumps([BEST_VERSION, landscape.data, _study_for_key(spec), n_random], sort_keys=True,

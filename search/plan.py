@@ -10,7 +10,6 @@ wherever it is printed; the study's own systems stage measures the real speed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from search.study_file import StudySpec
 from spaces.overrides import Config, get

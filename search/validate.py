@@ -9,7 +9,7 @@ from typing import Any
 from launchers import LAUNCHERS
 from search.stage import Stage
 from search.study_file import StudySpec
-from spaces import SpaceError, build_space, check_config
+from spaces import SpaceError, check_config
 from spaces.overrides import Config, merge
 
 logger = logging.getLogger(__name__)

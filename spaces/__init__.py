@@ -10,7 +10,8 @@ from spaces.base import Moves, Space, SpaceError
 from spaces.bounds import SAFE_BOUNDS, ParamBound
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.limits import Limit, check_config, token_budget
-from spaces.stages import SPACES, build_space, hardware_tag, oom_ceiling, space_class
+from spaces.registry import SPACES, build_space, space_class
+from spaces.stages import hardware_tag, oom_ceiling
 from spaces.templates import Template, template_for
 
 __all__ = [

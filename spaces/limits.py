@@ -251,7 +251,6 @@ def mini_batch_problem(value: int, config: Mapping[str, Any], hardware: Hardware
     """Why ``value`` is not a valid ``ppo_mini_batch_size`` for this config, or None."""
     train = _int_setting(config, TRAIN_BATCH)
     n = _int_setting(config, ROLLOUT_N)
-    sp = ulysses_size(config)
     dp = data_parallel_ranks(config, hardware)
     micro = setting(config, MICRO_BATCH)
     if value < 1:

@@ -1,0 +1,188 @@
+"""The polish stage: mini-batch × lr (× KL strength when it is on) together from the chain's
+winner, within the baseline's bounds (docs/method.md): a first pass of coupled moves in both
+directions, then a pattern search (``PolishSpace.follow_up_points``)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from spaces import limits as L
+from spaces.base import Space, check_options, where_or
+from spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from spaces.overrides import Config
+from spaces.stages import KLSpace, LRSpace, MiniBatchSpace
+
+if TYPE_CHECKING:
+    import optuna
+
+
+class CompositeSpace(Space):
+    """Several spaces asked together on one base: their suggestions merged; an incumbent only
+    when every part has one."""
+
+    parts: list[Space]
+
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        config: Config = {}
+        for part in self.parts:
+            config.update(part.suggest(trial, base))
+        return config
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        params: dict[str, Any] = {}
+        for part in self.parts:
+            own = part.incumbent_params(base)
+            if own is None:
+                return None
+            params.update(own)
+        return params
+
+
+class KLSwitchSpace(Space):
+    """KL off (the incumbent) or on at a coefficient of ``kl``'s range: the polish stage's KL
+    when the chain runs without it."""
+
+    kind = "kl_switch"
+    param = "use_kl"
+
+    def __init__(self, kl: KLSpace) -> None:
+        self.kl = kl
+
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        if trial.suggest_categorical(self.param, [False, True]):
+            return self.kl.suggest(trial, base)
+        return {self.kl.switch_key: False}
+
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        on = self.kl.incumbent_params(base)
+        if on is not None:
+            return {self.param: True, **on}
+        return None if L.setting(base, self.kl.switch_key) else {self.param: False}
+
+    def explain(self) -> list[str]:
+        return [f"kl: {self.kl.switch_key} off (the chain's) or on, {self.kl.coef_key} — {self.kl.bound.describe()}"]
+
+
+def _beyond(point: Mapping[str, Any], best: Mapping[str, Any], incumbent: Mapping[str, Any],
+            keys: tuple[str, ...]) -> bool:
+    """``point`` lies past ``best`` as seen from ``incumbent``: further out along every key on
+    which best moved, and on no key back toward the incumbent."""
+    moved = False
+    for key in keys:
+        step, further = best[key] - incumbent[key], point[key] - best[key]
+        if step == 0:
+            if further != 0:
+                return False
+            continue
+        if further * step < 0:
+            return False
+        moved |= further != 0
+    return moved
+
+
+class PolishSpace(CompositeSpace):
+    """The final pass: mini-batch × lr (× KL strength when the chain runs with KL on) together,
+    from the chain's winner. One-at-a-time stages miss coupled optima (a larger mini-batch
+    tolerates a larger lr); the bounds stay the method's: mini-batch ±25% of the study's
+    baseline, lr 5e-7 - 5e-6, KL 0.0005 - 0.01."""
+
+    kind = "polish"
+    OPTIONS = frozenset({"mini_batch", "kl", "lr"})
+    #: a mini-batch, KL or lr gain an earlier stage found but could not decide (on
+    #: the report landscapes true 4-7% gains of the mini-batch stage) is tried again here,
+    #: on the chain's winner
+    takes_earlier_leaders = True
+
+    def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
+                 base: Config, options: Mapping[str, Any], where: str = "",
+                 baseline: Config | None = None) -> None:
+        where = where_or(where, "polish")
+        check_options(options, self.OPTIONS, where)
+        facts: dict[str, Any] = {"model": model, "hardware": hardware, "algorithm": algorithm}
+        # The mini-batch bound is ±25% of the study's baseline, not of the chain's winner.
+        origin = {**base, L.MINI_BATCH: L.setting(baseline or base, L.MINI_BATCH)}
+        self.parts: list[Space] = [
+            MiniBatchSpace(base=origin, options=options.get("mini_batch", {}), where=f"{where}.mini_batch", **facts),
+            LRSpace(base=base, options=options.get("lr", {}), where=f"{where}.lr", **facts),
+        ]
+        kl = KLSpace(base=base, options=options.get("kl", {}), where=f"{where}.kl", **facts)
+        if kl.incumbent_params(base) is not None:  # the KL stage chose "on": polish its strength
+            self.parts.append(kl)
+        else:
+            # The KL stage kept KL off, judged at the lr of its time: a stronger KL pull may
+            # only pay with a larger lr (it tolerates more), so the polish may turn it on.
+            self.parts.append(KLSwitchSpace(kl))
+
+    #: the first pass: lr up, with the mini-batch moved either way. Which way lets lr climb
+    #: depends on how the loss scales with the mini-batch (averaged over it, a larger one
+    #: tolerates more lr; summed, a smaller one does): both are tried, neither assumed
+    FIRST_PASS = ((1.25, 2.0), (0.8, 2.0))
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """The first pass (``FIRST_PASS``): coupled moves the one-at-a-time stages could not
+        make, in both directions; ``follow_up_points`` goes on from the better one."""
+        return self._moves(base, [(mini, rate, None) for mini, rate in self.FIRST_PASS])[:n]
+
+    #: the pattern search after the first pass (``follow_up_points``): three rounds of two
+    n_follow_ups = 6
+    follow_ups_per_round = 2
+
+    def follow_up_points(self, base: Config, readings: Sequence[tuple[dict[str, Any], float]],
+                         n: int) -> list[dict[str, Any]]:
+        """The next round, a pattern search from the point that read highest so far (ties: the
+        larger mini-batch), as its factors (m, r) of the incumbent's mini-batch and lr: when it
+        beat the incumbent, twice as far (m², r²) and, with KL off in it, the same move with a
+        KL pull at the middle of KL's log range (a pull lets lr climb past where it turns
+        unstable); when it did not, half way (√m, √r) first. Then half way, then the same
+        mini-batch with half the lr step. Points already tried are skipped."""
+        incumbent = self.incumbent_params(base)
+        mini, lr, kl = self.parts
+        assert isinstance(mini, MiniBatchSpace) and isinstance(lr, LRSpace)
+        if incumbent is None or n <= 0:
+            return []
+        read = [(reading, params) for params, reading in readings
+                if mini.param in params and lr.param in params and not math.isnan(reading)]
+        if not read:
+            return []
+        reading, best = max(read, key=lambda item: (item[0], item[1][mini.param]))
+        m, r = best[mini.param] / incumbent[mini.param], best[lr.param] / incumbent[lr.param]
+        own_kl = {k: v for k, v in best.items() if k not in (mini.param, lr.param)}
+        pull = None
+        if isinstance(kl, KLSwitchSpace) and not best.get(KLSwitchSpace.param, False):
+            pull = {KLSwitchSpace.param: True, **kl.kl.starting_points(base, 3)[1]}
+        far, half, softer = (m * m, r * r, own_kl), (math.sqrt(m), math.sqrt(r), own_kl), (m, math.sqrt(r), own_kl)
+        with_pull = [(m, r, pull)] if pull else []
+        moves = [far, *with_pull, half, softer] if reading > 1.0 else [half, *with_pull, softer]
+        # A step past a best that beat the incumbent read lower (it slowed, or turned unstable
+        # and was stopped): half way between the two first (a pattern search's contraction).
+        beyond = [(params[mini.param] / incumbent[mini.param], params[lr.param] / incumbent[lr.param])
+                  for value, params in read if value < reading and _beyond(params, best, incumbent, (mini.param, lr.param))]
+        if beyond and reading > 1.0:
+            bm, br = min(beyond, key=lambda f: abs(math.log(f[0] / m)) + abs(math.log(f[1] / r)))
+            moves.insert(0, (math.sqrt(m * bm), math.sqrt(r * br), own_kl))
+        tried = [params for params, _ in readings]
+        return [p for p in self._moves(base, moves) if p not in tried][:n]
+
+    def _moves(self, base: Config, moves: Sequence[tuple[float, float, dict[str, Any] | None]]) -> list[dict[str, Any]]:
+        """Each (mini-batch factor, lr factor, KL point or None) as a point from the incumbent:
+        the nearest valid mini-batch, lr clamped to its bound; the incumbent itself and repeats
+        left out."""
+        incumbent = self.incumbent_params(base)
+        if incumbent is None:
+            return []
+        mini, lr = self.parts[0], self.parts[1]
+        assert isinstance(mini, MiniBatchSpace) and isinstance(lr, LRSpace)
+        points: list[dict[str, Any]] = []
+        for mini_factor, lr_factor, kl_point in moves:
+            value = min(mini.choices, key=lambda c: abs(c - mini_factor * incumbent[mini.param]))
+            rate = min(lr.bound.high, max(lr.bound.low, float(f"{incumbent[lr.param] * lr_factor:.3g}")))
+            point = {**incumbent, mini.param: value, lr.param: rate}
+            if kl_point is not None:
+                point = {mini.param: value, lr.param: rate, **kl_point}
+            if point != incumbent and point not in points:
+                points.append(point)
+        return points
+
+    def explain(self) -> list[str]:
+        return [line for part in self.parts for line in part.explain()]
