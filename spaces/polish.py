@@ -64,23 +64,6 @@ class KLSwitchSpace(Space):
         return [f"kl: {self.kl.switch_key} off (the chain's) or on, {self.kl.coef_key} — {self.kl.bound.describe()}"]
 
 
-def _beyond(point: Mapping[str, Any], best: Mapping[str, Any], incumbent: Mapping[str, Any],
-            keys: tuple[str, ...]) -> bool:
-    """``point`` lies past ``best`` as seen from ``incumbent``: further out along every key on
-    which best moved, and on no key back toward the incumbent."""
-    moved = False
-    for key in keys:
-        step, further = best[key] - incumbent[key], point[key] - best[key]
-        if step == 0:
-            if further != 0:
-                return False
-            continue
-        if further * step < 0:
-            return False
-        moved |= further != 0
-    return moved
-
-
 class PolishSpace(CompositeSpace):
     """The final pass: mini-batch × lr (× KL strength when the chain runs with KL on) together,
     from the chain's winner. One-at-a-time stages miss coupled optima (a larger mini-batch
@@ -154,13 +137,6 @@ class PolishSpace(CompositeSpace):
         far, half, softer = (m * m, r * r, own_kl), (math.sqrt(m), math.sqrt(r), own_kl), (m, math.sqrt(r), own_kl)
         with_pull = [(m, r, pull)] if pull else []
         moves = [far, *with_pull, half, softer] if reading > 1.0 else [half, *with_pull, softer]
-        # A step past a best that beat the incumbent read lower (it slowed, or turned unstable
-        # and was stopped): half way between the two first (a pattern search's contraction).
-        beyond = [(params[mini.param] / incumbent[mini.param], params[lr.param] / incumbent[lr.param])
-                  for value, params in read if value < reading and _beyond(params, best, incumbent, (mini.param, lr.param))]
-        if beyond and reading > 1.0:
-            bm, br = min(beyond, key=lambda f: abs(math.log(f[0] / m)) + abs(math.log(f[1] / r)))
-            moves.insert(0, (math.sqrt(m * bm), math.sqrt(r * br), own_kl))
         tried = [params for params, _ in readings]
         return [p for p in self._moves(base, moves) if p not in tried][:n]
 

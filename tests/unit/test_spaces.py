@@ -377,23 +377,6 @@ def test_polish_follows_the_direction_its_first_pass_read_either_way() -> None:
     assert space.follow_up_points(chain, [], 2) == [] and space.follow_up_points(chain, [(down, 1.1)], 0) == []
 
 
-def test_polish_contracts_toward_a_step_past_its_best_that_read_lower() -> None:
-    """A step past the best point that read lower (slower, or unstable and stopped) is not
-    the end of that direction: the next round tries half way between the two first. Where
-    nothing lies past the best, the rounds are as before."""
-    space, chain = _polish_from(512, 1e-6)
-    up, down = space.starting_points(chain, 4)
-    far = {**up, "lr": 4e-6}
-    follow = space.follow_up_points(chain, [(up, 1.05), (down, 0.9), (far, 0.7)], 2)
-    assert follow[0] == {**up, "lr": 2.83e-6}
-    # the step past it read higher: it is the best, and followed as one
-    follow = space.follow_up_points(chain, [(up, 1.05), (down, 0.9), (far, 1.2)], 2)
-    assert all(p["lr"] != 2.83e-6 for p in follow)
-    # nothing beat the incumbent: no contraction toward a worse point
-    follow = space.follow_up_points(chain, [(up, 0.98), (down, 0.9), (far, 0.7)], 2)
-    assert all(p["lr"] <= 2e-6 for p in follow)
-
-
 def test_polish_includes_kl_strength_when_the_chain_has_kl_on() -> None:
     chain = merge(GRPO_BASE, {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.002})
     space = build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain, options={})
