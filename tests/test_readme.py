@@ -34,7 +34,7 @@ def _sections_with_bash_blocks() -> list[str]:
 #: each README section with a bash block, and the test that runs it
 EXERCISED = {
     "## Install into your verl environment": "tests/test_install.py::test_the_readmes_install_lines_change_nothing_installed",
-    "## The two commands": "test_the_two_commands_are_documented (and .ci/run runs scripts/test.sh; tests/test_end_to_end.py the demo study)",
+    "## The two commands": "test_the_two_commands_are_documented (demo.sh runs the quickstart's commands; .ci/run runs scripts/test.sh)",
     "## Quickstart": "test_quickstart_runs_as_written",
     "## From your verl command": "test_from_your_verl_command_runs_as_written",
     "## On a cluster": "test_the_cluster_commands_parse (their behaviour: tests/test_workers.py on PostgreSQL)",
@@ -61,6 +61,10 @@ def test_the_two_commands_are_documented() -> None:
     assert "bash scripts/test.sh" in README
     ci = (REPO / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in ci, ".ci/run must call the README's test command"
+    # the demo is the quickstart's commands (test_quickstart_runs_as_written runs them)
+    demo = [line for line in (REPO / "scripts" / "demo.sh").read_text().splitlines() if line.startswith(".venv/bin/verl-sweep ")]
+    quickstart = [line.split("  #")[0].strip() for line in _block_after("## Quickstart")]
+    assert demo and all(line in quickstart for line in demo), (demo, quickstart)
     # the inner loop: the fast tier, which scripts/test.sh runs too (pytest collects tests/ whole)
     assert "-m pytest -q -p no:cacheprovider tests/unit" in README and (REPO / "tests" / "unit").is_dir()
 
