@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -14,10 +15,25 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
+import typer.core
 
 from search.errors import BadInputError, SweepError
 
-app = typer.Typer(
+class _UsageCommand(typer.core.TyperCommand):
+    """A usage line as help texts write it, ``run [OPTIONS] STUDY_FILE``: Typer 0.29 prints a
+    required argument as ``{study_file}``, which reads as a placeholder left unfilled."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [re.sub(r"^\{(.+)\}", lambda m: m[1].upper(), piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+class _App(typer.Typer):
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", _UsageCommand)
+        return super().command(*args, **kwargs)
+
+
+app = _App(
     add_completion=False,
     no_args_is_help=True,
     help="Staged, noise-aware hyperparameter search for verl (GRPO/PPO) runs.",
