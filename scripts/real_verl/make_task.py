@@ -1,6 +1,6 @@
 """A task a small model learns by RL, built offline and deterministically: 3-digit addition.
 
-A random-init Qwen2 (default 8 layers, hidden 384; ~12M parameters with a 24-token character
+A random-init Qwen2 (default 8 layers, hidden 384; 17.7M parameters with a 24-token character
 vocabulary) is first taught in plain PyTorch, imperfectly: supervised mostly on sums whose
 columns never carry (``--sft-carry-share`` of them carry), it learns the format and the
 digit-wise sums, and carrying only in part. GRPO with an exact-match reward on prompts that
