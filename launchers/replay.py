@@ -192,7 +192,7 @@ class ReplayLauncher(Launcher):
             )
         run_dir = self._files(spec.run_id)
         run_dir.clear_outputs()
-        pins = [*probe_pins(spec.run_id, run_dir), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
+        pins = [*probe_pins(spec, run_dir), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
         argv = merge_overrides(spec.overrides, pins)
         run_dir.write_spec(spec, {"launcher": self.name, "argv": argv, "landscape": self.landscape_name,
                                   "started_at": self._now})  # fmt: skip
