@@ -19,6 +19,7 @@ A tracker that fails here never stops the study: one warning, then debug lines.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -68,7 +69,7 @@ class TrackerListener(StudyListener):
             outcome: dict[str, Any] = {"state": state, "role": str(role), "trial": number}
             if eta is not None:
                 outcome["eta"] = eta
-            if interval is not None:
+            if interval is not None and all(math.isfinite(end) for end in interval):
                 outcome["eta_low"], outcome["eta_high"] = interval
             if reason:
                 outcome["reason"] = reason
@@ -86,8 +87,9 @@ class TrackerListener(StudyListener):
 def _wandb_outcome(names: ProbeTracking, params: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
     import wandb
 
-    settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True,
-                              disable_job_creation=True)
+    # x_disable_meta: no command line (a --storage URL may hold a password), host or git facts
+    settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True, save_code=False,
+                              disable_git=True, disable_job_creation=True)
     run = wandb.init(project=names.project, entity=os.environ.get("WANDB_ENTITY"), id=names.wandb_id,
                      resume="allow", name=names.name, group=names.group, job_type=names.job_type,
                      settings=settings, reinit="create_new")
