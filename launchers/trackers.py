@@ -113,6 +113,7 @@ class ProbeTracking:
             return None
         env = {var: _value(argv, ENV_OVERRIDE + var) for var in (_GROUP, _JOB_TYPE, _WANDB_ID, _TENSORBOARD)}
         loggers = tuple(parse_loggers(_value(argv, _LOGGER)))
+        tensorboard = env[_TENSORBOARD]
         return cls(loggers, (_value(argv, _PROJECT) or VERL_DEFAULT_PROJECT).strip("'\""), name,
                    env[_GROUP], env[_JOB_TYPE], env[_WANDB_ID],
-                   Path(env[_TENSORBOARD]) if "tensorboard" in loggers and env[_TENSORBOARD] else None)
+                   Path(tensorboard) if "tensorboard" in loggers and tensorboard else None)
