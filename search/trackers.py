@@ -18,6 +18,7 @@ A tracker that fails here never stops the study: one warning, then debug lines.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -43,9 +44,29 @@ TRACKERS = ("wandb", "tensorboard")
 
 def asks_for_trackers(baseline: Mapping[str, Any]) -> bool:
     """The baseline logs to W&B or TensorBoard (``trainer.logger``)."""
-    value = baseline.get("trainer.logger")
-    loggers = value if isinstance(value, (list, tuple)) else parse_loggers(str(value) if value else None)
-    return bool(set(TRACKERS) & {str(name) for name in loggers})
+    return bool(set(TRACKERS) & set(parse_loggers(_list(baseline.get("trainer.logger")))))
+
+
+def tracker_lines(study: str, baseline: Mapping[str, Any]) -> list[str]:
+    """What ``validate`` says of the trackers the baseline asks for: where each probe shows up,
+    and a warning when this machine lacks the package a tracker needs."""
+    names = ProbeTracking.plan(f"{study}.<stage>.t<trial>", [f"trainer.logger={_list(baseline.get('trainer.logger'))}",
+                                                            f"trainer.project_name={baseline.get('trainer.project_name') or ''}"],
+                               {"study": study, "stage": "<stage>"})
+    lines = []
+    if "wandb" in names.loggers:
+        lines.append(f"note: each probe is a W&B run in project {names.project}: group {study}, job type = its stage, "
+                     f"name {names.name}")
+    if names.tensorboard_dir is not None:
+        lines.append(f"note: each probe's TensorBoard events: {names.tensorboard_dir}")
+    for package in (name for name in TRACKERS if name in names.loggers and importlib.util.find_spec(name) is None):
+        lines.append(f"warning: the baseline logs to {package}, but {package} is not installed here: "
+                     "pip install 'verl-sweep[trackers]'")
+    return lines
+
+
+def _list(value: Any) -> str:
+    return f"[{','.join(map(str, value))}]" if isinstance(value, (list, tuple)) else str(value or "")
 
 
 class TrackerListener(StudyListener):
@@ -98,7 +119,7 @@ def _wandb_outcome(names: ProbeTracking, params: Mapping[str, Any], outcome: Map
                                           "role": outcome["role"], "params": dict(params)}}, allow_val_change=True)
         run.summary.update({f"verl_sweep/{key}": value for key, value in outcome.items()})
     finally:
-        run.finish(exit_code=0 if outcome["state"] == "complete" else 1)
+        run.finish(exit_code=1 if outcome["state"] == "failed" else 0)  # a pruned probe did not fail
 
 
 def _tensorboard_outcome(names: ProbeTracking, params: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:

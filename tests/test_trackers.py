@@ -24,6 +24,7 @@ from launchers.base import RunSpec
 from launchers.run_dir import RunDir, probe_pins
 from launchers.trackers import ProbeTracking
 from search.records import TrialRecord
+from search.trackers import tracker_lines
 
 STUDY, STAGES, PROJECT = "trk", ("kl", "lr"), "my-project"
 API_KEY = "wk-sentinel-7c1e0d9b5a3f" + "0" * 18  # a W&B key's length; never to be written anywhere
@@ -177,3 +178,14 @@ def test_a_baseline_with_trackers_names_the_probe_for_them(tmp_path: Path, monke
     names = ProbeTracking.of_argv([*spec.overrides, "trainer.experiment_name=s.lr.t0001", *first])
     assert names is not None and (names.group, names.job_type, names.name, names.project) == ("s", "lr", "s.lr.t0001", "p")
     assert names.user_loggers == ("wandb", "tensorboard", "swanlab")
+
+
+def test_validate_says_where_the_probes_show_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    lines = tracker_lines("s", {"trainer.logger": ["console", "wandb", "tensorboard"], "trainer.project_name": "p"})
+    assert lines == [
+        "note: each probe is a W&B run in project p: group s, job type = its stage, name s.<stage>.t<trial>",
+        f"note: each probe's TensorBoard events: {Path('tensorboard_log/p/s/<stage>/s.<stage>.t<trial>').absolute()}",
+    ]
+    assert tracker_lines("s", {"trainer.logger": "['console','file']"}) == []
+    assert tracker_lines("s", {}) == []  # verl's default loggers are not turned on: only the ones asked for
