@@ -31,6 +31,8 @@ ENV_OVERRIDE = "+ray_kwargs.ray_init.runtime_env.env_vars."
 PROBE_LOGGERS = ("console", "file")
 #: verl 0.9.1's ``trainer.project_name`` when a config sets none
 VERL_DEFAULT_PROJECT = "verl_examples"
+#: a RunSpec's metadata that keeps its probe out of the user's trackers (only our own loggers)
+NO_TRACKERS: Mapping[str, str] = {"trackers": "off"}
 
 _LOGGER, _PROJECT, _EXPERIMENT = "trainer.logger", "trainer.project_name", "trainer.experiment_name"
 _GROUP, _JOB_TYPE, _WANDB_ID, _TENSORBOARD = "WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_RUN_ID", "TENSORBOARD_DIR"
@@ -77,9 +79,11 @@ class ProbeTracking:
     def plan(cls, run_id: str, overrides: Sequence[str], metadata: Mapping[str, str], *,
              env: Mapping[str, str] | None = None) -> ProbeTracking:
         """A probe's names from its overrides (the baseline's loggers and project) and the
-        ``study`` / ``stage`` its spec's metadata give; a fresh W&B run id each start."""
+        ``study`` / ``stage`` its spec's metadata give (``NO_TRACKERS``: only our own loggers);
+        a fresh W&B run id each start."""
         env = os.environ if env is None else env
-        asked = parse_loggers(_value(overrides, _LOGGER))
+        off = all(metadata.get(key) == value for key, value in NO_TRACKERS.items())
+        asked = [] if off else parse_loggers(_value(overrides, _LOGGER))
         loggers = tuple(dict.fromkeys([*PROBE_LOGGERS, *asked]))
         project = (_value(overrides, _PROJECT) or VERL_DEFAULT_PROJECT).strip("'\"")
         study, stage = metadata.get("study"), metadata.get("stage")

@@ -143,7 +143,7 @@ def _drive(spec, storage, launcher, *, joined: str, leave_at_end: bool = False) 
     from search.trackers import TrackerListener, asks_for_trackers
 
     # Each trial's outcome goes to the probe's run in the user's tracker (W&B, TensorBoard).
-    listeners = [TrackerListener()] if asks_for_trackers(spec.baseline_config()) else []
+    listeners = [TrackerListener()] if spec.probe.trackers and asks_for_trackers(spec.baseline_config()) else []
     runner = StudyRunner(spec, storage, launcher, console=Console(), listeners=listeners, leave_at_end=leave_at_end)
     print(joined)
 

@@ -168,7 +168,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     lines += [f"warning: {w}" for w in baseline_warnings(spec, base)]
     lines += [f"warning: baseline {w}" for w in doubts(base)]
     lines += [f"note: baseline {n} (harmless)" for n in notes(base, algorithm=spec.algorithm)]
-    lines += tracker_lines(spec.name, base)
+    lines += tracker_lines(spec.name, base) if spec.probe.trackers else []
     problems += memory_problems(spec, base, lines)
     if problems:  # the baseline's own: every stage's configs hold it
         return problems, lines

@@ -189,3 +189,17 @@ def test_validate_says_where_the_probes_show_up(monkeypatch: pytest.MonkeyPatch)
     ]
     assert tracker_lines("s", {"trainer.logger": "['console','file']"}) == []
     assert tracker_lines("s", {}) == []  # verl's default loggers are not turned on: only the ones asked for
+
+
+def test_probe_trackers_false_keeps_the_probes_out_of_the_users_trackers(tmp_path: Path) -> None:
+    from launchers.trackers import NO_TRACKERS
+    from search.study_file import StudySpec
+
+    data = _study()
+    data["probe"]["trackers"] = False
+    assert StudySpec.model_validate(data).probe.trackers is False
+    spec = RunSpec("s.lr.t0001", ("trainer.logger=[console,wandb,tensorboard]",),
+                   metadata={"study": "s", "stage": "lr", "trial": "1", **NO_TRACKERS})
+    pins = probe_pins(spec, RunDir(tmp_path))
+    assert "trainer.logger=[console,file]" in pins and not [p for p in pins if "WANDB_" in p]
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={tmp_path / 'tensorboard'}" in pins
