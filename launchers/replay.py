@@ -11,7 +11,9 @@ of GPU time replays in seconds. Used by the benchmarks; ``poll_advance_s`` lets 
 poll without calling ``wait`` (generic polling loops, the launcher contract) see time pass.
 
 Overrides are parsed and checked exactly as the simulator process does
-(``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers.
+(``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers. The
+trackers a baseline names (W&B, TensorBoard: ``launchers.simulator.tracking``) are not written:
+a replay is a benchmark's thousands of runs in one process, not a study a person follows.
 """
 
 from __future__ import annotations

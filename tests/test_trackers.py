@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import optuna
 import pytest
 
-from conftest import cli, demo_data, write_study
+from conftest import REPO, cli, demo_data, write_study
 from launchers.base import RunSpec
 from launchers.run_dir import RunDir, probe_pins
 from launchers.trackers import ProbeTracking
@@ -203,3 +204,39 @@ def test_probe_trackers_false_keeps_the_probes_out_of_the_users_trackers(tmp_pat
     pins = probe_pins(spec, RunDir(tmp_path))
     assert "trainer.logger=[console,file]" in pins and not [p for p in pins if "WANDB_" in p]
     assert f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={tmp_path / 'tensorboard'}" in pins
+
+
+#: verl 0.9.1's own trackers (``verl.utils.tracking.Tracking``), or the simulated verl's, made in an
+#: actor whose environment holds the probe's ``runtime_env.env_vars`` pins, logging one step
+_VERL = ("import os, sys, json; from verl.utils.tracking import Tracking; a = json.loads(sys.argv[1]); "
+         "os.environ.update(a['env']); t = Tracking(project_name=a['project'], experiment_name=a['name'], "
+         "default_backend=['console', 'wandb', 'tensorboard'], config={'trainer': {}}); "
+         "t.log({'training/global_step': 1}, step=1); t.finish()")
+_SIMULATED = ("import os, sys, json; from launchers.simulator.tracking import Tracking; a = json.loads(sys.argv[1]); "
+              "t = Tracking(a['config']); t.log({'training/global_step': 1}, 1); t.finish()")
+
+
+@pytest.mark.verl
+def test_verl_itself_names_a_probe_as_the_simulator_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("verl.utils.tracking")
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))  # the user's root: <root>/<study>/<stage>/<run id>
+    from launchers.simulator.config import parse_overrides
+    from launchers.trackers import ENV_OVERRIDE
+
+    spec = RunSpec("s.lr.t0001", ("trainer.logger=[console,wandb,tensorboard]", "trainer.project_name=p"),
+                   metadata={"study": "s", "stage": "lr", "trial": "1"})
+    argv = [*spec.overrides, *probe_pins(spec, RunDir(tmp_path / "run"))]
+    pinned_env = {p.partition("=")[0][len(ENV_OVERRIDE):]: p.partition("=")[2] for p in argv if p.startswith(ENV_OVERRIDE)}
+    wandb_ids, tensorboard_dirs = {}, {}
+    for who, code, args in (("verl", _VERL, {"env": pinned_env, "project": "p", "name": spec.run_id}),
+                            ("simulated", _SIMULATED, {"config": parse_overrides(argv)})):
+        env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / who), "PYTHONPATH": str(REPO)}
+        (tmp_path / who).mkdir()
+        before = set(Path(pinned_env["TENSORBOARD_DIR"]).glob("events.*"))
+        subprocess.run([sys.executable, "-c", code, json.dumps(args)], env=env, cwd=tmp_path / who, check=True,
+                       capture_output=True, timeout=120)
+        [run] = _wandb_runs(tmp_path / who / "wandb").items()
+        wandb_ids[who] = (run[0], *(run[1][k] for k in ("run_group", "job_type", "display_name", "project")))
+        tensorboard_dirs[who] = {p.parent for p in set(Path(pinned_env["TENSORBOARD_DIR"]).glob("events.*")) - before}
+    assert wandb_ids["verl"] == wandb_ids["simulated"] == (pinned_env["WANDB_RUN_ID"], "s", "lr", "s.lr.t0001", "p")
+    assert tensorboard_dirs["verl"] == tensorboard_dirs["simulated"] == {tmp_path / "tb/s/lr/s.lr.t0001"}

@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any, Mapping
 
-from launchers.simulator.config import get
+from launchers.simulator.config import DEFAULTS, get
 
 ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars."
 
@@ -66,7 +66,7 @@ class Tracking:
             import wandb
 
             self._wandb = wandb.init(project=project, name=experiment, entity=os.environ.get("WANDB_ENTITY"),
-                                     config=nested(config))
+                                     config=nested({**DEFAULTS, **config}))  # verl logs its whole config
         if "tensorboard" in loggers:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
