@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 #: the trackers whose runs get each trial's outcome
 TRACKERS = ("wandb", "tensorboard")
+#: seconds W&B may take to open a run again (its default, 90, would hold the driver up)
+INIT_TIMEOUT_S = 30.0
 
 
 def asks_for_trackers(baseline: Mapping[str, Any]) -> bool:
@@ -50,9 +52,10 @@ def asks_for_trackers(baseline: Mapping[str, Any]) -> bool:
 def tracker_lines(study: str, baseline: Mapping[str, Any]) -> list[str]:
     """What ``validate`` says of the trackers the baseline asks for: where each probe shows up,
     and a warning when this machine lacks the package a tracker needs."""
-    names = ProbeTracking.plan(f"{study}.<stage>.t<trial>", [f"trainer.logger={_list(baseline.get('trainer.logger'))}",
-                                                            f"trainer.project_name={baseline.get('trainer.project_name') or ''}"],
-                               {"study": study, "stage": "<stage>"})
+    overrides = [f"trainer.logger={_list(baseline.get('trainer.logger'))}"]
+    if baseline.get("trainer.project_name"):
+        overrides.append(f"trainer.project_name={baseline['trainer.project_name']}")
+    names = ProbeTracking.plan(f"{study}.<stage>.t<trial>", overrides, {"study": study, "stage": "<stage>"})
     lines = []
     if "wandb" in names.loggers:
         lines.append(f"note: each probe is a W&B run in project {names.project}: group {study}, job type = its stage, "
@@ -70,10 +73,12 @@ def _list(value: Any) -> str:
 
 
 class TrackerListener(StudyListener):
-    """Adds each finished trial's outcome to its probe's W&B run and TensorBoard directory."""
+    """Adds each finished trial's outcome to its probe's W&B run and TensorBoard directory. A
+    tracker that fails once (no network: W&B's init waits up to ``INIT_TIMEOUT_S``) is left
+    alone for the rest of the study, so that it never holds the driver up twice."""
 
     def __init__(self) -> None:
-        self._warned = False
+        self._failed: set[str] = set()
 
     def trial_finished(self, study: optuna.Study, number: int, role: Role, overrides: dict[str, Any], *,
                        eta: float | None = None, interval: tuple[float, float] | None = None,
@@ -94,23 +99,28 @@ class TrackerListener(StudyListener):
                 outcome["eta_low"], outcome["eta_high"] = interval
             if reason:
                 outcome["reason"] = reason
-            if "wandb" in names.loggers and names.wandb_id:
-                _wandb_outcome(names, overrides, outcome)
-            if "tensorboard" in names.loggers and names.tensorboard_dir is not None:
-                _tensorboard_outcome(names, overrides, outcome)
-        except Exception as e:  # a tracker is a view: the study goes on without it
-            log = logger.debug if self._warned else logger.warning
-            self._warned = True
-            log("the user's tracker did not take trial %d's outcome (%s: %s); the study goes on", number,
-                type(e).__name__, e)
+        except (IndexError, KeyError, OSError, TypeError, ValueError) as e:  # a tracker is a view: go on
+            logger.debug("no tracker outcome for trial %d: %s: %s", number, type(e).__name__, e)
+            return
+        for tracker, add in (("wandb", _wandb_outcome), ("tensorboard", _tensorboard_outcome)):
+            if tracker not in names.loggers or tracker in self._failed:
+                continue
+            try:
+                add(names, overrides, outcome)
+            except Exception as e:  # a tracker is a view: the study goes on without it
+                self._failed.add(tracker)
+                logger.warning("%s did not take trial %d's outcome (%s: %s); no more outcomes go to it",
+                               tracker, number, type(e).__name__, str(e)[:80])
 
 
 def _wandb_outcome(names: ProbeTracking, params: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
     import wandb
 
+    if names.wandb_id is None:
+        return  # started before its probe's W&B run had an id of ours
     # x_disable_meta: no command line (a --storage URL may hold a password), host or git facts
     settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True, save_code=False,
-                              disable_git=True, disable_job_creation=True)
+                              disable_git=True, disable_job_creation=True, init_timeout=INIT_TIMEOUT_S)
     run = wandb.init(project=names.project, entity=os.environ.get("WANDB_ENTITY"), id=names.wandb_id,
                      resume="allow", name=names.name, group=names.group, job_type=names.job_type,
                      settings=settings, reinit="create_new")
@@ -127,7 +137,8 @@ def _tensorboard_outcome(names: ProbeTracking, params: Mapping[str, Any], outcom
     from tensorboard.plugins.hparams import summary_v2 as hp
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    assert names.tensorboard_dir is not None
+    if names.tensorboard_dir is None:
+        return
     names.tensorboard_dir.mkdir(parents=True, exist_ok=True)
     hparams = {key: value if isinstance(value, (bool, int, float, str)) else str(value) for key, value in params.items()}
     hparams.update({f"verl_sweep.{key}": outcome[key] for key in ("state", "role", "trial")})

@@ -240,3 +240,26 @@ def test_verl_itself_names_a_probe_as_the_simulator_does(tmp_path: Path, monkeyp
         tensorboard_dirs[who] = {p.parent for p in set(Path(pinned_env["TENSORBOARD_DIR"]).glob("events.*")) - before}
     assert wandb_ids["verl"] == wandb_ids["simulated"] == (pinned_env["WANDB_RUN_ID"], "s", "lr", "s.lr.t0001", "p")
     assert tensorboard_dirs["verl"] == tensorboard_dirs["simulated"] == {tmp_path / "tb/s/lr/s.lr.t0001"}
+
+
+def test_a_tracker_that_fails_is_warned_about_once_and_then_left_alone(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from search.records import Role, set_attrs, started_attrs
+    from search.trackers import TrackerListener
+
+    (tmp_path / "tb").write_text("a file where the TensorBoard root should be")
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    study = optuna.create_study()
+    listener = TrackerListener()
+    for number in range(2):
+        run_id = f"s.lr.t{number:04d}"
+        spec = RunSpec(run_id, ("trainer.logger=[console,tensorboard]",), metadata={"study": "s", "stage": "lr"})
+        files = RunDir.make(tmp_path / "runs", run_id)
+        files.write_spec(spec, {"argv": [*spec.overrides, *probe_pins(spec, files)]})
+        trial = study.ask()
+        set_attrs(trial, started_attrs(role=Role.CANDIDATE, seed=1, overrides={}, run_id=run_id, run_dir=str(files.path)))
+        study.tell(trial, 1.0)
+        with caplog.at_level("WARNING", logger="search.trackers"):
+            listener.trial_finished(study, number, Role.CANDIDATE, {}, eta=1.0)
+    warned = [r.getMessage() for r in caplog.records if r.name == "search.trackers"]
+    assert len(warned) == 1 and warned[0].startswith("tensorboard did not take trial 0's outcome (NotADirectoryError")
