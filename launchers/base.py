@@ -120,8 +120,10 @@ class RunState:
 
 
 #: environment variables no probe may see: the study database's URL holds its password, and
-#: verl and wandb log the environment they run in
-PRIVATE_ENV = frozenset({"VERL_SWEEP_STORAGE"})
+#: verl and wandb log the environment they run in; the driver's own W&B service (wandb sets it
+#: once the driver adds a trial's outcome to a run) would take a probe's run into the driver's
+#: process, where a cancelled probe's run stays open: a probe runs its own, as a verl run does
+PRIVATE_ENV = frozenset({"VERL_SWEEP_STORAGE", "WANDB_SERVICE"})
 
 
 def probe_environment(*layers: Mapping[str, str]) -> dict[str, str]:

@@ -266,7 +266,7 @@ class LocalLauncher(Launcher):
             self._preflight(gpus)
         ray_dir = private_ray_dir(run_dir.path)
         pins = [
-            *probe_pins(spec.run_id, run_dir),
+            *probe_pins(spec, run_dir),
             # A private Ray per probe: ray.init() would otherwise join any running cluster.
             "+ray_kwargs.ray_init.address=local",
             f"+ray_kwargs.ray_init._temp_dir={ray_dir}",

@@ -169,7 +169,7 @@ class RayJobLauncher(Launcher):
     # -- hooks -------------------------------------------------------------------------------
     def _start(self, spec: RunSpec) -> RunHandle:
         run_dir, remote_dir = self._paths(spec.run_id)
-        pins = probe_pins(spec.run_id, remote_dir)
+        pins = probe_pins(spec, remote_dir)
         if self.gpus_per_probe is not None:
             pins.append(f"trainer.n_gpus_per_node={self.gpus_per_probe}")
         argv = [*self.command, *merge_overrides(spec.overrides, pins)]

@@ -11,7 +11,9 @@ of GPU time replays in seconds. Used by the benchmarks; ``poll_advance_s`` lets 
 poll without calling ``wait`` (generic polling loops, the launcher contract) see time pass.
 
 Overrides are parsed and checked exactly as the simulator process does
-(``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers.
+(``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers. The
+trackers a baseline names (W&B, TensorBoard: ``launchers.simulator.tracking``) are not written:
+a replay is a benchmark's thousands of runs in one process, not a study a person follows.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ class ReplayLauncher(Launcher):
             )
         run_dir = self._files(spec.run_id)
         run_dir.clear_outputs()
-        pins = [*probe_pins(spec.run_id, run_dir), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
+        pins = [*probe_pins(spec, run_dir), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
         argv = merge_overrides(spec.overrides, pins)
         run_dir.write_spec(spec, {"launcher": self.name, "argv": argv, "landscape": self.landscape_name,
                                   "started_at": self._now})  # fmt: skip

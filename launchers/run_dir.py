@@ -6,13 +6,14 @@
 - ``stdout.log`` / ``stderr.log``: the run's console (verl's ``step:N - key:value`` lines)
   and its errors
 - ``metrics.jsonl``: verl's file logger (``$VERL_FILE_LOGGER_PATH``), one line per step
-- ``tensorboard/``: verl's tensorboard logger (``$TENSORBOARD_DIR``), when the run logs there
+- ``tensorboard/``: verl's tensorboard logger (``$TENSORBOARD_DIR``), unless the baseline asks
+  for TensorBoard: then the user's tree holds it (``launchers.trackers``)
 - ``gpu_samples.jsonl``: NVML samples of the run's GPUs
 - ``worker_errors.log``: error lines kept from the run's own Ray workers when it failed
 - ``hydra/``: Hydra's run directory
 
-The pins (``probe_pins``) make a probe clean (docs/method.md §3) and point verl's loggers into
-this directory; a caller's override of a pinned key is dropped (``merge_overrides``). Readers
+The pins (``probe_pins``) make a probe clean (docs/method.md §3), point verl's file logger into
+this directory and name the probe in the user's trackers; a caller's override of a pinned key is dropped (``merge_overrides``). Readers
 (``objectives.sources``, ``search.status``, the report) find a run's files through
 ``RunDir`` too.
 """
@@ -27,12 +28,14 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from launchers.trackers import ENV_OVERRIDE, ProbeTracking
+
 logger = logging.getLogger(__name__)
 
 #: the override that points verl's file logger (written inside a Ray actor) at a path
-METRICS_OVERRIDE = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
-#: the same for verl's tensorboard logger's directory
-TENSORBOARD_OVERRIDE = "+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR"
+METRICS_OVERRIDE = ENV_OVERRIDE + "VERL_FILE_LOGGER_PATH"
+#: pinned keys whose caller value the pins carry on (the baseline's loggers): no note when dropped
+_CARRIED = frozenset({"trainer.logger"})
 
 
 class _Spec(Protocol):
@@ -119,21 +122,24 @@ class RunDir:
         return data if isinstance(data, dict) else {}
 
 
-def probe_pins(run_id: str, run_dir: RunDir, *, metrics_path: Path | None = None) -> list[str]:
+def probe_pins(spec: _Spec, run_dir: RunDir, *, metrics_path: Path | None = None) -> list[str]:
     """The overrides that make a probe clean and findable (docs/method.md §3): no resume, no
     validation before training, no checkpoints, its own experiment name and Hydra directory,
-    verl's console and file loggers, the file logger's path (``metrics_path``: where the run
-    can write it, by default the run directory's) and the tensorboard logger's directory."""
+    the baseline's loggers with verl's console and file loggers, the file logger's path
+    (``metrics_path``: where the run can write it, by default the run directory's), and the
+    names the user's trackers give it (``launchers.trackers``: W&B's group and job type, the
+    TensorBoard directory, by default the run directory's)."""
     metrics = metrics_path or run_dir.metrics
+    tracking = ProbeTracking.plan(spec.run_id, spec.overrides, spec.metadata)
     return [
         "trainer.resume_mode=disable",
         "trainer.val_before_train=false",
         "trainer.save_freq=-1",
-        f"trainer.experiment_name={run_id}",
+        f"trainer.experiment_name={spec.run_id}",
         f"hydra.run.dir={run_dir.hydra}",
-        "trainer.logger=[console,file]",
+        tracking.logger_pin(),
         f"{METRICS_OVERRIDE}={metrics}",
-        f"{TENSORBOARD_OVERRIDE}={metrics.parent / 'tensorboard'}",
+        *tracking.env_pins(metrics.parent / "tensorboard"),
     ]
 
 
@@ -145,12 +151,13 @@ def override_key(item: str) -> str:
 
 def merge_overrides(user: Sequence[str], pins: Sequence[str]) -> list[str]:
     """Caller overrides followed by the pins; a caller override of a pinned key is dropped
-    (Hydra rejects a ``+key`` given twice, and the pin must win)."""
+    (Hydra rejects a ``+key`` given twice, and the pin must win; the loggers' pin keeps the
+    caller's loggers, so dropping them is no news)."""
     pinned = {override_key(p) for p in pins}
     kept = []
     for item in user:
         if override_key(item) in pinned:
-            if item not in pins:  # the same setting twice is not worth a warning
+            if item not in pins and override_key(item) not in _CARRIED:  # nothing lost: no note
                 logger.warning("dropping override %r: the launcher pins this key", item)
             continue
         kept.append(item)

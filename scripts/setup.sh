@@ -13,7 +13,7 @@ stamp=.venv/.verl-sweep-installed
 want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--bench" ]; then
   .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -c constraints-bench.txt -e ".[verl,ray,gpu,postgres,test,bench]"
+  .venv/bin/pip install -q -c constraints-bench.txt -e ".[verl,ray,gpu,postgres,trackers,test,bench]"
   # DEHB 0.1.2 pins numpy<2 (ours is 2.4.6; it runs on it): without its deps, listed in bench.
   .venv/bin/pip install -q --no-deps -c constraints-bench.txt "dehb==0.1.2"
   # NePS 0.17.0 (PriorBand) pins pandas<3 and networkx<3 (ours: 3.1.1, 3.6.1; it runs on them):
@@ -27,6 +27,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install -q "torch==2.13.0"
   # constraints.txt pins every dependency to a tested set: reproducible, and no resolver
   # backtracking through verl's large dependency tree.
-  .venv/bin/pip install -q -c constraints.txt -e ".[verl,ray,gpu,postgres,test]"
+  .venv/bin/pip install -q -c constraints.txt -e ".[verl,ray,gpu,postgres,trackers,test]"
   echo "$want" > "$stamp"
 fi

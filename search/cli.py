@@ -156,8 +156,11 @@ def _drive(spec, storage, launcher, *, joined: str, leave_at_end: bool = False) 
     from search.console import Console
     from search.driver import StudyRunner
     from search.status import finished_results
+    from search.trackers import TrackerListener, asks_for_trackers
 
-    runner = StudyRunner(spec, storage, launcher, console=Console(), leave_at_end=leave_at_end)
+    # Each trial's outcome goes to the probe's run in the user's tracker (W&B, TensorBoard).
+    listeners = [TrackerListener()] if spec.probe.trackers and asks_for_trackers(spec.baseline_config()) else []
+    runner = StudyRunner(spec, storage, launcher, console=Console(), listeners=listeners, leave_at_end=leave_at_end)
     print(joined)
 
     def on_term(signum: int, frame: Any) -> None:

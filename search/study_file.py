@@ -187,6 +187,10 @@ class ProbeSettings(_Strict):
     #: learning stages probe this many times ``steps`` (the short rate would judge early
     #: speed, not the run's); 1 never lengthens them
     slow_start_factor: Int = Field(default=4, ge=1, le=100)
+    #: each probe logs to the trackers the baseline's ``trainer.logger`` names (W&B, TensorBoard,
+    #: SwanLab, …; ``launchers.trackers``); false keeps the probes out of them (only verl-sweep's
+    #: own console and file loggers), while the exported config keeps the baseline's loggers
+    trackers: bool = True
 
     @model_validator(mode="after")
     def _warmup_inside_probe(self) -> "ProbeSettings":

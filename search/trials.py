@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from launchers.base import LauncherError, NoCapacityError, RunSpec
+from launchers.trackers import NO_TRACKERS
 from objectives.probe import Probe, ProbeOutcome, ProbeState
 from objectives.score import Score, eta as eta_of, paired_eta
 from objectives.utilisation import MIN_FREE_GB
@@ -167,7 +168,8 @@ class TrialRunner:
             run_id=run_id,
             overrides=tuple(to_overrides(config)),
             n_gpus=self.spec.hardware.n_gpus,
-            metadata={"study": self.spec.name, "stage": self.stage_name, "trial": str(trial.number)},
+            metadata={"study": self.spec.name, "stage": self.stage_name, "trial": str(trial.number),
+                      **({} if self.spec.probe.trackers else NO_TRACKERS)},
         )
         probe = Probe(self.launcher, spec, self.stage.probe)
         try:

@@ -9,6 +9,7 @@ from typing import Any
 from launchers import LAUNCHERS
 from search.stage import Stage
 from search.study_file import StudySpec
+from search.trackers import tracker_lines
 from spaces import SpaceError, check_config
 from spaces.overrides import Config, merge
 
@@ -167,6 +168,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     lines += [f"warning: {w}" for w in baseline_warnings(spec, base)]
     lines += [f"warning: baseline {w}" for w in doubts(base)]
     lines += [f"note: baseline {n} (harmless)" for n in notes(base, algorithm=spec.algorithm)]
+    lines += tracker_lines(spec.name, base) if spec.probe.trackers else []
     problems += memory_problems(spec, base, lines)
     if problems:  # the baseline's own: every stage's configs hold it
         return problems, lines

@@ -110,21 +110,24 @@ def test_pins_are_appended_and_win_over_caller_overrides(tmp_path: Path) -> None
     handle = launcher.start(spec)
     wait_for(launcher, handle, lambda s: s.status.is_finished, 60)
     argv = json.loads((handle.run_dir / "spec.json").read_text())["argv"]
-    tail = argv[len(argv) - 11 :]
+    tail = argv[len(argv) - 12 :]
     run_dir = handle.run_dir
+    wandb_id = tail[8].rpartition("=")[2]
     assert tail == [
         "trainer.resume_mode=disable",
         "trainer.val_before_train=false",
         "trainer.save_freq=-1",
         "trainer.experiment_name=pins",
         f"hydra.run.dir={run_dir}/hydra",
-        "trainer.logger=[console,file]",
+        "trainer.logger=[console,file,wandb]",  # the caller's loggers kept, with the ones we read
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir}/metrics.jsonl",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={run_dir}/tensorboard",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID={wandb_id}",
         "+ray_kwargs.ray_init.address=local",
         f"+ray_kwargs.ray_init._temp_dir={private_ray_dir(run_dir)}",
         "trainer.n_gpus_per_node=2",
     ]
+    assert wandb_id.startswith("pins-")
     assert "trainer.save_freq=10" not in argv and "trainer.logger=[wandb]" not in argv
     # Ray's unix socket paths (~60 bytes under the temp dir) must stay below 107 bytes.
     assert len(private_ray_dir(run_dir)) <= 24

@@ -140,7 +140,7 @@ def _process_run(tmp_path: Path, overrides: list[str], run_id: str, landscape: s
     """Run the real simulator process with the same pins the replay applies; its run dir."""
     run_dir = tmp_path / "process" / run_id
     run_dir.mkdir(parents=True)
-    argv = merge_overrides(overrides, [*probe_pins(run_id, RunDir(run_dir)), "trainer.n_gpus_per_node=8"])
+    argv = merge_overrides(overrides, [*probe_pins(RunSpec(run_id, tuple(overrides)), RunDir(run_dir)), "trainer.n_gpus_per_node=8"])
     env = {**os.environ, "VERL_SIM_TIME_SCALE": "1e9", "VERL_SIM_LANDSCAPE": landscape,
            "VERL_SIM_GPU_SAMPLES_PATH": str(run_dir / "gpu_samples.jsonl"), "VERL_SIM_PDEATHSIG": "0"}
     proc = subprocess.run([sys.executable, "-m", "launchers.simulator", *argv], env=env, cwd=REPO,

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import IO, Any, Mapping
 
 from launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
-from launchers.simulator.trace import console_line, gpu_sample, json_line, real_record
+from launchers.simulator.trace import console_line, full_record, gpu_sample, json_line, real_record
+from launchers.simulator.tracking import Tracking
 
 _PARENT_POLL_S = 0.1
 
@@ -145,12 +146,14 @@ def run(argv: list[str]) -> int:
     if failure is not None and failure.at_step == 0:
         _fail(f"{prefix} Traceback (most recent call last):\n{failure.message}")
 
+    tracking = Tracking(config)  # where verl makes its trackers: once the workers are up
     metrics_file = _open_append(logger_path(config))
     samples_file = _open_append(os.environ.get("VERL_SIM_GPU_SAMPLES_PATH"))
     if metrics_file is not None and bool(get(config, "trainer.val_before_train")):
         val = {"val-core/default/reward/mean@1": expectation.r0}
         metrics_file.write(json.dumps({"step": 0, "data": val}) + "\n")
         out.write(f"{prefix} step:0 - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
+        tracking.log(val, 0)
     n_gpus = int(get(config, "trainer.n_gpus_per_node"))
     gpu_mb = landscape.gpu_memory_gb * 1024.0
     seed = get(config, "data.seed")
@@ -164,18 +167,23 @@ def run(argv: list[str]) -> int:
             metrics_file.write(json_line(template, record.step, record.metrics))
         out.write(console_line(prefix, template, record.step, record.metrics))
         out.flush()
+        if tracking.active:
+            tracking.log(full_record(template, record.step, record.metrics), record.step)
         if samples_file is not None:
             samples_file.write(json.dumps(gpu_sample(clock.now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)) + "\n")
 
     if failure is not None:  # the failing step ran out of memory part-way
         clock.sleep(expectation.step_time_s * 0.3)
+        tracking.finish(exit_code=1)
         _fail(f"{prefix} Traceback (most recent call last):\n{prefix} {failure.message}")
     p_died = float((landscape.data.get("failures") or {}).get("worker_died_probability", 0.0))
     if p_died > 0 and jitter.random() < p_died:
+        tracking.finish(exit_code=1)
         _fail(
             f"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
             f"A worker died or was killed while executing a task by an unexpected system error. (after step {last})"
         )
+    tracking.finish(exit_code=0)
     out.write(f"{prefix} Training finished at step {last}\n")
     out.flush()
     return 0
