@@ -220,7 +220,7 @@ class Landscape:
                     continue
                 ideal_s = amount / ideal[phase]
                 phases[phase] = ideal_s / effs[phase]
-                busy += ideal_s
+                busy += ideal_s if phase in ("gen", "optimizer") else ideal_s * (1.0 - effs["host_share"])
             phases["other"] = other_s
             total = sum(phases.values())
             # Affine in the busy fraction: fitted to the source (a bad layout 42%, a fitting one 79%).
@@ -306,9 +306,7 @@ class Landscape:
             train *= _f(lay, "fsdp2_gain")
         elif bool(g("actor_rollout_ref.actor.fsdp_config.forward_prefetch")):
             train *= _f(lay, "forward_prefetch_gain")
-        update = train
-        if bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")):
-            update /= _f(lay, "recompute_cost")
+        update = train / _f(lay, "recompute_cost") if g("actor_rollout_ref.model.enable_gradient_checkpointing") else train
         if bool(g("actor_rollout_ref.model.enable_activation_offload")):
             update /= _f(lay, "activation_offload_cost")
         offload = 1.0
@@ -316,9 +314,11 @@ class Landscape:
             offload *= _f(lay, "param_offload_cost")
         if bool(g("actor_rollout_ref.actor.fsdp_config.optimizer_offload")):
             offload *= _f(lay, "optimizer_offload_cost")
-        passes = train / offload**0.5
-        return {"gen": gen, "old_log_prob": passes, "ref": passes, "values": passes,
-                "update_actor": update / offload, "update_critic": update / offload, "optimizer": 1.0 / offload}
+        passes, update, host = train / offload**0.5, update / offload, float(self._s("timing").get("host_share", 0.0))
+        if host:  # timing.host_share: the passes' host work (launches, Python, copies), which no layout knob moves
+            passes, update = 1.0 / (host + (1.0 - host) / passes), 1.0 / (host + (1.0 - host) / update)
+        return {"gen": gen, "old_log_prob": passes, "ref": passes, "values": passes, "host_share": host,
+                "update_actor": update, "update_critic": update, "optimizer": 1.0 / offload}
 
     def memory_gb(self, config: Mapping[str, Any]) -> dict[str, float]:
         """Peak GPU memory (GiB) of each phase and the limits it is held against."""
