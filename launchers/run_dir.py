@@ -143,15 +143,21 @@ def override_key(item: str) -> str:
     return key.lstrip("~+")
 
 
+#: the dropped overrides already warned about: every probe of a study drops the same ones
+_warned_dropped: set[str] = set()
+
+
 def merge_overrides(user: Sequence[str], pins: Sequence[str]) -> list[str]:
     """Caller overrides followed by the pins; a caller override of a pinned key is dropped
-    (Hydra rejects a ``+key`` given twice, and the pin must win)."""
+    (Hydra rejects a ``+key`` given twice, and the pin must win), with a warning once per
+    process (one study) for each, not once per probe."""
     pinned = {override_key(p) for p in pins}
     kept = []
     for item in user:
         if override_key(item) in pinned:
-            if item not in pins:  # the same setting twice is not worth a warning
-                logger.warning("dropping override %r: the launcher pins this key", item)
+            if item not in pins and item not in _warned_dropped:  # the same setting twice is not worth a warning
+                _warned_dropped.add(item)
+                logger.warning("dropping override %r from every probe: the launcher pins this key", item)
             continue
         kept.append(item)
     return [*kept, *pins]

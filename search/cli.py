@@ -139,9 +139,10 @@ def _drive(spec, storage, launcher, *, joined: str, leave_at_end: bool = False) 
     found. ``joined``: the line that says how this process joined the study."""
     from search.console import Console
     from search.driver import StudyRunner
-    from search.status import finished_results
+    from search.status import finished_results, study_progress
 
-    runner = StudyRunner(spec, storage, launcher, console=Console(), leave_at_end=leave_at_end)
+    progress = study_progress(storage, spec, simulated=not launcher.real_gpus)
+    runner = StudyRunner(spec, storage, launcher, console=Console(progress=progress), leave_at_end=leave_at_end)
     print(joined)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -279,9 +280,11 @@ def status(
     name: str = typer.Argument(..., help="Study name."),
     storage: Optional[str] = NamedStorageOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    trials: bool = typer.Option(False, "--trials", help="List every trial (default: each stage's best few)."),
     debug: bool = DebugOption,
 ) -> None:
-    """Stages, trials, incumbents, winners and η of a study."""
+    """Where a study is: its stages, each stage's decision and best trials (`--trials`: every
+    trial; `--json`: everything, as JSON)."""
     _setup(debug)
 
     def action() -> None:
@@ -294,7 +297,7 @@ def status(
         else:
             from search.console import print_status_table
 
-            print_status_table(data)
+            print_status_table(data, trials=trials)
 
     _guard(action)
 

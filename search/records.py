@@ -45,6 +45,7 @@ class CloseReason(str, enum.Enum):
     WASTED = "wasted"  # run ahead from a leader that lost: its run did not fail, it no longer counts
     OVER_BUDGET = "over budget"  # the stage's budget was used up before it could start
     REDUNDANT = "redundant"  # a re-run that another worker's re-run made unnecessary
+    STOPPED = "stopped"  # its driver was stopped (Ctrl-C, SIGTERM): queued again, it runs later
 
     def __str__(self) -> str:
         return self.value
@@ -296,6 +297,11 @@ def started_attrs(*, role: Role, seed: int, overrides: Config, run_id: str, run_
 def skipped_attrs(closed_as: CloseReason, reason: str) -> dict[str, Any]:
     """A trial given back unstarted."""
     return {_ROLE: Role.SKIPPED.value, _REASON: reason, _CLOSED_AS: closed_as.value}
+
+
+def stopped_attrs(why: str) -> dict[str, Any]:
+    """A run closed because its driver was stopped (its assignment is queued again)."""
+    return {_REASON: why, _CLOSED_AS: CloseReason.STOPPED.value}
 
 
 def wasted_attrs(why: str) -> dict[str, Any]:

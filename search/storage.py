@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from search.errors import BadInputError, StorageError
-from search.masking import mask_url
+from search.masking import encoded_credentials, mask_secrets, mask_url
 
 if TYPE_CHECKING:
     import optuna
@@ -83,9 +83,9 @@ def check_url(url: str) -> str:
         import sqlalchemy
 
         try:
-            sqlalchemy.engine.make_url(url)
+            sqlalchemy.engine.make_url(encoded_credentials(url))
         except (sqlalchemy.exc.ArgumentError, ValueError) as e:
-            raise BadInputError(f"the database URL {shown!r} cannot be parsed ({mask_url(str(e))}). "
+            raise BadInputError(f"the database URL {shown!r} cannot be parsed ({mask_secrets(str(e))}). "
                                 "Write it as postgresql://user:password@host:port/db.") from None
     return url
 
@@ -234,6 +234,7 @@ def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "o
 
     check_url(url)
     shown = mask_url(url)
+    url = encoded_credentials(url)  # a password holding "@", ":" or "/" is read whole
     with contextlib.ExitStack() as held:
         if _is_sqlite(url):
             path = _sqlite_path(url)
@@ -371,7 +372,7 @@ def root_cause(error: BaseException) -> BaseException:
 def describe_db_error(error: BaseException) -> str:
     cause = root_cause(error)
     text = " ".join(str(cause).split())
-    return mask_url(f"{type(cause).__name__}: {text}")[:300]
+    return mask_secrets(f"{type(cause).__name__}: {text}")[:300]
 
 
 def is_transient(error: BaseException) -> bool:
