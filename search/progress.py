@@ -59,7 +59,7 @@ class StudyProgress:
         k = names.index(current) + 1 if current in names else sum(s.finished for s in self.stages.values())
         spent, total = self.gpu_hours()
         gpu = f"GPU-h {spent:,.1f}" + (f" of ~{total:,.0f} (estimate)" if total is not None else "")
-        parts = [f"stage {k}/{len(names)}" + (f" {current}" if current else ""),
+        parts = [f"stage {k}/{len(names)} {current}" if current else f"{k}/{len(names)} stages done",
                  f"probes {self.probes}/{self.planned}", gpu + (" SIMULATED" if self.simulated else "")]
         if eta_s is not None:
             parts.append(f"ETA {duration(eta_s)}")

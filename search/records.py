@@ -90,6 +90,8 @@ _FIXED_PARAMS, _RETRY_HISTORY, _FAILED_TRIAL = "fixed_params", "retry_history", 
 # -- the attribute names: studies -------------------------------------------------------------
 #: the root study's: the study definition
 SPEC_ATTR = "verl_sweep_spec"
+#: the root study's: the launcher kind the study last ran with (``resume`` takes it again)
+LAUNCHER_ATTR = "verl_sweep_launcher"
 _BASE_CONFIG, _STAGE, _PROBE_STEPS, _AHEAD_OF, _RUN_PREFIX = "base_config", "stage", "probe_steps", "ahead_of", "run_prefix"
 _INITIALIZED, _WALL_CLOCK_USED_S, _RESULT = "initialized", "wall_clock_used_s", "result"
 

@@ -304,6 +304,56 @@ def _open(url: str, shown: str, *, create: bool) -> "optuna.storages.RDBStorage"
                             "Pass the study's database, or a new file name to start one.") from None
 
 
+class DriverLock:
+    """The one driver of a SQLite study database: an exclusive flock on ``<file>.driver.lock``
+    beside it, held while the driver runs. SQLite cannot hand a queued trial to one of two
+    processes, so a second ``run`` or ``resume`` on the file is refused in one line (workers
+    need PostgreSQL). The kernel drops the lock with its process: a lock file a dead driver
+    left holds only its pid, and is taken over."""
+
+    def __init__(self, url: str) -> None:
+        self.path = Path(f"{_sqlite_path(url)}.driver.lock") if _is_sqlite(url) else None
+        self._fd: int | None = None
+
+    def __enter__(self) -> "DriverLock":
+        import fcntl
+
+        if self.path is None:
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise BadInputError(
+                f"one driver per SQLite study database, but {_sqlite_path_shown(self.path)} is driven by "
+                f"pid {holder} already. Wait for it (or stop it); several workers need PostgreSQL "
+                "(README: on a cluster).") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock; the file stays (removing it would race)
+            self._fd = None
+
+
+def _sqlite_path_shown(lock: Path) -> str:
+    return str(lock)[: -len(".driver.lock")]
+
+
+def is_read_only_file(url: str) -> bool:
+    """A SQLite study database this process cannot write (the file, or its directory, where
+    SQLite writes its journal)."""
+    if not _is_sqlite(url):
+        return False
+    path = _sqlite_path(url)
+    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
 class _DirectoryLock:
     """An exclusive flock on a directory while a new SQLite file gets its schema (on the
     directory, not the file: SQLite's own POSIX locks on the file must not be disturbed)."""
