@@ -208,8 +208,13 @@ def _finished_read_only(name: str, url: str) -> bool:
 
     if not is_read_only_file(url):
         return False
+    from search.errors import StudyNotFoundError
+
     opened = open_storage(url, create=False, readonly=True)
-    spec = load_spec(opened, name)
+    try:
+        spec = load_spec(opened, name)
+    except StudyNotFoundError:
+        return False  # a new study: opening the file for writing says it cannot be written
     if len(finished_results(opened, spec)) < len(spec.stages):
         return False  # not finished: the read-only error of opening it for writing says what to do
     _remember_study(name, url)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -65,14 +65,17 @@ def wait_for(path: Path, pattern: str, proc: subprocess.Popen[bytes], timeout_s:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("console-demo")
+def finished() -> Iterator[Path]:
+    """A finished small demo, in a folder another user may read (pytest's own is private)."""
+    directory = Path(tempfile.mkdtemp(prefix="vs-console-demo-"))
+    directory.chmod(0o755)
     small_demo(directory)
     result = cli("run", "demo.yaml", cwd=directory)
     assert result.returncode == 0, result.stderr[-3000:]
     (directory / "run.out").write_text(result.stdout)
     (directory / "run.err").write_text(result.stderr)
-    return directory
+    yield directory
+    shutil.rmtree(directory)
 
 
 @pytest.mark.slow  # a small demo study (~30 s)
