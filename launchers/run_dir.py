@@ -149,16 +149,22 @@ def override_key(item: str) -> str:
     return key.lstrip("~+")
 
 
+#: the dropped overrides already warned about: every probe of a study drops the same ones
+_warned_dropped: set[str] = set()
+
+
 def merge_overrides(user: Sequence[str], pins: Sequence[str]) -> list[str]:
     """Caller overrides followed by the pins; a caller override of a pinned key is dropped
-    (Hydra rejects a ``+key`` given twice, and the pin must win; the loggers' pin keeps the
-    caller's loggers, so dropping them is no news)."""
+    (Hydra rejects a ``+key`` given twice, and the pin must win), with a warning once per
+    process (one study) for each, not once per probe; the loggers' pin keeps the caller's
+    loggers, so dropping them is no news."""
     pinned = {override_key(p) for p in pins}
     kept = []
     for item in user:
         if override_key(item) in pinned:
-            if item not in pins and override_key(item) not in _CARRIED:  # nothing lost: no note
-                logger.warning("dropping override %r: the launcher pins this key", item)
+            if item not in pins and override_key(item) not in _CARRIED and item not in _warned_dropped:
+                _warned_dropped.add(item)  # the same setting twice is not worth a warning
+                logger.warning("dropping override %r from every probe: the launcher pins this key", item)
             continue
         kept.append(item)
     return [*kept, *pins]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import typer
 import typer.core
 
-from search.errors import BadInputError, SweepError
+from search.errors import BadInputError, Interrupted, SweepError
 
 class _UsageCommand(typer.core.TyperCommand):
     """A usage line as help texts write it, ``run [OPTIONS] STUDY_FILE``: Typer 0.29 prints a
@@ -49,6 +49,8 @@ DebugOption = typer.Option(False, "--debug", help="Show tracebacks for errors.")
 _debug = False
 #: "NAME [--storage URL]" of the study this command works on, for the hints it prints
 _study_args = ""
+#: "--launcher KIND" where the study runs with another launcher than its file names
+_launcher_args = ""
 
 
 def _fail(error: BaseException) -> None:
@@ -71,12 +73,12 @@ def _guard(action: Callable[[], Any]) -> Any:
         raise
     except LauncherError as e:
         _fail(BadInputError(str(e)) if getattr(e, "bad_input", False) else SweepError(str(e)))
+    except Interrupted as e:  # SIGTERM (and SIGINT's driver-side stop): as Ctrl-C
+        _stopped(e.why)
     except SweepError as e:
         _fail(e)
     except KeyboardInterrupt:
-        resume = f"verl-sweep resume {_study_args}".strip()
-        print(f"stopped (Ctrl-C); running trials were queued again. Continue with `{resume}`.", file=sys.stderr)
-        raise typer.Exit(130)
+        _stopped("Ctrl-C")
     except OSError as e:  # the machine, not the input: a full disk, a lost mount
         _fail(SweepError(f"{e.strerror or type(e).__name__}{f': {e.filename}' if e.filename else ''} "
                          "(a fault of this machine, not of the input; --debug shows where)."))
@@ -86,6 +88,13 @@ def _guard(action: Callable[[], Any]) -> Any:
         text = " ".join(str(e).split())[:300]
         _fail(SweepError(f"unexpected {type(e).__name__}: {text} (a bug in verl-sweep: run again with --debug "
                          "and report the traceback)."))
+
+
+def _stopped(why: str) -> None:
+    """One message for every way a driver is stopped, with the command that continues it."""
+    resume = " ".join(f"verl-sweep resume {_study_args} {_launcher_args}".split())
+    print(f"stopped ({why}); running trials were queued again. Continue with `{resume}`.", file=sys.stderr)
+    raise typer.Exit(130)
 
 
 def _setup(debug: bool) -> None:
@@ -106,9 +115,8 @@ def _remember_study(name: str, url: str) -> None:
     _study_args = name if default_storage_for(name) == url else f"{name} --storage {_masked(url)}"
 
 
-def _open_study(name: str, storage: Optional[str], *, readonly: bool = False):  # type: ignore[no-untyped-def]
-    from search.driver import load_spec
-    from search.storage import default_storage_for, open_storage
+def _url_of(name: str, storage: Optional[str]) -> str:
+    from search.storage import default_storage_for
 
     url = storage or default_storage_for(name)
     if url is None:
@@ -116,6 +124,14 @@ def _open_study(name: str, storage: Optional[str], *, readonly: bool = False):  
             f"no database found for study {name!r} (looked for {name}.db and studies/{name}.db). "
             "Pass --storage URL."
         )
+    return url
+
+
+def _open_study(name: str, storage: Optional[str], *, readonly: bool = False):  # type: ignore[no-untyped-def]
+    from search.driver import load_spec
+    from search.storage import open_storage
+
+    url = _url_of(name, storage)
     opened = open_storage(url, create=False, readonly=readonly)
     spec = load_spec(opened, name)
     _remember_study(name, url)
@@ -149,19 +165,34 @@ def _check_study(spec) -> tuple[list[str], list[str]]:  # type: ignore[no-untype
     return problems + early, lines
 
 
-def _drive(spec, storage, launcher, *, joined: str, leave_at_end: bool = False) -> None:  # type: ignore[no-untyped-def]
-    """What ``run``, ``resume`` and ``worker`` share once the study and its launcher are
-    ready: the driver, run until the study is over (SIGTERM stops it cleanly), then what it
-    found. ``joined``: the line that says how this process joined the study."""
+def _launcher_kind(storage, spec, kind: Optional[str]) -> str:  # type: ignore[no-untyped-def]
+    """The launcher ``resume`` and ``worker`` use: ``--launcher``'s, else the one the study
+    last ran with, else its file's."""
+    from search.study_root import stored_launcher
+
+    return kind or stored_launcher(storage, spec.name) or spec.launcher.kind
+
+
+def _drive(spec, storage, launcher, *, kind: str, joined: str, leave_at_end: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """What ``run``, ``resume`` and ``worker`` share once the study and its launcher
+    (``kind``) are ready: the driver, run until the study is over (SIGTERM stops it cleanly),
+    then what it found. ``joined``: the line that says how this process joined the study."""
     from search.console import Console
     from search.driver import StudyRunner
-    from search.status import finished_results
+    from search.status import study_progress
+    from search.study_root import remember_launcher
     from search.trackers import TrackerListener, asks_for_trackers
 
+    global _launcher_args
+    if not leave_at_end:  # the driver's launcher, not a worker's (each machine may have its own)
+        remember_launcher(storage, spec.name, kind)
+    _launcher_args = f"--launcher {kind}" if kind != spec.launcher.kind else ""
+    progress = study_progress(storage, spec, simulated=not launcher.real_gpus)
     # Each trial's outcome goes to the probe's run in the user's tracker (W&B, TensorBoard).
     listeners = [TrackerListener()] if spec.probe.trackers and asks_for_trackers(spec.baseline_config()) else []
-    runner = StudyRunner(spec, storage, launcher, console=Console(), listeners=listeners, leave_at_end=leave_at_end)
-    print(joined)
+    runner = StudyRunner(spec, storage, launcher, console=Console(progress=progress), listeners=listeners,
+                         leave_at_end=leave_at_end)
+    print(f"{joined} (launcher {kind})")
 
     def on_term(signum: int, frame: Any) -> None:
         runner.request_stop(signal.Signals(signum).name)
@@ -177,9 +208,39 @@ def _drive(spec, storage, launcher, *, joined: str, leave_at_end: bool = False) 
         return
     print(f"study {spec.name} finished.")
     if not leave_at_end:
-        for r in finished_results(storage, spec):
-            print(f"  {r.stage}: {r.summary}")
-        print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
+        _print_results(storage, spec)
+
+
+def _print_results(storage, spec) -> None:  # type: ignore[no-untyped-def]
+    from search.status import finished_results
+
+    for r in finished_results(storage, spec):
+        print(f"  {r.stage}: {r.summary}")
+    print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
+
+
+def _finished_read_only(name: str, url: str) -> bool:
+    """True, having said so, when study ``name`` is finished in a SQLite file this process
+    cannot write: a finished study needs no write (``run`` and ``resume`` of it only report)."""
+    from search.driver import load_spec
+    from search.status import finished_results
+    from search.storage import is_read_only_file, open_storage
+
+    if not is_read_only_file(url):
+        return False
+    from search.errors import StudyNotFoundError
+
+    opened = open_storage(url, create=False, readonly=True)
+    try:
+        spec = load_spec(opened, name)
+    except StudyNotFoundError:
+        return False  # a new study: opening the file for writing says it cannot be written
+    if len(finished_results(opened, spec)) < len(spec.stages):
+        return False  # not finished: the read-only error of opening it for writing says what to do
+    _remember_study(name, url)
+    print(f"study {name} is finished: nothing left to run (its database {_masked(url)} is read-only here).")
+    _print_results(opened, spec)
+    return True
 
 
 #: ``--launcher``'s help: the registered kinds (``launchers.LAUNCHERS``)
@@ -214,9 +275,11 @@ def run(
         except BadInputError as e:  # one line (validate lists every problem)
             raise BadInputError(one_line(str(e).splitlines(), study_file)) from None
         from search.driver import save_spec
-        from search.storage import open_storage, preflight
+        from search.storage import DriverLock, open_storage, preflight
 
         url = storage or spec.storage_url()
+        if _finished_read_only(spec.name, url):
+            return
         preflight(url)
         from search.study_root import check_name_clash
 
@@ -228,12 +291,14 @@ def run(
             raise BadInputError(one_line(problems, study_file))
         built = _make_launcher(spec, launcher)
         opened = open_storage(url)
-        updated = save_spec(opened, spec)
-        if updated:
-            print(f"study {spec.name}: took {', '.join(updated)} from the file (budgets of stages not finished, "
-                  "where and how probes run; everything else as stored)")
-        _remember_study(spec.name, url)
-        _drive(spec, opened, built, joined=f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")
+        with DriverLock(url):
+            updated = save_spec(opened, spec)
+            if updated:
+                print(f"study {spec.name}: took {', '.join(updated)} from the file (budgets of stages not finished, "
+                      "where and how probes run; everything else as stored)")
+            _remember_study(spec.name, url)
+            _drive(spec, opened, built, kind=launcher or spec.launcher.kind,
+                   joined=f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")
 
     _guard(action)
 
@@ -246,12 +311,19 @@ def resume(
     debug: bool = DebugOption,
 ) -> None:
     """Continue a study from its database: finished stages and trials are kept, trials a dead
-    driver left running are queued again."""
+    driver left running are queued again; it runs with the launcher the study ran with."""
     _setup(debug)
 
     def action() -> None:
+        from search.storage import DriverLock
+
+        url = _url_of(name, storage)
+        if _finished_read_only(name, url):
+            return
         opened, spec = _open_study(name, storage)
-        _drive(spec, opened, _make_launcher(spec, launcher), joined=f"resuming study {spec.name}")
+        with DriverLock(url):
+            kind = _launcher_kind(opened, spec, launcher)
+            _drive(spec, opened, _make_launcher(spec, kind), kind=kind, joined=f"resuming study {spec.name}")
 
     _guard(action)
 
@@ -287,7 +359,8 @@ def worker(
                 "trial (two workers could take the same one). Put the study in PostgreSQL (README: cluster "
                 "guide), or run one driver with a larger launcher.max_concurrent on this machine."
             )
-        _drive(spec, opened, _make_launcher(spec, launcher), joined=f"worker joined study {spec.name}",
+        kind = _launcher_kind(opened, spec, launcher)
+        _drive(spec, opened, _make_launcher(spec, kind), kind=kind, joined=f"worker joined study {spec.name}",
                leave_at_end=True)
 
     _guard(action)
@@ -298,9 +371,11 @@ def status(
     name: str = typer.Argument(..., help="Study name."),
     storage: Optional[str] = NamedStorageOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    trials: bool = typer.Option(False, "--trials", help="List every trial (default: each stage's best few)."),
     debug: bool = DebugOption,
 ) -> None:
-    """Stages, trials, incumbents, winners and η of a study."""
+    """Where a study is: its stages, each stage's decision and best trials (`--trials`: every
+    trial; `--json`: everything, as JSON)."""
     _setup(debug)
 
     def action() -> None:
@@ -313,7 +388,7 @@ def status(
         else:
             from search.console import print_status_table
 
-            print_status_table(data)
+            print_status_table(data, trials=trials)
 
     _guard(action)
 

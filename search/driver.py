@@ -24,7 +24,7 @@ import optuna
 from launchers.base import Launcher
 from search import _optuna_forks
 from search.console import Console
-from search.errors import SweepError
+from search.errors import Interrupted, SweepError
 from search.events import Broadcast, StudyListener
 from search.records import Decision, StageResult
 from search.stage import Stage
@@ -41,12 +41,6 @@ logger = logging.getLogger(__name__)
 
 #: what callers of the driver have always imported from here
 __all__ = ["Interrupted", "StageResult", "StudyRunner", "load_spec", "save_spec", "stored_stage_result"]
-
-
-class Interrupted(SweepError):
-    """The driver was asked to stop (Ctrl-C, SIGTERM); its trials were re-queued."""
-
-    exit_code = 130
 
 
 class StudyRunner:
@@ -144,7 +138,7 @@ class StudyRunner:
         try:
             while True:
                 if self._stop_requested:
-                    raise Interrupted(f"stopped by {self._stop_requested}")
+                    raise Interrupted(self._stop_requested)
                 try:
                     if self.tick(loop) is not Tick.GO_ON:
                         break

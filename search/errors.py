@@ -23,3 +23,13 @@ class StorageError(SweepError):
     """The study database cannot be reached or used; the message carries the real cause."""
 
     exit_code = 1
+
+
+class Interrupted(SweepError):
+    """The driver was asked to stop (Ctrl-C, SIGTERM: ``why``); its trials were re-queued."""
+
+    exit_code = 130
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"stopped by {why}")
+        self.why = why

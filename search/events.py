@@ -42,9 +42,9 @@ class StudyListener:
     def trial_finished(self, study: optuna.Study, number: int, role: Role, overrides: dict[str, Any], *,
                        eta: float | None = None, interval: tuple[float, float] | None = None,
                        state: str = "complete", reason: str = "", requeued: bool = False,
-                       stderr_tail: str = "") -> None:
+                       stderr_tail: str = "", log_path: str = "") -> None:
         """A trial was told: complete with its η, pruned, or failed (``requeued``: its
-        assignment was queued again)."""
+        assignment was queued again; ``log_path``: its probe's log)."""
 
 
 class Broadcast(StudyListener):
@@ -81,7 +81,7 @@ class Broadcast(StudyListener):
     def trial_finished(self, study: optuna.Study, number: int, role: Role, overrides: dict[str, Any], *,
                        eta: float | None = None, interval: tuple[float, float] | None = None,
                        state: str = "complete", reason: str = "", requeued: bool = False,
-                       stderr_tail: str = "") -> None:
+                       stderr_tail: str = "", log_path: str = "") -> None:
         for listener in self.listeners:
             listener.trial_finished(study, number, role, overrides, eta=eta, interval=interval, state=state,
-                                    reason=reason, requeued=requeued, stderr_tail=stderr_tail)
+                                    reason=reason, requeued=requeued, stderr_tail=stderr_tail, log_path=log_path)

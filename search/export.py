@@ -25,9 +25,25 @@ GUARDS: Config = {"trainer.max_actor_ckpt_to_keep": 3, "trainer.max_critic_ckpt_
 FORMATS = ("yaml", "overrides", "command", "json")
 
 
+#: significant digits of an exported float: what verl needs (an lr of 3.162e-06, a memory
+#: share of 0.8925), not the sampler's 16
+SIGNIFICANT_DIGITS = 4
+
+
+def rounded(value: Any) -> Any:
+    """``value`` with a float cut to ``SIGNIFICANT_DIGITS`` (ints, booleans and text as they are)."""
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value
+
+
 def final_config(base: Config) -> Config:
     guards = {k: v for k, v in GUARDS.items() if get(base, k) is None}
-    return merge(guards, base)
+    return rounded(merge(guards, base))
 
 
 def header_lines(spec: StudySpec, results: list[StageResult]) -> list[str]:
@@ -46,7 +62,7 @@ def header_lines(spec: StudySpec, results: list[StageResult]) -> list[str]:
             lines.append(
                 f"stage {result.stage}: trial {result.winner_trial}, η {result.eta:.3f} "
                 f"[{result.eta_low:.3f}, {result.eta_high:.3f}]: " + ", ".join(
-                    f"{k}={v}" for k, v in sorted(result.overrides.items())
+                    f"{k}={rounded(v)}" for k, v in sorted(result.overrides.items())
                 )
             )
     return lines
@@ -84,7 +100,7 @@ def render(spec: StudySpec, results: list[StageResult], base: Config, fmt: str, 
         return shlex.join(["python", "-m", "verl.trainer.main_ppo", *overrides]) + "\n"
     if fmt == "json":
         return json.dumps(
-            {"study": spec.name, "finished": len(results) == len(spec.stages), "stages": [r.to_attr() for r in results],
+            {"study": spec.name, "finished": len(results) == len(spec.stages), "stages": [rounded(r.to_attr()) for r in results],
              "config": config}, indent=2
         ) + "\n"
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, but got {fmt!r}.")

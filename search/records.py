@@ -45,6 +45,7 @@ class CloseReason(str, enum.Enum):
     WASTED = "wasted"  # run ahead from a leader that lost: its run did not fail, it no longer counts
     OVER_BUDGET = "over budget"  # the stage's budget was used up before it could start
     REDUNDANT = "redundant"  # a re-run that another worker's re-run made unnecessary
+    STOPPED = "stopped"  # its driver was stopped (Ctrl-C, SIGTERM): queued again, it runs later
 
     def __str__(self) -> str:
         return self.value
@@ -89,6 +90,8 @@ _FIXED_PARAMS, _RETRY_HISTORY, _FAILED_TRIAL = "fixed_params", "retry_history", 
 # -- the attribute names: studies -------------------------------------------------------------
 #: the root study's: the study definition
 SPEC_ATTR = "verl_sweep_spec"
+#: the root study's: the launcher kind the study last ran with (``resume`` takes it again)
+LAUNCHER_ATTR = "verl_sweep_launcher"
 _BASE_CONFIG, _STAGE, _PROBE_STEPS, _AHEAD_OF, _RUN_PREFIX = "base_config", "stage", "probe_steps", "ahead_of", "run_prefix"
 _INITIALIZED, _WALL_CLOCK_USED_S, _RESULT = "initialized", "wall_clock_used_s", "result"
 
@@ -296,6 +299,11 @@ def started_attrs(*, role: Role, seed: int, overrides: Config, run_id: str, run_
 def skipped_attrs(closed_as: CloseReason, reason: str) -> dict[str, Any]:
     """A trial given back unstarted."""
     return {_ROLE: Role.SKIPPED.value, _REASON: reason, _CLOSED_AS: closed_as.value}
+
+
+def stopped_attrs(why: str) -> dict[str, Any]:
+    """A run closed because its driver was stopped (its assignment is queued again)."""
+    return {_REASON: why, _CLOSED_AS: CloseReason.STOPPED.value}
 
 
 def wasted_attrs(why: str) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from spaces.overrides import Config
 if TYPE_CHECKING:
     import optuna
 
+    from search.progress import StudyProgress
+
 
 def gpu_samples_summary(run_dir: Path | str) -> dict[str, Any] | None:
     """``objectives.utilisation.summarise`` of a run directory's ``gpu_samples.jsonl`` (with
@@ -120,13 +122,23 @@ def _owner(t: TrialRecord) -> str | None:
     return f"{text} (gone: `resume` or a worker queues it again)" if liveness.owner_is_dead(owner) else text
 
 
+def _state_name(t: TrialRecord) -> str:
+    """A trial's state as status shows it: Optuna's, but "skipped" for a trial given back
+    unstarted and "stopped" for a run closed because its driver was stopped (not a failure)."""
+    if t.role is Role.SKIPPED:
+        return "skipped"
+    if t.closed_as is CloseReason.STOPPED:
+        return "stopped"
+    return t.state.name.lower()
+
+
 def _trial_row(t: TrialRecord, requeued: dict[int, str]) -> dict[str, Any]:
     probe = t.probe
     row: dict[str, Any] = {
         "number": t.number,
         # A trial a worker gave back unstarted (the budget was full, or another worker queued
         # the same re-run) never ran: not a failure.
-        "state": "skipped" if t.role is Role.SKIPPED else t.state.name.lower(),
+        "state": _state_name(t),
         "role": t.role.value,
         "seed": t.seed,
         "params": t.overrides,
@@ -203,3 +215,32 @@ def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) ->
         if stage.get("winner"):
             out.append(StageResult.of(stage["winner"]))
     return out
+
+
+def study_progress(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, simulated: bool = False) -> "StudyProgress":
+    """What the study has done so far, for the console's progress line: per stage the trials
+    that count against its budget, its re-runs, its probes' GPU-seconds and whether it is
+    decided (a resumed study counts on from here)."""
+    import optuna
+
+    from search.progress import StageCount, StudyProgress
+
+    stages: dict[str, StageCount] = {}
+    for stage in spec.stages:
+        count = stages[stage.name] = StageCount(stage.budget.max_trials)
+        try:
+            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
+        except KeyError:
+            continue
+        trials = records(study.get_trials(deepcopy=False))
+        requeued = requeued_numbers(trials)
+        for t in trials:
+            count.gpu_s += float(t.probe.get("gpu_time_s") or 0.0)
+            if not t.state.is_finished() or t.role is Role.SKIPPED or t.number in requeued:
+                continue
+            if t.role is Role.RERUN:
+                count.reruns += 1
+            else:
+                count.done += 1
+        count.finished = StageStudyAttrs.of(study.user_attrs).result is not None
+    return StudyProgress(spec.name, stages, simulated=simulated)

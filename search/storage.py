@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from search.errors import BadInputError, StorageError
-from search.masking import mask_url
+from search.masking import encoded_credentials, mask_secrets, mask_url
 
 if TYPE_CHECKING:
     import optuna
@@ -83,9 +83,9 @@ def check_url(url: str) -> str:
         import sqlalchemy
 
         try:
-            sqlalchemy.engine.make_url(url)
+            sqlalchemy.engine.make_url(encoded_credentials(url))
         except (sqlalchemy.exc.ArgumentError, ValueError) as e:
-            raise BadInputError(f"the database URL {shown!r} cannot be parsed ({mask_url(str(e))}). "
+            raise BadInputError(f"the database URL {shown!r} cannot be parsed ({mask_secrets(str(e))}). "
                                 "Write it as postgresql://user:password@host:port/db.") from None
     return url
 
@@ -234,6 +234,7 @@ def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "o
 
     check_url(url)
     shown = mask_url(url)
+    url = encoded_credentials(url)  # a password holding "@", ":" or "/" is read whole
     with contextlib.ExitStack() as held:
         if _is_sqlite(url):
             path = _sqlite_path(url)
@@ -301,6 +302,56 @@ def _open(url: str, shown: str, *, create: bool) -> "optuna.storages.RDBStorage"
     except sqlalchemy.exc.SQLAlchemyError as e:  # not transient: e.g. a file that is no database
         raise BadInputError(f"cannot use the study database {shown}: {describe_db_error(e)}. "
                             "Pass the study's database, or a new file name to start one.") from None
+
+
+class DriverLock:
+    """The one driver of a SQLite study database: an exclusive flock on ``<file>.driver.lock``
+    beside it, held while the driver runs. SQLite cannot hand a queued trial to one of two
+    processes, so a second ``run`` or ``resume`` on the file is refused in one line (workers
+    need PostgreSQL). The kernel drops the lock with its process: a lock file a dead driver
+    left holds only its pid, and is taken over."""
+
+    def __init__(self, url: str) -> None:
+        self.path = Path(f"{_sqlite_path(url)}.driver.lock") if _is_sqlite(url) else None
+        self._fd: int | None = None
+
+    def __enter__(self) -> "DriverLock":
+        import fcntl
+
+        if self.path is None:
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise BadInputError(
+                f"one driver per SQLite study database, but {_sqlite_path_shown(self.path)} is driven by "
+                f"pid {holder} already. Wait for it (or stop it); several workers need PostgreSQL "
+                "(README: on a cluster).") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock; the file stays (removing it would race)
+            self._fd = None
+
+
+def _sqlite_path_shown(lock: Path) -> str:
+    return str(lock)[: -len(".driver.lock")]
+
+
+def is_read_only_file(url: str) -> bool:
+    """A SQLite study database this process cannot write (the file, or its directory, where
+    SQLite writes its journal)."""
+    if not _is_sqlite(url):
+        return False
+    path = _sqlite_path(url)
+    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
 
 
 class _DirectoryLock:
@@ -371,7 +422,7 @@ def root_cause(error: BaseException) -> BaseException:
 def describe_db_error(error: BaseException) -> str:
     cause = root_cause(error)
     text = " ".join(str(cause).split())
-    return mask_url(f"{type(cause).__name__}: {text}")[:300]
+    return mask_secrets(f"{type(cause).__name__}: {text}")[:300]
 
 
 def is_transient(error: BaseException) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 
 from search.errors import BadInputError, StudyNotFoundError
-from search.records import SPEC_ATTR, StageResult, StageStudyAttrs, stage_study_name
+from search.records import LAUNCHER_ATTR, SPEC_ATTR, StageResult, StageStudyAttrs, stage_study_name
 from search.study_file import StageSettings, StudySpec, spec_from_dict, spec_to_dict
 
 
@@ -145,6 +145,18 @@ def _known_studies_hint(name: str, known: list[str], shown: int = 10) -> str:
     if len(known) <= shown:
         return f"{guess} Studies here: {', '.join(known)}."
     return f"{guess} {len(known)} studies here, e.g. {', '.join(known[:shown])}, …"
+
+
+def remember_launcher(storage: optuna.storages.BaseStorage, name: str, kind: str) -> None:
+    """Store the launcher kind study ``name`` runs with (the file's, or ``--launcher``'s)."""
+    root = optuna.load_study(study_name=name, storage=storage)
+    if root.user_attrs.get(LAUNCHER_ATTR) != kind:
+        root.set_user_attr(LAUNCHER_ATTR, kind)
+
+
+def stored_launcher(storage: optuna.storages.BaseStorage, name: str) -> str | None:
+    """The launcher kind study ``name`` last ran with (None: a study stored before it was kept)."""
+    return optuna.load_study(study_name=name, storage=storage).user_attrs.get(LAUNCHER_ATTR)
 
 
 def load_spec(storage: optuna.storages.BaseStorage, name: str) -> StudySpec:

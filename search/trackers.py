@@ -83,7 +83,7 @@ class TrackerListener(StudyListener):
     def trial_finished(self, study: optuna.Study, number: int, role: Role, overrides: dict[str, Any], *,
                        eta: float | None = None, interval: tuple[float, float] | None = None,
                        state: str = "complete", reason: str = "", requeued: bool = False,
-                       stderr_tail: str = "") -> None:
+                       stderr_tail: str = "", log_path: str = "") -> None:
         try:
             trial = study.get_trials(deepcopy=False)[number]  # a study's trials are in number order
             record = TrialRecord.of(trial)

@@ -29,7 +29,7 @@ from search.errors import BadInputError
 from search.policy import Skip
 from search.records import (
     Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, reason_attrs, set_attrs, skipped_attrs,
-    started_attrs,
+    started_attrs, stopped_attrs,
 )
 from spaces import hardware_tag
 from spaces.base import SpaceError
@@ -382,7 +382,8 @@ class TrialRunner:
             retried = liveness.requeue(study, record.frozen, reason=outcome.reason, assignment=again) is not None
         console.trial_finished(study, trial.number, item.role, item.overrides,
                                reason=outcome.reason + (" (queued again)" if retried else ""), state="failed",
-                               requeued=retried, stderr_tail=outcome.stderr_tail)
+                               requeued=retried, stderr_tail=outcome.stderr_tail,
+                               log_path=str(item.probe.handle.stderr_path) if item.probe.handle else "")
         return retried
 
     # -- leaving ----------------------------------------------------------------------------------
@@ -393,6 +394,7 @@ class TrialRunner:
                 self.cancel(item)
                 record = self.study.record(item.trial._trial_id)
                 if record.state == TrialState.RUNNING:
+                    set_attrs(item.trial, stopped_attrs(f"its driver stopped ({why})"))
                     self.study.study.tell(item.trial, state=TrialState.FAIL)
                     liveness.requeue(self.study.study, record.frozen, reason=f"its driver stopped ({why})")
             except Exception:  # noqa: BLE001 - best effort on the way out; the heartbeat covers the rest

@@ -758,8 +758,9 @@ def test_a_server_that_accepts_but_never_answers_fails_in_under_30_s(tmp_path: P
 
 
 def test_a_database_that_cannot_be_written(study_db: Path, tmp_path: Path) -> None:
-    """Class 4: resume and run on a read-only database say so (not Optuna's "exceeding max
-    length"); status still reads it. An immutable file is read-only even to root."""
+    """Class 4: run on a read-only database says so (not Optuna's "exceeding max length");
+    resume and run of the finished study in it say it is finished; status still reads it. An
+    immutable file is read-only even to root."""
     import shutil
     import subprocess
 
@@ -770,9 +771,15 @@ def test_a_database_that_cannot_be_written(study_db: Path, tmp_path: Path) -> No
     try:
         before = _fingerprint(db)
         url = f"sqlite:///{db}"
-        _one_line(cli("resume", "tiny", "--storage", url, cwd=tmp_path), r"the study database .*tiny\.db cannot be written here \(.*(read-only|readonly)")
         path = write_study(tmp_path, _tiny(), "tiny.yaml")
-        _one_line(cli("run", str(path), "--storage", url, cwd=tmp_path), r"cannot be written here")
+        for args in (["resume", "tiny"], ["run", str(path)]):
+            result = cli(*args, "--storage", url, cwd=tmp_path)
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.startswith(f"study tiny is finished: nothing left to run (its database {url} is "
+                                            "read-only here).\n"), result.stdout
+        other = write_study(tmp_path, {**_tiny(), "name": "other"}, "other.yaml")
+        _one_line(cli("run", str(other), "--storage", url, cwd=tmp_path),
+                  r"the study database .*tiny\.db cannot be written here \(.*(read-only|readonly)")
         assert cli("status", "tiny", "--storage", url, cwd=tmp_path).returncode == 0
         assert _fingerprint(db) == before
     finally:

@@ -126,11 +126,13 @@ print(json.dumps(OmegaConf.to_container(cfg, resolve=False)))
     composed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert composed.returncode == 0, composed.stderr[-2000:]
     cfg = json.loads(composed.stdout.strip().splitlines()[-1])
+    from search.export import rounded
+
     for key, value in final.items():
         node: Any = cfg
         for part in key.lstrip("+").split("."):
             node = node[part]
-        assert node == value, key
+        assert node == rounded(value), key  # floats to the digits verl needs
     # the full run's settings, not the probe's; and the method's checkpoint guard
     assert cfg["trainer"]["resume_mode"] == "auto"
     assert cfg["trainer"]["val_before_train"] is True

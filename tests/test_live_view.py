@@ -123,8 +123,7 @@ def test_live_view_shows_stage_progress_and_trials(demo_dir: Path) -> None:
     assert any(int(step) > 0 for step, _ in probe_lines)
     assert any(re.fullmatch(r"\d\.\d{3}", reward) for _, reward in probe_lines)
     # one line per finished trial, with η and its interval (or the reason)
-    finished = re.findall(r"\[demo\.(\w+)\] Trial (\d+) \((\w+)\) finished with η (\d+\.\d+) "
-                          r"\[(\d+\.\d+), (\d+\.\d+)\]", text)
+    finished = re.findall(r"\[(\w+)\] trial (\d+) (\w+) η (\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]", text)
     assert {stage for stage, *_ in finished} == set(stages)
     for _, _, _, eta, low, high in finished:
         assert float(low) <= float(eta) <= float(high)
@@ -141,7 +140,7 @@ def test_every_trial_of_the_database_has_its_line(demo_dir: Path) -> None:
         study = optuna.load_study(study_name=f"demo.{stage['name']}", storage=storage)
         for trial in study.get_trials(deepcopy=False):
             if trial.state.is_finished():
-                pattern = rf"\[demo\.{stage['name']}\] Trial {trial.number} \(\w+\) (finished with η|pruned|failed)"
+                pattern = rf"\[{stage['name']}\] trial {trial.number} \w+ (η|pruned|failed)"
                 assert re.search(pattern, text), f"no line for trial {trial.number} of {stage['name']}"
 
 
@@ -165,13 +164,12 @@ def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
     text = out.getvalue()
     assert "\x1b[" not in text
     assert "[lr] trial 0 started (candidate): lr=2e-06" in text
-    assert "[demo.lr] Trial 0 (candidate) finished with η 1.200 [1.100, 1.300] and parameters: lr=2e-06. " \
-           "Best is trial 0 with η 1.200." in text
+    assert "[lr] trial 0 candidate η 1.200 [1.100, 1.300]  lr=2e-06 · best so far" in text
     incumbent = study.ask()
     incumbent.set_user_attr("role", "incumbent")
     study.tell(incumbent, 1.5)  # an incumbent run is never "the best"
     console.trial_finished(study, 1, "incumbent", {}, eta=1.5, interval=(1.4, 1.6))
-    assert out.getvalue().endswith("Best is trial 0 with η 1.200.\n"), out.getvalue()[-300:]
+    assert out.getvalue().endswith("[lr] trial 1 incumbent η 1.500 [1.400, 1.600]  = incumbent\n"), out.getvalue()[-300:]
 
 
 
