@@ -19,10 +19,8 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import re
 import sys
 import time
 from pathlib import Path
