@@ -62,7 +62,10 @@ def _neps_space(space: FairJointSpace, prior: dict[str, Any] | None, steps: int)
         name, centre, confidence = _cs_name(p), (prior or {}).get(_cs_name(p)), PRIOR_CONFIDENCE
         if p.kind == "cat":
             choices = [_cs(c) for c in p.choices]
-            elements[name] = neps.HPOCategorical(choices=choices, prior=centre, prior_confidence=confidence)
+            if len(choices) == 1:  # a knob the stage keeps at one value (NePS wants 2+ choices)
+                elements[name] = neps.HPOConstant(choices[0])
+            else:
+                elements[name] = neps.HPOCategorical(choices=choices, prior=centre, prior_confidence=confidence)
         elif p.kind == "int" and p.step > 1:
             elements[name] = neps.HPOInteger(0, int((p.high - p.low) // p.step), prior=centre, prior_confidence=confidence)
         elif p.kind == "int":
