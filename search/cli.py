@@ -279,22 +279,26 @@ def status(
     name: str = typer.Argument(..., help="Study name."),
     storage: Optional[str] = NamedStorageOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run, for the payback "
+                                            "(default: the baseline's trainer.total_training_steps, when known)."),
     debug: bool = DebugOption,
 ) -> None:
-    """Stages, trials, incumbents, winners and η of a study."""
+    """Stages, trials, incumbents, winners and η of a study; the overall gain and its payback."""
     _setup(debug)
 
     def action() -> None:
-        from search.status import study_status
+        from search.status import cost_line, overall_line, study_status
 
         opened, spec = _open_study(name, storage, readonly=True)
-        data = study_status(opened, spec)
+        data = study_status(opened, spec, run_steps=run_steps)
         if as_json:
             print(json.dumps(data, indent=2, default=str))
         else:
             from search.console import print_status_table
 
             print_status_table(data)
+            print(overall_line(data))
+            print(cost_line(data))
 
     _guard(action)
 
