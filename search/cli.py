@@ -333,7 +333,10 @@ def export(
             print(f"warning: the study is not finished ({len(results)} of {len(spec.stages)} stages); "
                   "exporting the best config so far.", file=sys.stderr)
         config_name = output.stem if output else "best"
-        text = exporter.render(spec, results, config, fmt, config_name=config_name)
+        from search.status import final_check_status
+
+        _, overall = final_check_status(opened, spec, [r.to_attr() for r in results])
+        text = exporter.render(spec, results, config, fmt, config_name=config_name, overall=overall)
         if output is None:
             sys.stdout.write(text)
         else:

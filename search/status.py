@@ -199,7 +199,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
             entry["ended_early"] = note
         stages.append(entry)
     data: dict[str, Any] = {"study": spec.name, "algorithm": spec.algorithm.value, "stages": stages}
-    final_entry, overall = _final_check(storage, spec, stages)
+    final_entry, overall = final_check_status(storage, spec, [s["winner"] for s in stages if s.get("winner")])
     if final_entry is not None:
         data["final_check"] = final_entry
     data["overall"] = overall
@@ -207,11 +207,11 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
     return data
 
 
-def _final_check(storage: "optuna.storages.BaseStorage", spec: StudySpec,
-                 stages: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def final_check_status(storage: "optuna.storages.BaseStorage", spec: StudySpec,
+                       winners: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The final check's entry (its trials, GPU-hours; None before it opened) and the overall
-    gain: its measured η against the baseline beside the product of the stages' ηs."""
-    winners = [s["winner"] for s in stages if s.get("winner")]
+    gain: its measured η against the baseline beside the product of the stages' ηs
+    (``winners``: the finished stages' results, ``StageResult.to_attr``)."""
     product = math.prod(float(w["eta"]) for w in winners) if winners else None
     overall: dict[str, Any] = {"eta": None, "low": None, "high": None, "n_pairs": 0,
                                "stage_product": None if product is None else round(product, 4),
