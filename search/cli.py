@@ -351,6 +351,8 @@ def report(
     name: str = typer.Argument(..., help="Study name."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write."),
     storage: Optional[str] = NamedStorageOption,
+    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run, for the payback "
+                                            "(default: the baseline's trainer.total_training_steps, when known)."),
     debug: bool = DebugOption,
 ) -> None:
     """Write one self-contained HTML report (opens offline): η per trial, best-so-far against
@@ -363,7 +365,7 @@ def report(
         _check_output(output)
         opened, spec = _open_study(name, storage, readonly=True)
         try:
-            write_report(opened, spec, output)
+            write_report(opened, spec, output, run_steps=run_steps)
         except OSError as e:
             raise BadInputError(f"-o {output}: cannot write it ({e.strerror or e}). Pick another path.") from None
         print(f"wrote {output}")
