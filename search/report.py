@@ -488,7 +488,7 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, run
     results = finished_results(storage, spec)
     parts.append("<h2>Exported config</h2>")
     if results:
-        text = export.render(spec, results, results[-1].config, "yaml")
+        text = export.render(spec, results, results[-1].config, "yaml", overall=status["overall"])
         parts.append(f"<p>As written by <code>verl-sweep export {_e(spec.name)} -o best.yaml</code>:</p>"
                      f"<pre>{_e(text)}</pre>")
     else:
