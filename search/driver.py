@@ -110,7 +110,8 @@ class StudyRunner:
                     raise SweepError(f"stage {stage.name} was decided while this worker still ran it")
             flat = flat + 1 if flat == index and result.decision.found_nothing else flat
             base = result.config
-        self.run_final_check(base)
+        if not self.leave_at_end:  # the driver's alone: one process queues and follows its runs
+            self.run_final_check(base)
         return base
 
     def run_final_check(self, final: Config) -> None:
