@@ -402,8 +402,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 
 max-width:1400px}
 .plot{width:100%;max-width:100%}.plot .js-plotly-plot,.plot .plotly-graph-div{width:100%!important}
 .table{max-width:100%;overflow-x:auto}td{overflow-wrap:break-word}
-details{margin:8px 0 16px}summary{cursor:pointer;color:#224466}
-.overall{border:2px solid #2a7;border-radius:6px;padding:10px 16px;background:#f3fbf6;font-size:1.1em}
+details{margin:8px 0 16px}summary{cursor:pointer;color:navy}
+.overall{border:2px solid seagreen;border-radius:6px;padding:10px 16px;background:#f3fbf6;font-size:1.1em}
 .overall p{margin:4px 0}
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd}h3{margin-top:1.4em}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:.9em}
