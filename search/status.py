@@ -320,7 +320,8 @@ def cost_line(data: dict[str, Any]) -> str:
     text += f"; a full run of {c['run_steps']:,} steps costs {c['full_run_gpu_hours']:,.1f} GPU-hours at the baseline"
     saved = c.get("saved_gpu_hours_per_run")
     if saved is None:
-        return text + "; the saving waits for the final check"
+        state = (data.get("overall") or {}).get("state", "not started")
+        return text + f"; no saving to show: the final check is {state} (it measures the winner's gain)"
     if c.get("break_even_runs") is None:
         return text + f"; the winner saves nothing on it ({saved:,.1f} GPU-hours)"
     low, high = c["saved_interval"]

@@ -130,6 +130,7 @@ def test_final_check_false_skips_it_and_the_plan_says_so(tmp_path: Path) -> None
     def off(data: dict[str, Any]) -> None:
         data["final_check"] = False
         data["stages"] = data["stages"][1:]  # the mini-batch stage alone
+        data["baseline"]["trainer.total_training_steps"] = 4000  # the full run's length, for the payback
 
     path = small_study(tmp_path, "off", off)
     plan = cli("validate", str(path), cwd=tmp_path)
@@ -140,6 +141,11 @@ def test_final_check_false_skips_it_and_the_plan_says_so(tmp_path: Path) -> None
     data = status_json(tmp_path, "off")
     assert data["overall"]["state"] == "skipped" and "final_check: false" in data["overall"]["note"]
     assert "final_check" not in data
+    cost = data["cost"]
+    assert cost["run_steps"] == 4000 and cost["run_steps_from"] == "trainer.total_training_steps = 4,000"
+    assert cost["full_run_gpu_hours"] > 0 and "saved_gpu_hours_per_run" not in cost
+    text = cli("status", "off", "--storage", f"sqlite:///{tmp_path}/off.db", cwd=tmp_path).stdout
+    assert "no saving to show: the final check is skipped" in text
     with sqlite3.connect(tmp_path / "off.db") as db:
         assert not db.execute("select 1 from studies where study_name = 'off.final'").fetchall()
 
