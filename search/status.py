@@ -296,42 +296,36 @@ def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, 
 
 
 def overall_line(data: dict[str, Any]) -> str:
-    """One line: the overall gain against the baseline (``status``, the export's header)."""
+    """One line (≤ ~130 characters): the overall gain against the baseline (``status``, the
+    report's header, the export's header)."""
     o = data.get("overall") or {}
     tag = "SIMULATED " if o.get("simulated") else ""
     product = o.get("stage_product")
-    product_text = "" if product is None else f" (product of the stages' η: {product:.3f})"
+    product_text = "" if product is None else f"product of the stages' η {product:.3f}"
     if o.get("state") == "measured":
-        return (f"{tag}overall gain: η {o['eta']:.3f} [{o['low']:.3f}, {o['high']:.3f}] against your baseline, "
-                f"final check over {o['n_pairs']} paired seeds{product_text}")
+        return (f"{tag}overall gain against your baseline: η {o['eta']:.3f} [{o['low']:.3f}, {o['high']:.3f}] "
+                f"(final check, {o['n_pairs']} paired seeds; {product_text or 'no stage won'})")
     note = f": {o['note']}" if o.get("note") else ""
-    return f"{tag}overall gain: final check {o.get('state', 'not started')}{note}{product_text}"
+    return f"{tag}overall gain: final check {o.get('state', 'not started')}{note}" + (
+        f" ({product_text})" if product_text else "")
 
 
 def cost_line(data: dict[str, Any]) -> str:
-    """One line: GPU-hours spent and the payback of the winner on a full run."""
+    """One line (≤ ~150 characters): GPU-hours spent and the payback of the winner on a full run."""
     c = data.get("cost") or {}
     tag = "SIMULATED " if c.get("simulated") else ""
-    text = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-hours spent"
+    text = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-h spent"
     if c.get("run_steps") is None:
         return text + "; give --run-steps N (a full run's steps) for the payback"
     if c.get("full_run_gpu_hours") is None:
-        return text + f"; a full run of {c['run_steps']:,} steps: the baseline's step time is not measured yet"
-    text += f"; a full run of {c['run_steps']:,} steps costs {c['full_run_gpu_hours']:,.1f} GPU-hours at the baseline"
+        return text + f"; a {c['run_steps']:,}-step run: the baseline's step time is not measured yet"
+    text += f"; a {c['run_steps']:,}-step run: {c['full_run_gpu_hours']:,.1f} GPU-h at the baseline"
     saved = c.get("saved_gpu_hours_per_run")
     if saved is None:
         state = (data.get("overall") or {}).get("state", "not started")
-        return text + f"; no saving to show: the final check is {state} (it measures the winner's gain)"
+        return text + f"; no saving to show: the final check is {state}"
     if c.get("break_even_runs") is None:
-        return text + f"; the winner saves nothing on it ({saved:,.1f} GPU-hours)"
+        return text + f", the winner saves nothing ({saved:,.1f})"
     low, high = c["saved_interval"]
-    return (text + f"; the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}] GPU-hours a run: "
-            f"break-even after {c['break_even_runs']:.1f} full runs")
-
-
-def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> list[StageResult]:
-    out = []
-    for stage in study_status(storage, spec)["stages"]:
-        if stage.get("winner"):
-            out.append(StageResult.of(stage["winner"]))
-    return out
+    return text + (f", the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}]; "
+                   f"break-even after {c['break_even_runs']:.1f} runs")

@@ -108,9 +108,10 @@ def test_status_prints_the_overall_gain_and_the_payback_of_a_full_run(finished: 
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     gain = next(line for line in lines if "overall gain" in line)
-    assert gain.startswith("SIMULATED overall gain: η ") and "against your baseline" in gain
-    payback = next(line for line in lines if "GPU-hours spent" in line)
+    assert gain.startswith("SIMULATED overall gain against your baseline: η ") and "2 paired seeds" in gain
+    payback = next(line for line in lines if "GPU-h spent" in line)
     assert payback.startswith("SIMULATED cost: ") and "break-even after" in payback
+    assert len(gain) <= 160 and len(payback) <= 160
     print(gain, payback, sep="\n")
     # Without a run length (the demo's baseline gives none that can be read), it says what to give.
     plain = status_json(finished)
@@ -121,7 +122,7 @@ def test_the_export_header_starts_with_the_overall_gain(finished: Path) -> None:
     result = cli("export", "small", "--storage", f"sqlite:///{finished}/small.db", cwd=finished)
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[:2]
-    assert header[1].startswith("# SIMULATED overall gain: η "), header
+    assert header[1].startswith("# SIMULATED overall gain against your baseline: η "), header
     as_json = cli("export", "small", "--format", "json", "--storage", f"sqlite:///{finished}/small.db", cwd=finished)
     assert json.loads(as_json.stdout)["overall"]["n_pairs"] == 2
 
