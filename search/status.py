@@ -329,3 +329,11 @@ def cost_line(data: dict[str, Any]) -> str:
     low, high = c["saved_interval"]
     return text + (f", the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}]; "
                    f"break-even after {c['break_even_runs']:.1f} runs")
+
+
+def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> list[StageResult]:
+    out = []
+    for stage in study_status(storage, spec)["stages"]:
+        if stage.get("winner"):
+            out.append(StageResult.of(stage["winner"]))
+    return out
