@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from launchers.base import LauncherError, NoCapacityError, RunSpec
 from objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
-from objectives.score import Metric, Score, eta as eta_of, paired_eta
+from objectives.score import Eta, Metric, Score, eta as eta_of, paired_eta
 from search import liveness
 from search.records import (Assignment, Role, TrialRecord, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records,
                             set_attrs, started_attrs)
@@ -222,6 +222,7 @@ class FinalCheck:
                                        gpu=outcome.gpu))
         if outcome.state is ProbeState.COMPLETE and outcome.score is not None and math.isfinite(outcome.score.rate):
             score = outcome.score
+            e: Eta | None
             if item.role is Role.INCUMBENT:  # against the baseline's mean, itself included
                 e = eta_of(score, [s for _, s in baseline] + [score])
             else:  # against the baseline's run on the same seed

@@ -301,7 +301,7 @@ def slice_figures(data: _StageData) -> list["go.Figure"]:
     varied = _varied_params(complete)
     if len(complete) < 2 or not varied or data.study is None:
         return []
-    figures = []
+    figures: list[go.Figure] = []
     chunks = [varied[i:i + SLICE_PARAMS_PER_FIGURE] for i in range(0, len(varied), SLICE_PARAMS_PER_FIGURE)]
     for n, chunk in enumerate(chunks, 1):
         try:

@@ -217,7 +217,7 @@ def final_check_status(storage: "optuna.storages.BaseStorage", spec: StudySpec,
                                "stage_product": None if product is None else round(product, 4),
                                "simulated": simulated(spec)}
     result, trials = stored_overall(storage, spec)
-    entry = None
+    entry: dict[str, Any] | None = None
     if trials:
         rows = [_trial_row(t, _requeue_reasons(trials)) for t in trials]
         entry = {"study": final_study_name(spec), "runs": spec.final_check.runs,
@@ -283,7 +283,7 @@ def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, 
     full = steps * step_s * spec.hardware.n_gpus / 3600.0
     cost["full_run_gpu_hours"] = round(full, 2)
     eta, low, high = overall.get("eta"), overall.get("low"), overall.get("high")
-    if eta is None:
+    if eta is None or low is None or high is None:
         return cost
 
     def saved(e: float) -> float:
