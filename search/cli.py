@@ -372,17 +372,19 @@ def status(
     storage: Optional[str] = NamedStorageOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     trials: bool = typer.Option(False, "--trials", help="List every trial (default: each stage's best few)."),
+    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run, for the payback "
+                                            "(default: the baseline's trainer.total_training_steps, when known)."),
     debug: bool = DebugOption,
 ) -> None:
-    """Where a study is: its stages, each stage's decision and best trials (`--trials`: every
-    trial; `--json`: everything, as JSON)."""
+    """Where a study is: its stages, each stage's decision and best trials, the overall gain
+    against the baseline and its payback (`--trials`: every trial; `--json`: everything)."""
     _setup(debug)
 
     def action() -> None:
         from search.status import study_status
 
         opened, spec = _open_study(name, storage, readonly=True)
-        data = study_status(opened, spec)
+        data = study_status(opened, spec, run_steps=run_steps)
         if as_json:
             print(json.dumps(data, indent=2, default=str))
         else:
@@ -423,7 +425,10 @@ def export(
             print(f"warning: the study is not finished ({len(results)} of {len(spec.stages)} stages); "
                   "exporting the best config so far.", file=sys.stderr)
         config_name = output.stem if output else "best"
-        text = exporter.render(spec, results, config, fmt, config_name=config_name)
+        from search.status import final_check_status
+
+        _, overall = final_check_status(opened, spec, [r.to_attr() for r in results])
+        text = exporter.render(spec, results, config, fmt, config_name=config_name, overall=overall)
         if output is None:
             sys.stdout.write(text)
         else:
@@ -438,6 +443,8 @@ def report(
     name: str = typer.Argument(..., help="Study name."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write."),
     storage: Optional[str] = NamedStorageOption,
+    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run, for the payback "
+                                            "(default: the baseline's trainer.total_training_steps, when known)."),
     debug: bool = DebugOption,
 ) -> None:
     """Write one self-contained HTML report (opens offline): η per trial, best-so-far against
@@ -450,7 +457,7 @@ def report(
         _check_output(output)
         opened, spec = _open_study(name, storage, readonly=True)
         try:
-            write_report(opened, spec, output)
+            write_report(opened, spec, output, run_steps=run_steps)
         except OSError as e:
             raise BadInputError(f"-o {output}: cannot write it ({e.strerror or e}). Pick another path.") from None
         print(f"wrote {output}")

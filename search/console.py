@@ -428,9 +428,11 @@ def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
         )
     console.print(table)
     say = lambda text: console.print(text, markup=False, soft_wrap=True)  # noqa: E731
-    overall = data.get("overall")
-    if overall:  # the final config against the original baseline, when the study measured it
-        say("overall: " + cut(_overall_text(overall), WIDTH - 9))
+    if data.get("overall") or data.get("cost"):  # the final config against the user's baseline, its payback
+        from search.status import cost_line, overall_line
+
+        say(overall_line(data))
+        say(cost_line(data))
     # Each stage's decision, and what did not complete: one line each.
     for stage in data["stages"]:
         lost = ("not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items()))
@@ -472,17 +474,6 @@ def _top_trials(stage: dict[str, Any], n: int) -> list[dict[str, Any]]:
         if len(top) < n and all(row.get("params") != shown.get("params") for shown in top):
             top.append(row)
     return top
-
-
-def _overall_text(overall: Any) -> str:
-    if not isinstance(overall, dict):
-        return str(overall)
-    if overall.get("summary"):
-        return str(overall["summary"])
-    if overall.get("eta") is not None:
-        low, high = overall.get("eta_low", overall["eta"]), overall.get("eta_high", overall["eta"])
-        return f"η {overall['eta']:.3f} [{low:.3f}, {high:.3f}] against the baseline"
-    return str(overall)
 
 
 def _print_trials(data: dict[str, Any], say: Any) -> None:

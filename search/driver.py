@@ -28,7 +28,8 @@ from search.errors import Interrupted, SweepError
 from search.events import Broadcast, StudyListener
 from search.records import Decision, StageResult
 from search.stage import Stage
-from search.stage_loop import Context, StageLoop, Tick
+from search.final_check import FinalCheck
+from search.stage_loop import Context, StageLoop, Tick, slow_start_seen
 from search.stage_study import StageStudy
 from search.storage import describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec
@@ -103,7 +104,28 @@ class StudyRunner:
                     raise SweepError(f"stage {stage.name} was decided while this worker still ran it")
             flat = flat + 1 if flat == index and result.decision.found_nothing else flat
             base = result.config
+        if not self.leave_at_end:  # the driver's alone: one process queues and follows its runs
+            self.run_final_check(base)
         return base
+
+    def run_final_check(self, final: Config) -> None:
+        """The final config against the baseline on fresh paired seeds (``search.final_check``),
+        unless skipped or already measured; a resume runs only what is missing."""
+        steps = self.spec.probe.steps
+        if slow_start_seen(self.ctx, len(self.spec.stages)):
+            steps *= self.spec.probe.slow_start_factor  # the probe length the later stages ran
+        check = with_retries(lambda: FinalCheck.open(self.storage, self.spec, final, self.launcher, self.console,
+                                                     probe_steps=steps), what="open the final check")
+        if check is None:
+            return
+        try:
+            while check.tick():
+                if self._stop_requested:
+                    raise Interrupted(f"stopped by {self._stop_requested}")
+                self.launcher.wait(self.poll_interval_s)
+        except BaseException as e:
+            check.abandon(why=str(e) or type(e).__name__)
+            raise
 
     def skip_stage(self, index: int, base: Config, flat: int) -> StageResult:
         """The study stops early (``stop_when_flat``): stage ``index`` keeps ``base`` without a

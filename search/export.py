@@ -46,11 +46,15 @@ def final_config(base: Config) -> Config:
     return rounded(merge(guards, base))
 
 
-def header_lines(spec: StudySpec, results: list[StageResult]) -> list[str]:
+def header_lines(spec: StudySpec, results: list[StageResult], overall: str | None = None) -> list[str]:
+    """The export's comment: the study, the overall gain against the baseline (``overall``:
+    ``search.status.overall_line``) first, then each stage's result."""
     lines = [
         f"verl-sweep export of study '{spec.name}' ({spec.algorithm.value}), "
         f"{datetime.date.today().isoformat()}",
     ]
+    if overall:
+        lines.append(overall)
     done = {r.stage for r in results}
     if len(done) < len(spec.stages):
         lines.append(f"PARTIAL: {len(done)} of {len(spec.stages)} stages finished; "
@@ -68,11 +72,12 @@ def header_lines(spec: StudySpec, results: list[StageResult]) -> list[str]:
     return lines
 
 
-def to_yaml(spec: StudySpec, results: list[StageResult], config: Config, *, config_name: str = "best") -> str:
+def to_yaml(spec: StudySpec, results: list[StageResult], config: Config, *, config_name: str = "best",
+            overall: str | None = None) -> str:
     """A primary Hydra config: ``defaults: [ppo_trainer, _self_]`` with verl's config package on
     the search path, so ``python -m verl.trainer.main_ppo --config-path DIR --config-name
     <name>`` composes it."""
-    comments = header_lines(spec, results) + [
+    comments = header_lines(spec, results, overall) + [
         f"run: python -m verl.trainer.main_ppo --config-path <this dir> --config-name {config_name}",
     ]
     config = dict(config)
@@ -89,10 +94,15 @@ def to_yaml(spec: StudySpec, results: list[StageResult], config: Config, *, conf
     return "".join(f"# {line}\n" for line in comments) + text
 
 
-def render(spec: StudySpec, results: list[StageResult], base: Config, fmt: str, *, config_name: str = "best") -> str:
+def render(spec: StudySpec, results: list[StageResult], base: Config, fmt: str, *, config_name: str = "best",
+           overall: dict[str, Any] | None = None) -> str:
+    """``overall``: ``status``'s overall gain (``search.status.final_check_status``)."""
+    from search.status import overall_line
+
     config = final_config(base)
     if fmt == "yaml":
-        return to_yaml(spec, results, config, config_name=config_name)
+        return to_yaml(spec, results, config, config_name=config_name,
+                       overall=overall_line({"overall": overall}) if overall else None)
     overrides = to_overrides(config)
     if fmt == "overrides":
         return "\n".join(overrides) + "\n"
@@ -101,6 +111,6 @@ def render(spec: StudySpec, results: list[StageResult], base: Config, fmt: str, 
     if fmt == "json":
         return json.dumps(
             {"study": spec.name, "finished": len(results) == len(spec.stages), "stages": [rounded(r.to_attr()) for r in results],
-             "config": config}, indent=2
+             "overall": overall, "config": config}, indent=2
         ) + "\n"
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, but got {fmt!r}.")

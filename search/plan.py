@@ -68,14 +68,29 @@ def stage_plans(spec: StudySpec) -> list[StagePlan]:
     return plans
 
 
+def final_check_plan(spec: StudySpec) -> StagePlan | None:
+    """The final check's probes: the baseline and the final config on each of its seeds, at
+    the learning probe length (None when the study file turns it off)."""
+    from search.study_file import FINAL_STAGE
+
+    if not spec.final_check.enabled:
+        return None
+    return StagePlan(FINAL_STAGE, "final config against the baseline", 2 * spec.final_check.runs, 0, spec.probe.steps)
+
+
 def plan_lines(spec: StudySpec, base: Config) -> list[str]:
     """The lines ``validate`` and ``init`` end with: stages, probes, estimated GPU-hours."""
     plans = stage_plans(spec)
     if not plans:
         return ["no stage to run"]
+    final = final_check_plan(spec)
+    if final is not None:
+        plans.append(final)
     step_s, how = step_seconds(spec, base)
     gpus = spec.hardware.n_gpus
     lines = ["plan: " + "; ".join(f"{p.name} ({p.space}) {p.probes} probes × {p.steps} steps" for p in plans)]
+    if final is None:
+        lines.append("plan: no final check (final_check: false): the overall gain against the baseline is not measured")
     probes = sum(p.probes for p in plans)
     confirmations = sum(p.confirmations for p in plans)
     low = sum(p.probes * p.steps for p in plans) * step_s * gpus / 3600
@@ -84,4 +99,3 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
                  f"ESTIMATE {low:,.0f}-{high:,.0f} GPU-hours at ~{step_s:.0f} s a step (an estimate: {how}; "
                  "pruning stops many probes early, and the systems stage measures the real speed)")
     return lines
-

@@ -7,9 +7,15 @@ every trial per stage with its interval, best η so far against simulated GPU-ho
 curves of each stage's incumbent and winner, parameter importance (or a note why not), prune
 and failure reasons, GPU utilisation, and the exported YAML. Every piece of text is escaped.
 
+The overall gain against the baseline (the final check) and its payback come first. The page
+fits a 1,400 px screen: figures take their container's width (``responsive``), slice plots hold
+a few parameters each, wide tables scroll inside their box, and per-trial tables are collapsed
+(``<details>``).
+
 After the plots are drawn, a script writes a marker into ``#report-check``
-(``data-expected``, ``data-rendered``, ``data-errors``) so that a headless browser can check
-that every figure rendered without a script error.
+(``data-expected``, ``data-rendered``, ``data-errors``, ``data-scroll-width``,
+``data-scroll-height``) so that a headless browser can check that every figure rendered
+without a script error and that nothing overflows the window.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from objectives.metrics import REWARD_KEY
 from objectives.sources import read_run
 from search import export
 from search.records import Role, TrialRecord, records, stage_study_name
-from search.status import finished_results, study_status, trial_gpu_summary
+from search.status import cost_line, finished_results, overall_line, study_status, trial_gpu_summary
 from search.study_file import StageSettings, StudySpec
 
 if TYPE_CHECKING:
@@ -77,7 +83,8 @@ class _Figures:
         self.count = 0
 
     def render(self, fig: "go.Figure", *, height: int = 380) -> str:
-        fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        # No fixed width: the figure takes its container's (``responsive`` redraws it on resize).
+        fig.update_layout(height=height, width=None, autosize=True, margin={"l": 60, "r": 20, "t": 50, "b": 50})
         fragment = fig.to_html(
             full_html=False,
             include_plotlyjs=self.count == 0,  # inline (no CDN) exactly once
@@ -100,10 +107,11 @@ class _StageData:
 # -- data ---------------------------------------------------------------------------------------
 
 
-def _load(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> tuple[dict[str, Any], list[_StageData]]:
+def _load(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
+          run_steps: int | None = None) -> tuple[dict[str, Any], list[_StageData]]:
     import optuna
 
-    status = study_status(storage, spec)
+    status = study_status(storage, spec, run_steps=run_steps)
     stages = []
     for stage, entry in zip(spec.stages, status["stages"]):
         try:
@@ -280,21 +288,31 @@ def importance_figure(data: _StageData) -> tuple["go.Figure | None", str]:
     return fig, ""
 
 
-def slice_figure(data: _StageData) -> "go.Figure | None":
-    """Optuna's slice plot: η against each varied parameter."""
+#: a slice plot shows at most this many parameters side by side (the systems stage varies ~17)
+SLICE_PARAMS_PER_FIGURE = 4
+
+
+def slice_figures(data: _StageData) -> list["go.Figure"]:
+    """Optuna's slice plots: η against each varied parameter, ``SLICE_PARAMS_PER_FIGURE`` to a
+    figure, so that each panel keeps a readable width on a 1,400 px screen."""
     import optuna
 
     complete = [t for t in data.trials if t.state.name == "COMPLETE" and t.value is not None]
     varied = _varied_params(complete)
     if len(complete) < 2 or not varied or data.study is None:
-        return None
-    try:
-        fig = optuna.visualization.plot_slice(data.study, params=varied, target_name="η")
-    except Exception as e:  # noqa: BLE001
-        logger.warning("slice plot of %s failed: %s", data.stage.name, e)
-        return None
-    fig.update_layout(title=f"{data.stage.name}: η against the stage's parameters")
-    return fig
+        return []
+    figures: list[go.Figure] = []
+    chunks = [varied[i:i + SLICE_PARAMS_PER_FIGURE] for i in range(0, len(varied), SLICE_PARAMS_PER_FIGURE)]
+    for n, chunk in enumerate(chunks, 1):
+        try:
+            fig = optuna.visualization.plot_slice(data.study, params=chunk, target_name="η")
+        except Exception as e:  # noqa: BLE001
+            logger.warning("slice plot of %s failed: %s", data.stage.name, e)
+            return figures
+        part = f" ({n} of {len(chunks)})" if len(chunks) > 1 else ""
+        fig.update_layout(title=f"{data.stage.name}: η against the stage's parameters{part}", width=None)
+        figures.append(fig)
+    return figures
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -303,7 +321,13 @@ def slice_figure(data: _StageData) -> "go.Figure | None":
 def _table(headers: list[str], rows: list[list[Any]], *, css: str = "") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{_e(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="{_e(css)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return (f'<div class="table"><table class="{_e(css)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            '</table></div>')
+
+
+def _collapsed(summary: str, content: str) -> str:
+    """A per-trial table, closed until clicked: one line of the page instead of thousands of px."""
+    return f"<details><summary>{_e(summary)}</summary>{content}</details>"
 
 
 def _summary_table(status: dict[str, Any]) -> str:
@@ -332,8 +356,9 @@ def _reasons_table(status: dict[str, Any]) -> str:
         for reason, n in sorted((s.get("reasons") or {}).items()):
             counts.append([s["name"], reason or "—", n])
     return (_table(["stage", "reason", "trials"], counts)
-            + _table(["stage", "trial", "state", "role", "parameters", "last step", "failure kind", "reason",
-                      "queued again"], rows))
+            + _collapsed(f"every pruned or failed trial ({len(rows)})",
+                         _table(["stage", "trial", "state", "role", "parameters", "last step", "failure kind", "reason",
+                                 "queued again"], rows)))
 
 
 def _gpu_table(stages: list[_StageData]) -> str:
@@ -350,19 +375,42 @@ def _gpu_table(stages: list[_StageData]) -> str:
                          summary.get("diagnosis") or "—"])
     if not rows:
         return "<p class=\"note\">No GPU samples were recorded (no <code>gpu</code> attribute, no gpu_samples.jsonl).</p>"
-    return _table(["stage", "trial", "role", "parameters", "mean util", "idle (<10% util)",
-                   "peak memory GB", "least free GB", "samples", "diagnosis"], rows)
+    return _collapsed(f"GPU utilisation of every trial ({len(rows)})",
+                      _table(["stage", "trial", "role", "parameters", "mean util", "idle (<10% util)",
+                              "peak memory GB", "least free GB", "samples", "diagnosis"], rows))
+
+
+def _final_check_section(status: dict[str, Any]) -> str:
+    """The final check's runs: the baseline and the final config on each fresh seed."""
+    entry = status.get("final_check")
+    head = "<h2>Final check: the final config against the baseline</h2>"
+    if entry is None:
+        return head + f'<p class="note">{_e(overall_line(status))}</p>'
+    rows = [[r["number"], "baseline" if r["role"] == Role.INCUMBENT else "final config", r["seed"], r["state"],
+             "—" if r.get("eta") is None else f"{r['eta']:.3f} [{r['eta_interval'][0]:.3f}, {r['eta_interval'][1]:.3f}]",
+             r.get("gpu_time_s") and r["gpu_time_s"] / 3600.0, r.get("reason") or "—"] for r in entry["trials"]]
+    return head + _collapsed(f"its {len(rows)} runs ({entry['gpu_hours']:.2f} GPU-hours)",
+                             _table(["trial", "config", "seed", "state", "η [90%] against the baseline", "GPU-h",
+                                     "reason"], rows))
 
 
 # -- page ---------------------------------------------------------------------------------------
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1200px}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;padding:0 24px;color:#222;
+max-width:1400px}
+.plot{width:100%;max-width:100%}.plot .js-plotly-plot,.plot .plotly-graph-div{width:100%!important}
+.table{max-width:100%;overflow-x:auto}td{overflow-wrap:break-word}
+details{margin:8px 0 16px}summary{cursor:pointer;color:navy}
+.overall{border:2px solid seagreen;border-radius:6px;padding:10px 16px;background:#f3fbf6;font-size:1.1em}
+.overall p{margin:4px 0}
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd}h3{margin-top:1.4em}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:.9em}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}.note{color:#555;font-style:italic}
-pre{background:#f7f7f7;border:1px solid #ddd;padding:10px;overflow:auto;font-size:.85em}
+pre{background:#f7f7f7;border:1px solid #ddd;padding:10px;overflow:auto;font-size:.85em;white-space:pre-wrap;
+overflow-wrap:anywhere}
 #report-check{color:#888;font-size:.8em}
 """
 
@@ -388,6 +436,8 @@ _CHECK_SCRIPT = """<script>
     var marker = document.getElementById('report-check');
     marker.setAttribute('data-rendered', String(n));
     marker.setAttribute('data-errors', JSON.stringify(window.__reportErrors || []));
+    marker.setAttribute('data-scroll-width', String(document.documentElement.scrollWidth));
+    marker.setAttribute('data-scroll-height', String(document.documentElement.scrollHeight));
     marker.textContent = 'rendered ' + n + ' of ' + expected + ' plots';
   }
   if (document.readyState === 'complete') check(); else window.addEventListener('load', check);
@@ -395,17 +445,21 @@ _CHECK_SCRIPT = """<script>
 </script>"""
 
 
-def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> str:
-    """The report's HTML text (see the module docstring)."""
-    status, stages = _load(storage, spec)
+def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, run_steps: int | None = None) -> str:
+    """The report's HTML text (see the module docstring); ``run_steps``: a full run's length
+    for the payback (``search.status.study_status``)."""
+    status, stages = _load(storage, spec, run_steps=run_steps)
     figures = _Figures()
     parts: list[str] = []
     total_gpu_h = sum(s.get("gpu_hours", 0.0) for s in status["stages"])
     saved_gpu_h = sum(s.get("gpu_hours_saved", 0.0) for s in status["stages"])
+    kind = "SIMULATED GPU-hours" if status["cost"]["simulated"] else "GPU-hours"
     parts.append(f"<h1>verl-sweep study {_e(spec.name)} ({_e(status['algorithm'])})</h1>")
+    # The answer first: the final config against the user's baseline, and what it pays back.
+    parts.append(f'<div class="overall"><p><b>{_e(overall_line(status))}</b></p><p>{_e(cost_line(status))}</p></div>')
     parts.append(
         f"<p>{len(spec.stages)} stages, {spec.hardware.n_gpus} GPUs per run, probes of {spec.probe.steps} steps; "
-        f"{total_gpu_h:.2f} simulated GPU-hours used, about {saved_gpu_h:.2f} saved by pruning. "
+        f"{total_gpu_h:.2f} {kind} used by the stages, about {saved_gpu_h:.2f} saved by pruning. "
         f"Generated {_e(datetime.datetime.now().isoformat(timespec='seconds'))}.</p>"
     )
     parts.append("<h2>Stages</h2>" + _summary_table(status))
@@ -420,20 +474,21 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> str
         parts.append(f"<p>{_e(winner['summary'])}</p>" if winner else f"<p class=\"note\">{_e(data.status['state'])}</p>")
         if not data.trials:
             continue
-        for fig in (eta_figure(data), reward_figure(data), slice_figure(data)):
+        for fig in (eta_figure(data), reward_figure(data), *slice_figures(data)):
             if fig is not None:
                 parts.append(figures.render(fig))
         importance, why_not = importance_figure(data)
         parts.append("<h3>Parameter importance</h3>")
         parts.append(figures.render(importance) if importance is not None else f'<p class="note">{_e(why_not)}</p>')
 
+    parts.append(_final_check_section(status))
     parts.append("<h2>Pruned and failed trials</h2>" + _reasons_table(status))
     parts.append("<h2>GPU utilisation</h2>" + _gpu_table(stages))
 
     results = finished_results(storage, spec)
     parts.append("<h2>Exported config</h2>")
     if results:
-        text = export.render(spec, results, results[-1].config, "yaml")
+        text = export.render(spec, results, results[-1].config, "yaml", overall=status["overall"])
         parts.append(f"<p>As written by <code>verl-sweep export {_e(spec.name)} -o best.yaml</code>:</p>"
                      f"<pre>{_e(text)}</pre>")
     else:
@@ -449,10 +504,11 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> str
     )
 
 
-def write_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, output_path: Path | str) -> Path:
+def write_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, output_path: Path | str, *,
+                 run_steps: int | None = None) -> Path:
     """Write the report to ``output_path`` (parents created); returns the path."""
     output = Path(output_path)
-    text = build_report(storage, spec)
+    text = build_report(storage, spec, run_steps=run_steps)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     logger.info("wrote report %s (%d bytes)", output, len(text))

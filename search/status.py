@@ -6,6 +6,7 @@ Read-only; the same data feeds ``verl-sweep status``, its ``--json`` and the exp
 from __future__ import annotations
 
 import collections
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from launchers.run_dir import RunDir
 from objectives.metrics import STEP_TIME_KEY
 from objectives.sources import read_run
 from search import liveness
+from search.final_check import final_study_name, skip_reason, stored_overall
 from search.policy import incumbent_run_etas
 from search.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
 from search.stage import Stage
@@ -162,7 +164,9 @@ def _trial_row(t: TrialRecord, requeued: dict[int, str]) -> dict[str, Any]:
     return row
 
 
-def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dict[str, Any]:
+def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
+                 run_steps: int | None = None) -> dict[str, Any]:
+    """``run_steps``: a full run's length for the payback (default: the baseline's, when known)."""
     import optuna
 
     stages: list[dict[str, Any]] = []
@@ -206,7 +210,137 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> dic
         if note:
             entry["ended_early"] = note
         stages.append(entry)
-    return {"study": spec.name, "algorithm": spec.algorithm.value, "stages": stages}
+    data: dict[str, Any] = {"study": spec.name, "algorithm": spec.algorithm.value, "stages": stages}
+    final_entry, overall = final_check_status(storage, spec, [s["winner"] for s in stages if s.get("winner")])
+    if final_entry is not None:
+        data["final_check"] = final_entry
+    data["overall"] = overall
+    data["cost"] = _cost(spec, stages, final_entry, overall, run_steps)
+    return data
+
+
+def final_check_status(storage: "optuna.storages.BaseStorage", spec: StudySpec,
+                       winners: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The final check's entry (its trials, GPU-hours; None before it opened) and the overall
+    gain: its measured η against the baseline beside the product of the stages' ηs
+    (``winners``: the finished stages' results, ``StageResult.to_attr``)."""
+    product = math.prod(float(w["eta"]) for w in winners) if winners else None
+    overall: dict[str, Any] = {"eta": None, "low": None, "high": None, "n_pairs": 0,
+                               "stage_product": None if product is None else round(product, 4),
+                               "simulated": simulated(spec)}
+    result, trials = stored_overall(storage, spec)
+    entry: dict[str, Any] | None = None
+    if trials:
+        rows = [_trial_row(t, _requeue_reasons(trials)) for t in trials]
+        entry = {"study": final_study_name(spec), "runs": spec.final_check.runs,
+                 "gpu_hours": round(sum(r["gpu_time_s"] or 0.0 for r in rows) / 3600.0, 4), "trials": rows}
+    if result is not None:
+        overall.update(state="measured", eta=round(result.eta, 4), low=round(result.low, 4),
+                       high=round(result.high, 4), n_pairs=result.n_pairs)
+    elif len(winners) < len(spec.stages):
+        overall["state"] = "stages running"
+    else:
+        why = skip_reason(spec, StageResult.of(winners[-1]).config)
+        if why is not None:
+            overall.update(state="skipped", note=why)
+        elif entry is not None and all(r["state"] not in ("waiting", "running") for r in entry["trials"]):
+            overall.update(state="failed", note="no seed has a finished run of both configs")
+        else:
+            overall["state"] = "running" if entry is not None else "not started"
+    return entry, overall
+
+
+def simulated(spec: StudySpec) -> bool:
+    """The study runs on a simulator: its GPU-hours and speeds are simulated, not measured."""
+    from launchers import LAUNCHERS
+
+    kind = LAUNCHERS.get(spec.launcher.kind)
+    return kind is not None and not kind.real_gpus
+
+
+def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None) -> float | None:
+    """The baseline's measured seconds a training step: its runs in the final check, else the
+    first stage's incumbent runs (the baseline itself)."""
+    rows: list[dict[str, Any]] = []
+    if final_entry is not None:
+        rows = [r for r in final_entry["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
+    if not rows and stages and stages[0].get("trials"):
+        rows = [r for r in stages[0]["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
+    times = []
+    for r in rows:
+        steps, gpu_s, startup = r.get("last_step") or 0, r.get("gpu_time_s") or 0.0, r.get("startup_s") or 0.0
+        if steps > 0 and gpu_s > 0:
+            times.append(max(gpu_s / max(1, spec.hardware.n_gpus) - startup, 0.0) / steps)
+    return sum(times) / len(times) if times else None
+
+
+def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None,
+          overall: dict[str, Any], run_steps: int | None) -> dict[str, Any]:
+    """GPU-hours spent, and for a full run of ``run_steps`` steps at the baseline's measured
+    speed: what it costs, what the winner saves on it (the same reward reached η times sooner)
+    and how many full runs repay the study (break-even)."""
+    from search.run_length import run_length
+
+    spent = sum(s.get("gpu_hours") or 0.0 for s in stages) + (final_entry or {}).get("gpu_hours", 0.0)
+    cost: dict[str, Any] = {"gpu_hours_spent": round(spent, 2), "simulated": simulated(spec),
+                            "run_steps": run_steps, "run_steps_from": "--run-steps" if run_steps else None}
+    if run_steps is None:
+        known = run_length(spec.baseline_config())
+        cost.update(run_steps=known.steps, run_steps_from=known.how)
+    step_s = _baseline_step_s(spec, stages, final_entry)
+    cost["baseline_step_s"] = None if step_s is None else round(step_s, 3)
+    steps = cost["run_steps"]
+    if steps is None or step_s is None:
+        return cost
+    full = steps * step_s * spec.hardware.n_gpus / 3600.0
+    cost["full_run_gpu_hours"] = round(full, 2)
+    eta, low, high = overall.get("eta"), overall.get("low"), overall.get("high")
+    if eta is None or low is None or high is None:
+        return cost
+
+    def saved(e: float) -> float:
+        return full * (1 - 1 / e) if e > 0 else -math.inf
+
+    cost["saved_gpu_hours_per_run"] = round(saved(eta), 2)
+    cost["saved_interval"] = [round(saved(low), 2), round(saved(high), 2)]
+    cost["break_even_runs"] = round(spent / saved(eta), 2) if saved(eta) > 0 else None
+    return cost
+
+
+def overall_line(data: dict[str, Any]) -> str:
+    """One line (≤ ~130 characters): the overall gain against the baseline (``status``, the
+    report's header, the export's header)."""
+    o = data.get("overall") or {}
+    tag = "SIMULATED " if o.get("simulated") else ""
+    product = o.get("stage_product")
+    product_text = "" if product is None else f"product of the stages' η {product:.3f}"
+    if o.get("state") == "measured":
+        return (f"{tag}overall gain against your baseline: η {o['eta']:.3f} [{o['low']:.3f}, {o['high']:.3f}] "
+                f"(final check, {o['n_pairs']} paired seeds; {product_text or 'no stage won'})")
+    note = f": {o['note']}" if o.get("note") else ""
+    return f"{tag}overall gain: final check {o.get('state', 'not started')}{note}" + (
+        f" ({product_text})" if product_text else "")
+
+
+def cost_line(data: dict[str, Any]) -> str:
+    """One line (≤ ~150 characters): GPU-hours spent and the payback of the winner on a full run."""
+    c = data.get("cost") or {}
+    tag = "SIMULATED " if c.get("simulated") else ""
+    text = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-h spent"
+    if c.get("run_steps") is None:
+        return text + "; give --run-steps N (a full run's steps) for the payback"
+    if c.get("full_run_gpu_hours") is None:
+        return text + f"; a {c['run_steps']:,}-step run: the baseline's step time is not measured yet"
+    text += f"; a {c['run_steps']:,}-step run: {c['full_run_gpu_hours']:,.1f} GPU-h at the baseline"
+    saved = c.get("saved_gpu_hours_per_run")
+    if saved is None:
+        state = (data.get("overall") or {}).get("state", "not started")
+        return text + f"; no saving to show: the final check is {state}"
+    if c.get("break_even_runs") is None:
+        return text + f", the winner saves nothing ({saved:,.1f})"
+    low, high = c["saved_interval"]
+    return text + (f", the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}]; "
+                   f"break-even after {c['break_even_runs']:.1f} runs")
 
 
 def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> list[StageResult]:

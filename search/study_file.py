@@ -28,6 +28,8 @@ from search.masking import mask_url
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from spaces.overrides import OverrideError, check_key, format_value, merge
 
+#: the name of the final check's study beside the stages' (``<study>.final``)
+FINAL_STAGE = "final"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 MAX_FILE_BYTES = 1_000_000
 # Strict types: YAML already types its values, so `true` is no integer and "3" no number
@@ -164,6 +166,27 @@ class StageSettings(_Strict):
     _check_params = field_validator("params")(_check_plain)
 
 
+class FinalCheckSettings(_Strict):
+    """The final check: after the last stage, the final config and the baseline run side by
+    side on ``runs`` fresh paired seeds, which measures the overall gain against the user's own
+    baseline (``search.final_check``). ``final_check: false`` in the study file skips it."""
+
+    runs: Int = Field(default=3, ge=0, le=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bool(cls, data: Any) -> Any:
+        if data is False:
+            return {"runs": 0}
+        if data is True:
+            return {}
+        return data
+
+    @property
+    def enabled(self) -> bool:
+        return self.runs > 0
+
+
 class ProbeSettings(_Strict):
     steps: Int = Field(default=500, ge=2, le=10_000_000)
     #: steps at the start that the score leaves out (engine warm-up)
@@ -221,6 +244,9 @@ class StudySpec(_Strict):
     #: a row from the first kept the baseline with no candidate above 1 + tolerance (none left
     #: undecided), the stages after them are skipped, each recorded with that reason (0: never)
     stop_when_flat: Int = Field(default=0, ge=0, le=1000)
+    #: the final config against the baseline on fresh paired seeds, after the last stage
+    #: (``{runs: N}``; ``false``: none)
+    final_check: FinalCheckSettings = Field(default_factory=FinalCheckSettings)
     #: where the study file lives (set by the loader; storage and paths are relative to it)
     source_dir: Path | None = Field(default=None, exclude=True)
 
@@ -277,6 +303,9 @@ class StudySpec(_Strict):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"stage names must be distinct, but got {duplicates} twice")
+        if FINAL_STAGE in names:
+            raise ValueError(f"stage names must not be {FINAL_STAGE!r}, but got it at stages[{names.index(FINAL_STAGE)}]: "
+                             "the final check's study has that name. Rename the stage")
         repeats = self.probe.incumbent_repeats
         for i, stage in enumerate(self.stages):
             if stage.budget.max_trials <= repeats:
