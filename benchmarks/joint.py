@@ -132,7 +132,7 @@ class FairJointSpace(Space):
         if self.systems is not None:
             config[L.ROLLOUT_TP] = int(v["rollout_tp"])
             config[L.STRATEGY] = v["strategy"]
-            config[L.FORWARD_PREFETCH] = bool(v["forward_prefetch"]) if v["strategy"] == "fsdp" else False
+            config[L.FORWARD_PREFETCH] = bool(v["forward_prefetch"])  # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike
             sp = int(v["ulysses"])
             config[L.ULYSSES] = sp
             config[L.ULYSSES_LEGACY] = sp
@@ -191,7 +191,7 @@ class FairJointSpace(Space):
             dynamic = bool(g(L.USE_DYNAMIC_BSZ))
             values.update(
                 rollout_tp=g(L.ROLLOUT_TP), strategy=g(L.STRATEGY),
-                forward_prefetch=bool(g(L.FORWARD_PREFETCH)) if g(L.STRATEGY) == "fsdp" else False,
+                forward_prefetch=bool(g(L.FORWARD_PREFETCH)),
                 ulysses=sp, use_dynamic_bsz=dynamic,
                 ppo_max_token_len_per_gpu=g(L.MAX_TOKEN_LEN) if dynamic else self.by_name["ppo_max_token_len_per_gpu"].choices[0],
                 gradient_checkpointing=bool(g(L.GRADIENT_CHECKPOINTING)),

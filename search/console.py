@@ -431,8 +431,8 @@ def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
     if data.get("overall") or data.get("cost"):  # the final config against the user's baseline, its payback
         from search.status import cost_line, overall_line
 
-        say(overall_line(data))
-        say(cost_line(data))
+        for line in (overall_line(data), cost_line(data)):  # wrapped at a space: no number cut
+            say("\n".join(textwrap.wrap(line, width=max(40, console.width), subsequent_indent="  ")))
     # Each stage's decision, and what did not complete: one line each.
     for stage in data["stages"]:
         lost = ("not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items()))

@@ -38,6 +38,7 @@ def small_demo(directory: Path, *, systems: int = 10, others: int = 3, time_scal
         stage["budget"] = {"max_trials": systems if stage["space"] == "systems" else others}
         stage.pop("stop", None)
     data["baseline"].update(PINNED)
+    data["final_check"] = False  # the console's lines are the subject (tests/test_final_check.py has the check)
     if kind == "sim":
         data["launcher"]["options"]["time_scale"] = time_scale
     else:
@@ -70,7 +71,7 @@ def finished() -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="vs-console-demo-"))
     directory.chmod(0o755)
     small_demo(directory)
-    result = cli("run", "demo.yaml", cwd=directory)
+    result = cli("run", "demo.yaml", cwd=directory, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (directory / "run.out").write_text(result.stdout)
     (directory / "run.err").write_text(result.stderr)
@@ -98,7 +99,7 @@ def test_the_demo_log_has_short_lines_and_each_warning_once(finished: Path) -> N
 @pytest.mark.slow
 def test_status_fits_one_screen_and_lists_every_trial_on_request(finished: Path) -> None:
     data = json.loads(cli("status", "demo", "--json", cwd=finished).stdout)
-    assert set(data) == {"study", "algorithm", "stages"}
+    assert {"study", "algorithm", "stages"} <= set(data)
     screen = cli("status", "demo", cwd=finished, env={"COLUMNS": "80"})
     assert screen.returncode == 0, screen.stderr
     assert len(screen.stdout.splitlines()) <= 50, screen.stdout
@@ -117,14 +118,14 @@ def test_sigterm_and_ctrl_c_stop_alike_and_resume_counts_on(tmp_path: Path) -> N
     run, out, err = start(["run", "demo.yaml"], tmp_path, "run")
     wait_for(out, r"^\[systems\] trial 4 ", run)
     run.send_signal(signal.SIGTERM)
-    assert run.wait(timeout=60) == 130
+    assert run.wait(timeout=180) == 130
     assert err.read_text().splitlines()[-1] == ("stopped (SIGTERM); running trials were queued again. "
                                                 "Continue with `verl-sweep resume demo`.")
     done = sum(bool(TRIAL_LINE.match(line)) for line in out.read_text().splitlines())
     resumed, out, err = start(["resume", "demo"], tmp_path, "resume")
     wait_for(out, r"^\[systems\] trial \d+ \w+ (η|pruned|failed)", resumed)
     resumed.send_signal(signal.SIGINT)
-    assert resumed.wait(timeout=60) == 130
+    assert resumed.wait(timeout=180) == 130
     assert err.read_text().splitlines()[-1] == ("stopped (Ctrl-C); running trials were queued again. "
                                                 "Continue with `verl-sweep resume demo`.")
     # the study's progress counts what the database holds, not from 0
@@ -151,7 +152,7 @@ def test_a_second_driver_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
                                 r"PostgreSQL \(README: on a cluster\)\.\n", refused.stderr), refused.stderr
     finally:
         run.send_signal(signal.SIGTERM)
-        run.wait(timeout=60)
+        run.wait(timeout=180)
 
 
 @pytest.mark.slow
@@ -162,7 +163,7 @@ def test_resume_uses_the_launcher_the_study_ran_with(tmp_path: Path) -> None:
     run, out, err = start(["run", "demo.yaml", "--launcher", "sim"], tmp_path, "run")
     wait_for(out, r"^\[systems\] trial 0 started", run)
     run.send_signal(signal.SIGTERM)
-    assert run.wait(timeout=60) == 130
+    assert run.wait(timeout=180) == 130
     assert err.read_text().splitlines()[-1].endswith("Continue with `verl-sweep resume demo --launcher sim`.")
     resumed = cli("resume", "demo", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]

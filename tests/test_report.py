@@ -363,7 +363,7 @@ def test_status_names_the_process_of_a_running_trial_and_whether_it_is_gone(tmp_
 def test_status_text_gives_each_gpu_finding_once_per_stage(demo_dir: Path) -> None:
     from objectives.utilisation import findings
 
-    text = cli("status", "demo", cwd=demo_dir).stdout
+    text = cli("status", "demo", "--trials", cwd=demo_dir).stdout  # every trial, with its GPU findings
     stages = json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]
     seen = 0
     for stage in stages:
