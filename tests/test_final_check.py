@@ -106,7 +106,7 @@ def test_status_prints_the_overall_gain_and_the_payback_of_a_full_run(finished: 
 
     text = cli("status", "small", "--run-steps", "2000", "--storage", f"sqlite:///{finished}/small.db", cwd=finished)
     assert text.returncode == 0, text.stderr
-    lines = text.stdout.splitlines()
+    lines = text.stdout.replace("\n  ", " ").splitlines()  # each line whole, as wrapped to the terminal
     gain = next(line for line in lines if "overall gain" in line)
     assert gain.startswith("SIMULATED overall gain against your baseline: η ") and "2 paired seeds" in gain
     payback = next(line for line in lines if "GPU-h spent" in line)
