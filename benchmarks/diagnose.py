@@ -1,13 +1,14 @@
 """Where does verl-sweep lose η on a landscape? Per-stage traces, scored on the noise-free model.
 
-    python -m benchmarks.diagnose LANDSCAPE [--reps 3] [--first-rep 0]
+    python -m benchmarks.diagnose LANDSCAPE [--reps 3] [--first-rep 0] [--trials polish,lr]
 
 For each repetition and stage: the true η (vs the study baseline, at the landscape's judged
 horizon) of the stage's base, of its choice, and of the best config it measured; the
 measured η of its choice; the GPU-hours it spent. Then where the gap to the best reachable η
 lies: (a) never visited (best measured < 95% of the best), (b) visited but not chosen (a
 stage measured a config above its choice by > 2%), (c) GPU-hours of stages that kept their
-incumbent, (d) the final choice below the best config measured anywhere. SIMULATED.
+incumbent, (d) the final choice below the best config measured anywhere. ``--trials`` lists
+the named stages' trials: the learning knobs, the role, measured and true η. SIMULATED.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class _StageTrace(M.StageTrace):
         self._start_h, self._start_trials = h, len(self.trials)
 
 
+def _knobs(config: dict[str, Any]) -> str:
+    """The learning knobs of a config, short."""
+    kl = config.get("actor_rollout_ref.actor.kl_loss_coef") if config.get("actor_rollout_ref.actor.use_kl_loss") else None
+    return (f"mini {config.get('actor_rollout_ref.actor.ppo_mini_batch_size')} "
+            f"lr {config.get('actor_rollout_ref.actor.optim.lr', 0):.3g} kl {'off' if kl is None else f'{kl:.3g}'}")
+
+
 def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:
     from launchers.simulator import load_landscape
 
@@ -60,7 +68,8 @@ def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:
         out.append({"name": s["name"], "base": true(s["base"]), "chosen": true(s["config"]), "measured_eta": s["eta"],
                     "best_seen": max([m[0] for m in measured] or [true(s["base"])]), "gpu_h": s["gpu_h"],
                     "n": len(measured), "kept": s["config"] == s["base"], "decision": s["decision"],
-                    "config": s["config"]})  # fmt: skip
+                    "config": s["config"], "trials": [(role, _knobs(c), e, t) for (t, role, e), (_, _, c, _) in
+                                                      zip(measured, s["trials"])]})  # fmt: skip
     return {"rep": rep, "stages": out}
 
 
@@ -71,6 +80,7 @@ def main() -> None:
     parser.add_argument("landscape")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--first-rep", type=int, default=0)
+    parser.add_argument("--trials", default="", help="comma-separated stages whose trials to list")
     args = parser.parse_args()
     best = reference(args.landscape, False)["best_eta"]
     print(f"{args.landscape}: best reachable η {best:.3f} (SIMULATED)")
@@ -81,6 +91,10 @@ def main() -> None:
         for s in d["stages"]:
             print(f"   {s['name']:<10} {s['base'] / best:>6.3f} {s['chosen'] / best:>6.3f} {s['best_seen'] / best:>9.3f} "
                   f"{s['measured_eta']:>7.3f} {s['gpu_h']:>6.0f} {s['n']:>3}  {s['decision'][:90]}")  # fmt: skip
+            if s["name"] in args.trials.split(","):
+                for role, knobs, eta, true_eta in s["trials"]:
+                    measured = "—" if eta is None else f"{eta:.3f}"
+                    print(f"      {role:<10} {knobs:<32} measured {measured:>6}  true {true_eta / best:.3f}")
         final = d["stages"][-1]
         seen = max(s["best_seen"] for s in d["stages"])
         print(f"   final {final['chosen'] / best:.3f} of best; best measured anywhere {seen / best:.3f}; "
