@@ -465,6 +465,7 @@ def running_etas(trials: Trials) -> list[tuple[float | None, TrialRecord]]:
     rate over the finished incumbent runs' mean at the same step; None before its first
     report."""
     curves = [t.intermediate_values for t in trials if t.state == TrialState.COMPLETE and t.role is Role.INCUMBENT]
+    finished = [(t.intermediate_values, t.eta) for t in points if t.state == TrialState.COMPLETE and t.eta is not None]
     out: list[tuple[float | None, TrialRecord]] = []
     for t in trials:
         if t.role is not Role.CANDIDATE or t.state not in (TrialState.RUNNING, TrialState.WAITING):
@@ -483,6 +484,7 @@ def structured_points(trials: Trials) -> tuple[list[tuple[dict[str, Any], float]
     the params of those still queued or running."""
     points = [t for t in trials if t.role is Role.CANDIDATE and t.assignment.origin in (START_ORIGIN, FOLLOW_UP_ORIGIN)]
     curves = [t.intermediate_values for t in trials if t.state == TrialState.COMPLETE and t.role is Role.INCUMBENT]
+    finished = [(t.intermediate_values, t.eta) for t in points if t.state == TrialState.COMPLETE and t.eta is not None]
     ended: list[tuple[dict[str, Any], float]] = []
     pending: list[dict[str, Any]] = []
     for t in points:
@@ -496,7 +498,11 @@ def structured_points(trials: Trials) -> tuple[list[tuple[dict[str, Any], float]
         step = max(t.intermediate_values, default=None)
         at_step = [c[step] for c in curves if step is not None and step in c and c[step] > 0]
         if t.state == TrialState.PRUNED and step is not None and at_step:
-            ended.append((params, t.intermediate_values[step] / statistics.fmean(at_step)))
+            value = t.intermediate_values[step]
+            # A stopped run reads no higher than a finished one that ran above it at that step
+            # (scaled by that one's η): early running rates favour fast starters that may fail late.
+            over = [value / c[step] * eta for c, eta in finished if c.get(step, 0) > value]
+            ended.append((params, min([value / statistics.fmean(at_step), *over])))
         else:
             ended.append((params, 0.0))
     return ended, pending

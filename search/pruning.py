@@ -67,11 +67,17 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         # 5e-6, +6% true, stopped at step 450 of 500 by a leader at η 1.012).
         leaders = [t for t in leaders if float(t.value) > 1 + self.margin]  # type: ignore[arg-type]
         seed = seed_of(trial)
+        # Below the leader alone stops a run only from the probe's middle, and not while it is
+        # closing in on it: neighbours of the leader often start slower and end higher
+        # (couplings: a larger mini-batch at a larger lr), and early running rates of two
+        # configs a few percent apart differ by their noise (blind_couple_up_far: ±5% at step
+        # 150), so the candidate's ratio to the leader is projected to the leader's last step.
+        overtakes = self._overtakes(trial, leaders, steps, seed)
         # Probes that run side by side are a step or two apart: compare at the candidate's
         # latest steps that a reference run has reached too, not only at its very latest.
         compared = 0
         for step in reversed(steps):
-            bar = self._bar(incumbents, leaders, step, seed)
+            bar = self._bar(incumbents, [] if overtakes else leaders, step, seed)
             if bar is None:
                 continue
             if trial.intermediate_values[step] >= bar:
@@ -90,6 +96,24 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         references = [r for r in (None if incumbent is None else incumbent * (1 - self.margin),
                                   self._reference(leaders, step, seed)) if r is not None]
         return max(references) if references else None
+
+    def _overtakes(self, trial: "FrozenTrial", leaders: Sequence["FrozenTrial"], steps: Sequence[int],
+                   seed: object) -> bool:
+        """Whether the candidate's running rate over the leader's, a straight line fitted to its
+        reports since the warm-up, reaches 1 by the leader's last report (with fewer than three
+        reports the line is mostly noise: it may), or the candidate is not past the middle."""
+        if not leaders:
+            return False
+        end = max(max(t.intermediate_values) for t in leaders)
+        points = [(step, trial.intermediate_values[step] / ref) for step in steps
+                  if (ref := self._reference(leaders, step, seed))]
+        if len(points) < 3 or points[-1][0] < end / 2:
+            return True
+        mean_s = sum(s for s, _ in points) / len(points)
+        mean_q = sum(q for _, q in points) / len(points)
+        slope = (sum((s - mean_s) * (q - mean_q) for s, q in points)
+                 / sum((s - mean_s) ** 2 for s, _ in points))
+        return mean_q + slope * (end - mean_s) >= 1.0
 
     @staticmethod
     def _reference(incumbents: Sequence["FrozenTrial"], step: int, seed: object) -> float | None:

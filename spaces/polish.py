@@ -132,11 +132,25 @@ class PolishSpace(CompositeSpace):
         m, r = best[mini.param] / incumbent[mini.param], best[lr.param] / incumbent[lr.param]
         own_kl = {k: v for k, v in best.items() if k not in (mini.param, lr.param)}
         pull = None
-        if isinstance(kl, KLSwitchSpace) and not best.get(KLSwitchSpace.param, False):
+        # one pull is tried at a time: a pulled point that ended below the best says a pull does
+        # not pay here
+        pulled = [value for params, value in readings if params.get(KLSwitchSpace.param)]
+        if isinstance(kl, KLSwitchSpace) and not best.get(KLSwitchSpace.param, False) and not pulled:
             pull = {KLSwitchSpace.param: True, **kl.kl.starting_points(base, 3)[1]}
         far, half, softer = (m * m, r * r, own_kl), (math.sqrt(m), math.sqrt(r), own_kl), (m, math.sqrt(r), own_kl)
         with_pull = [(m, r, pull)] if pull else []
-        moves = [far, *with_pull, half, softer] if reading > 1.0 else [half, *with_pull, softer]
+        if reading > 1.0:
+            # After the pattern move, one knob at a time around the best, further along its own
+            # direction first, then back: on a narrow ridge the pattern move overshoots, and
+            # the direction the ridge runs in is what these readings tell.
+            # (lr's step is the finer: its ridge is the narrower, instability growing with lr)
+            step_m, step_r = max(abs(math.log(m)) / 2, math.log(1.1)), max(abs(math.log(r)) / 4, math.log(1.15))
+            up_m, up_r = math.copysign(step_m, math.log(m)), math.copysign(step_r, math.log(r))
+            further = [(m * math.exp(up_m), r, own_kl), (m, r * math.exp(up_r), own_kl)]
+            back = [(m * math.exp(-up_m), r, own_kl)]
+            moves = [far, *with_pull, *further, softer, *back, half]
+        else:
+            moves = [half, *with_pull, softer]
         tried = [params for params, _ in readings]
         return [p for p in self._moves(base, moves) if p not in tried][:n]
 

@@ -104,12 +104,33 @@ def test_a_candidate_just_below_the_incumbent_runs_on_but_not_one_below_the_lead
     assert IncumbentPruner(margin=0.0, n_warmup_steps=100, patience=2).prune(
         study, _running(study, "candidate", slow_starter))
     # A finished candidate that beat the incumbent by more than the margin is the bar once
-    # there is one: no margin.
+    # there is one: no margin, from the probe's middle, for a run that is not closing in on it.
     study.add_trial(create_trial(
         state=TrialState.COMPLETE, value=1.2, params={"x": 0.2}, distributions={"x": FloatDistribution(0, 1)},
         user_attrs={"role": "candidate", "seed": 11}, intermediate_values={s: 1.2 for s in STEPS},
     ))  # fmt: skip
-    assert pruner.prune(study, _running(study, "candidate", {100: 1.15, 125: 1.15}))
+    assert pruner.prune(study, _running(study, "candidate", {100: 1.15, 125: 1.15, 150: 1.15}))
+    assert not pruner.prune(study, _running(study, "candidate", {100: 1.15, 125: 1.15}))  # two reports: noise
+
+
+def test_below_the_leader_runs_on_before_the_middle_and_while_closing_in() -> None:
+    # blind_couple_up_far: a larger mini-batch at the leader's lr starts slower and ends 7%
+    # above it; at step 150 its noisy ratio to the leader read 0.965 and it was stopped.
+    steps = range(100, 525, 25)
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
+    study = optuna.create_study(direction="maximize")
+    for role, eta in (("incumbent", 1.0), ("candidate", 1.1)):
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=eta, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+            user_attrs={"role": role, "seed": 11}, intermediate_values={s: eta for s in steps},
+        ))  # fmt: skip
+    below = {s: 1.05 for s in range(100, 325, 25)}
+    assert not pruner.prune(study, _running(study, "candidate", {s: v for s, v in below.items() if s < 250}))
+    assert pruner.prune(study, _running(study, "candidate", below))  # past the middle, flat: stopped
+    closing_in = {s: 1.0 + 0.0004 * (s - 100) for s in range(100, 325, 25)}  # 1.0 → 1.08, on to 1.16
+    assert not pruner.prune(study, _running(study, "candidate", closing_in))
+    # below the incumbent's margin the projection does not count
+    assert pruner.prune(study, _running(study, "candidate", {s: 0.9 + 0.001 * (s - 100) for s in (100, 125)}))
 
 
 @pytest.mark.parametrize("leader_eta", [1.0, 1.02, 1.03])
@@ -174,3 +195,31 @@ def test_validate_says_when_a_stage_pruner_can_never_act(
                         f"{spec.stages[0].pruner.interval_steps}, patience {spec.stages[0].pruner.patience}), "
                         f"but its probes end at step {probe['steps']}: it will never prune. "
                         "Lower pruner.warmup_steps or lengthen the probes."]
+
+
+def test_a_stopped_run_reads_no_higher_than_a_finished_one_that_ran_above_it() -> None:
+    # blind_couple_up_far: a far move (lr × 4) ran 20% above the incumbent at step 175, below
+    # the finished leader (η 1.049) there, and was stopped; read over the incumbent alone it
+    # was the "best" point, and the polish's next round went on from it.
+    from search.policy import structured_points
+    from search.records import START_ORIGIN, TrialRecord
+
+    steps = range(100, 525, 25)
+
+    def record(state: TrialState, role: str, values: dict[int, float], x: float, eta: float | None = None) -> TrialRecord:
+        return TrialRecord.of(create_trial(
+            state=state, value=eta if state == TrialState.COMPLETE else None, params={"x": x},
+            distributions={"x": FloatDistribution(0, 1)}, intermediate_values=values,
+            user_attrs={"role": role, "seed": 11, "origin": START_ORIGIN, **({"eta": eta} if eta else {})},
+        ))  # fmt: skip
+
+    incumbent = record(TrialState.COMPLETE, "incumbent", {s: 1.0 for s in steps}, 0.5, 1.0)
+    leader = record(TrialState.COMPLETE, "candidate", {s: 1.3 - 0.0005 * (s - 100) for s in steps}, 0.6, 1.049)
+    stopped = record(TrialState.PRUNED, "candidate", {100: 1.2, 125: 1.2}, 0.7)
+    ended, _ = structured_points([incumbent, leader, stopped])
+    readings = {params["x"]: value for params, value in ended}
+    assert readings[0.6] == 1.049 and readings[0.7] < 1.049
+    assert readings[0.7] == pytest.approx(1.2 / 1.2875 * 1.049)
+    # above every finished run at its last step, it reads as over the incumbent
+    ahead = record(TrialState.PRUNED, "candidate", {100: 1.4, 125: 1.4}, 0.8)
+    assert dict((p["x"], v) for p, v in structured_points([incumbent, leader, ahead])[0])[0.8] == pytest.approx(1.4)

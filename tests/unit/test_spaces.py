@@ -352,18 +352,27 @@ def _polish_from(mini: int, lr: float) -> tuple[Space, dict[str, object]]:
 def test_polish_follows_the_direction_its_first_pass_read_either_way() -> None:
     """A smaller mini-batch that tolerates a larger lr (a loss summed over the mini-batch) is
     followed as a larger one is (a loss averaged over it): the second pass goes on from the
-    starting point that read highest, twice as far, with a KL pull, half way."""
+    starting point that read highest, twice as far, with a KL pull, then one knob at a time
+    around it (further along its direction first, then back), then half way."""
     space, chain = _polish_from(512, 1e-6)
     up, down = space.starting_points(chain, 4)
     assert up["mini_batch"] > 512 and down["mini_batch"] < 512 and up["lr"] == down["lr"] == 2e-6
     for better, worse, side in ((down, up, -1), (up, down, 1)):
-        follow = space.follow_up_points(chain, [(better, 1.08), (worse, 0.6)], 3)
-        assert len(follow) == 3 and better not in follow and worse not in follow
-        far, pull, half = follow
+        follow = space.follow_up_points(chain, [(better, 1.08), (worse, 0.6)], 8)
+        assert better not in follow and worse not in follow
+        far, pull, *around, half = follow
         assert side * (far["mini_batch"] - better["mini_batch"]) >= 0 and far["lr"] == 4e-6  # up: 640 is the bound
         assert pull["use_kl"] and (pull["mini_batch"], pull["lr"]) == (better["mini_batch"], better["lr"])
+        assert all(sum(p[k] != better[k] for k in ("mini_batch", "lr")) == 1 and not p["use_kl"] for p in around)
+        assert 2e-6 < around[0 if side > 0 else 1]["lr"] < 4e-6  # lr further up, finer than the pattern move
+        if side < 0:  # 410 → the bound 384; 640 is the bound already
+            assert around[0]["mini_batch"] < better["mini_batch"]
+        assert any(p["lr"] < 2e-6 for p in around) and any(side * (p["mini_batch"] - better["mini_batch"]) < 0 for p in around)
         assert side * (half["mini_batch"] - 512) > 0 and side * (better["mini_batch"] - half["mini_batch"]) > 0
         assert 1e-6 < half["lr"] < 2e-6 and not far["use_kl"] and not half["use_kl"]
+    # a pull that read below the best is not tried again
+    pulled = {**up, "use_kl": True, "kl_coef": 0.00224}
+    assert not any(p["use_kl"] for p in space.follow_up_points(chain, [(up, 1.08), (down, 0.6), (pulled, 0.9)], 8))
     # nothing beat the incumbent: half way first, on the better side still
     follow = space.follow_up_points(chain, [(down, 0.97), (up, 0.4)], 1)
     assert follow[0]["mini_batch"] < 512 and 1e-6 < follow[0]["lr"] < 2e-6
