@@ -465,7 +465,6 @@ def running_etas(trials: Trials) -> list[tuple[float | None, TrialRecord]]:
     rate over the finished incumbent runs' mean at the same step; None before its first
     report."""
     curves = [t.intermediate_values for t in trials if t.state == TrialState.COMPLETE and t.role is Role.INCUMBENT]
-    finished = [(t.intermediate_values, t.eta) for t in points if t.state == TrialState.COMPLETE and t.eta is not None]
     out: list[tuple[float | None, TrialRecord]] = []
     for t in trials:
         if t.role is not Role.CANDIDATE or t.state not in (TrialState.RUNNING, TrialState.WAITING):
