@@ -49,11 +49,12 @@ PEERS = ("random", "tpe", "gp", "bohb", "smac", "dehb", "priorband", "asha", "st
 #: the landscapes verl-sweep's defaults (spaces/stages.py, studies/demo.yaml) were tuned on
 #: (batch_lr, default and kl_edge from the start; coupled3 later, whose figures led
 #: the polish stage to search KL on/off; couple_down and kl_floor_noisy, written for the
-#: polish's search in both coupling directions; three worlds of benchmarks/blind whose misses
-#: were diagnosed and mended, so no longer blind); every other shipped landscape is in the
-#: report split: no default was changed while looking at its figures.
+#: polish's search in both coupling directions; five worlds of benchmarks/blind whose misses
+#: were diagnosed and mended, so no longer blind: blind_couple_up_far and blind_noise_by_config
+#: led to the polish's one-knob rounds and the pruner's later leader bar); every other shipped
+#: landscape is in the report split: no default was changed while looking at its figures.
 TUNE_SPLIT = ("batch_lr", "coupled3", "default", "kl_edge", "couple_down", "kl_floor_noisy",
-              "blind_kl_off", "blind_low_lr", "blind_ppo_fast")
+              "blind_kl_off", "blind_low_lr", "blind_ppo_fast", "blind_couple_up_far", "blind_noise_by_config")
 #: landscapes written blind in the session that used the report split's figures to change the
 #: method (the slow-start probes, paired η): no run was made on them before the
 #: benchmark that reports them
