@@ -19,9 +19,18 @@ import pytest
 from conftest import cli, demo_data, write_study
 
 
-def _fast_demo(tmp_path: Path, **launcher_options: Any) -> Path:
+#: stage budgets of the studies here: every stage, a few probes each (the demo as written runs
+#: in tests/test_readme.py; 80 layouts would add minutes and prove nothing more here)
+BUDGETS = {"systems": 10, "tokens": 4, "minibatch": 4, "kl": 4, "lr": 4, "polish": 4}
+
+
+def _fast_demo(tmp_path: Path, *, final_check: bool = True, **launcher_options: Any) -> Path:
     data = demo_data()
     data["launcher"]["options"].update(launcher_options)
+    data["final_check"] = final_check
+    for stage in data["stages"]:
+        stage["budget"] = {"max_trials": BUDGETS[stage["name"]]}
+        stage.pop("stop", None)
     return write_study(tmp_path, data, "demo.yaml")
 
 
@@ -66,7 +75,6 @@ def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_status_json_reports_every_stage(finished_demo: Path) -> None:
     status = _status(finished_demo)
     assert [s["name"] for s in status["stages"]] == ["systems", "tokens", "minibatch", "kl", "lr", "polish"]
-    budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
     for stage in status["stages"]:
         assert stage["state"] == "finished"
         roles = [t["role"] for t in stage["trials"]]
@@ -77,7 +85,7 @@ def test_status_json_reports_every_stage(finished_demo: Path) -> None:
         assert stage["incumbent"]["config"]
         complete = [t for t in stage["trials"] if t["state"] == "complete"]
         assert complete and all(t["eta"] is not None for t in complete)
-        assert len(_counted(stage)) <= budgets[stage["name"]]
+        assert len(_counted(stage)) <= BUDGETS[stage["name"]]
         assert sum(t["role"] == "rerun" and not t["requeued"] for t in stage["trials"]) <= 3
     # the chain: each stage's base is the previous stage's result
     for before, after in zip(status["stages"], status["stages"][1:]):
@@ -178,7 +186,8 @@ def _trials_db(db: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
-    study = _fast_demo(tmp_path, time_scale=4000)
+    # Without the final check: tests/test_final_check.py kills and resumes in it.
+    study = _fast_demo(tmp_path, final_check=False, time_scale=10000)
     db = tmp_path / "demo.db"
     driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -224,8 +233,7 @@ def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
         assert len(run_ids) == len(set(run_ids)), f"a run id was used twice in {name}"
         assert not [t for t in trials if t["state"] in ("RUNNING", "WAITING")], name
     # budgets held: requeued failures do not count
-    budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
     for stage in status["stages"]:
-        assert len(_counted(stage)) <= budgets[stage["name"]], stage["name"]
+        assert len(_counted(stage)) <= BUDGETS[stage["name"]], stage["name"]
     # the dead driver's probes were killed; nothing of the study is left running
     assert _leftover_processes(str(tmp_path)) == []
