@@ -15,19 +15,21 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from conftest import cli, demo_data, write_study
+from test_live_view import shared_demo
 
 
-#: stage budgets of the studies here: every stage, a few probes each (the demo as written runs
-#: in tests/test_readme.py; 80 layouts would add minutes and prove nothing more here)
+#: stage budgets of the kill-and-resume study: every stage, a few probes each (the demo as
+#: written runs in tests/test_readme.py; 80 layouts would add minutes and prove nothing more here)
 BUDGETS = {"systems": 10, "tokens": 4, "minibatch": 4, "kl": 4, "lr": 4, "polish": 4}
 
 
-def _fast_demo(tmp_path: Path, *, final_check: bool = True, **launcher_options: Any) -> Path:
+def _fast_demo(tmp_path: Path, **launcher_options: Any) -> Path:
     data = demo_data()
     data["launcher"]["options"].update(launcher_options)
-    data["final_check"] = final_check
+    data["final_check"] = False  # tests/test_final_check.py kills and resumes in it
     for stage in data["stages"]:
         stage["budget"] = {"max_trials": BUDGETS[stage["name"]]}
         stage.pop("stop", None)
@@ -62,19 +64,19 @@ def _leftover_processes(marker: str) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp_path = tmp_path_factory.mktemp("demo")
-    study = _fast_demo(tmp_path)
-    started = time.monotonic()
-    result = cli("run", str(study), cwd=tmp_path, timeout=600)
-    elapsed = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    print(f"demo study took {elapsed:.1f} s")
-    return tmp_path
+    """The session's small demo (every stage of the demo, a few probes each), run once for
+    this file and those that share it (tests/test_live_view.py)."""
+    return shared_demo(tmp_path_factory)
+
+
+def _budgets(directory: Path) -> dict[str, int]:
+    return {st["name"]: st["budget"]["max_trials"] for st in yaml.safe_load((directory / "demo.yaml").read_text())["stages"]}
 
 
 def test_status_json_reports_every_stage(finished_demo: Path) -> None:
     status = _status(finished_demo)
     assert [s["name"] for s in status["stages"]] == ["systems", "tokens", "minibatch", "kl", "lr", "polish"]
+    budgets = _budgets(finished_demo)
     for stage in status["stages"]:
         assert stage["state"] == "finished"
         roles = [t["role"] for t in stage["trials"]]
@@ -85,7 +87,7 @@ def test_status_json_reports_every_stage(finished_demo: Path) -> None:
         assert stage["incumbent"]["config"]
         complete = [t for t in stage["trials"] if t["state"] == "complete"]
         assert complete and all(t["eta"] is not None for t in complete)
-        assert len(_counted(stage)) <= BUDGETS[stage["name"]]
+        assert len(_counted(stage)) <= budgets[stage["name"]]
         assert sum(t["role"] == "rerun" and not t["requeued"] for t in stage["trials"]) <= 3
     # the chain: each stage's base is the previous stage's result
     for before, after in zip(status["stages"], status["stages"][1:]):
@@ -186,8 +188,7 @@ def _trials_db(db: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
-    # Without the final check: tests/test_final_check.py kills and resumes in it.
-    study = _fast_demo(tmp_path, final_check=False, time_scale=10000)
+    study = _fast_demo(tmp_path, time_scale=10000)
     db = tmp_path / "demo.db"
     driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -1,8 +1,8 @@
 """The live view: a small demo study run by the real CLI under a pseudo-terminal shows stage
 headers, progress bars with each probe's step and reward, and one line per finished trial.
 
-The same run's database is shared with test_report.py and test_optuna_tools.py
-(``shared_demo``): one study run for all three files.
+The same run's database is shared with test_report.py, test_optuna_tools.py and
+test_end_to_end.py (``shared_demo``): one study run for the four files.
 """
 
 from __future__ import annotations
