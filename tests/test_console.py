@@ -48,8 +48,10 @@ def small_demo(directory: Path, *, systems: int = 10, others: int = 3, time_scal
 
 def start(args: list[str], cwd: Path, log: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     out, err = cwd / f"{log}.out", cwd / f"{log}.err"
+    # unbuffered: wait_for must see each line when printed, not when the study ends
     proc = subprocess.Popen([sys.executable, "-m", "search.cli", *args], cwd=cwd,
-                            stdout=out.open("wb"), stderr=err.open("wb"))
+                            stdout=out.open("wb"), stderr=err.open("wb"),
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return proc, out, err
 
 
