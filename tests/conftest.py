@@ -35,6 +35,13 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str
     )
 
 
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this run shares (each worker's temp folder is its
+    own, and the folder above it the run's); without xdist, the session's temp folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture
 def demo_copy(tmp_path: Path) -> Path:
     """The demo study, written into a temporary directory (its database lands beside it)."""

@@ -48,8 +48,10 @@ def small_demo(directory: Path, *, systems: int = 10, others: int = 3, time_scal
 
 def start(args: list[str], cwd: Path, log: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     out, err = cwd / f"{log}.out", cwd / f"{log}.err"
+    # unbuffered: wait_for must see each line when printed, not when the study ends
     proc = subprocess.Popen([sys.executable, "-m", "search.cli", *args], cwd=cwd,
-                            stdout=out.open("wb"), stderr=err.open("wb"))
+                            stdout=out.open("wb"), stderr=err.open("wb"),
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return proc, out, err
 
 
@@ -70,7 +72,7 @@ def finished() -> Iterator[Path]:
     """A finished small demo, in a folder another user may read (pytest's own is private)."""
     directory = Path(tempfile.mkdtemp(prefix="vs-console-demo-"))
     directory.chmod(0o755)
-    small_demo(directory)
+    small_demo(directory, time_scale=20000)  # the demo's own pace: the log's lines do not depend on it
     result = cli("run", "demo.yaml", cwd=directory, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (directory / "run.out").write_text(result.stdout)
@@ -79,7 +81,7 @@ def finished() -> Iterator[Path]:
     shutil.rmtree(directory)
 
 
-@pytest.mark.slow  # a small demo study (~30 s)
+@pytest.mark.slow  # a small demo study (~45 s)
 def test_the_demo_log_has_short_lines_and_each_warning_once(finished: Path) -> None:
     out, err = (finished / "run.out").read_text(), (finished / "run.err").read_text()
     lines = out.splitlines() + err.splitlines()

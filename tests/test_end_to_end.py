@@ -15,13 +15,24 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from conftest import cli, demo_data, write_study
+from test_live_view import shared_demo
+
+
+#: stage budgets of the kill-and-resume study: every stage, a few probes each (the demo as
+#: written runs in tests/test_readme.py; 80 layouts would add minutes and prove nothing more here)
+BUDGETS = {"systems": 10, "tokens": 4, "minibatch": 4, "kl": 4, "lr": 4, "polish": 4}
 
 
 def _fast_demo(tmp_path: Path, **launcher_options: Any) -> Path:
     data = demo_data()
     data["launcher"]["options"].update(launcher_options)
+    data["final_check"] = False  # tests/test_final_check.py kills and resumes in it
+    for stage in data["stages"]:
+        stage["budget"] = {"max_trials": BUDGETS[stage["name"]]}
+        stage.pop("stop", None)
     return write_study(tmp_path, data, "demo.yaml")
 
 
@@ -53,20 +64,19 @@ def _leftover_processes(marker: str) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp_path = tmp_path_factory.mktemp("demo")
-    study = _fast_demo(tmp_path)
-    started = time.monotonic()
-    result = cli("run", str(study), cwd=tmp_path, timeout=600)
-    elapsed = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    print(f"demo study took {elapsed:.1f} s")
-    return tmp_path
+    """The session's small demo (every stage of the demo, a few probes each), run once for
+    this file and those that share it (tests/test_live_view.py)."""
+    return shared_demo(tmp_path_factory)
+
+
+def _budgets(directory: Path) -> dict[str, int]:
+    return {st["name"]: st["budget"]["max_trials"] for st in yaml.safe_load((directory / "demo.yaml").read_text())["stages"]}
 
 
 def test_status_json_reports_every_stage(finished_demo: Path) -> None:
     status = _status(finished_demo)
     assert [s["name"] for s in status["stages"]] == ["systems", "tokens", "minibatch", "kl", "lr", "polish"]
-    budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
+    budgets = _budgets(finished_demo)
     for stage in status["stages"]:
         assert stage["state"] == "finished"
         roles = [t["role"] for t in stage["trials"]]
@@ -178,7 +188,7 @@ def _trials_db(db: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
-    study = _fast_demo(tmp_path, time_scale=4000)
+    study = _fast_demo(tmp_path, time_scale=10000)
     db = tmp_path / "demo.db"
     driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -224,8 +234,7 @@ def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
         assert len(run_ids) == len(set(run_ids)), f"a run id was used twice in {name}"
         assert not [t for t in trials if t["state"] in ("RUNNING", "WAITING")], name
     # budgets held: requeued failures do not count
-    budgets = {st["name"]: st["budget"]["max_trials"] for st in demo_data()["stages"]}
     for stage in status["stages"]:
-        assert len(_counted(stage)) <= budgets[stage["name"]], stage["name"]
+        assert len(_counted(stage)) <= BUDGETS[stage["name"]], stage["name"]
     # the dead driver's probes were killed; nothing of the study is left running
     assert _leftover_processes(str(tmp_path)) == []

@@ -27,7 +27,8 @@ def small_study(tmp_path: Path, name: str = "small", change: Callable[[dict[str,
     launcher, with a final check of 2 seeds: about a minute."""
     data = copy.deepcopy(demo_data())
     data["name"] = name
-    data["launcher"] = {"kind": "replay", "max_concurrent": 2, "options": {}}
+    # the modelled metrics only: what the scorer reads, less to write and parse
+    data["launcher"] = {"kind": "replay", "max_concurrent": 2, "options": {"verl_record": False}}
     stages = {s["name"]: s for s in data["stages"]}
     stages["systems"]["budget"] = {"max_trials": 8}
     stages["minibatch"]["budget"] = {"max_trials": 5}

@@ -1,8 +1,8 @@
 """The live view: a small demo study run by the real CLI under a pseudo-terminal shows stage
 headers, progress bars with each probe's step and reward, and one line per finished trial.
 
-The same run's database is shared with test_report.py and test_optuna_tools.py
-(``shared_demo``): one study run for all three files.
+The same run's database is shared with test_report.py, test_optuna_tools.py and
+test_end_to_end.py (``shared_demo``): one study run for the four files.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import demo_data, write_study
+from conftest import demo_data, session_dir, write_study
 
 COLUMNS = 140
 RUN_TIMEOUT_S = 240.0
@@ -80,8 +80,9 @@ def plain(transcript: bytes) -> str:
 
 def shared_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The small demo, run once per pytest session under a pty (a lock file keeps concurrent
-    fixtures from running it twice); the directory holds demo.db, runs/ and transcript.bin."""
-    base = tmp_path_factory.getbasetemp() / "shared-small-demo"
+    fixtures, on any xdist worker, from running it twice); the directory holds demo.db, runs/
+    and transcript.bin."""
+    base = session_dir(tmp_path_factory) / "shared-small-demo"
     base.mkdir(exist_ok=True)
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -16,7 +16,10 @@ from conftest import cli, demo_data, write_study
 def _replay_demo(tmp_path: Path, name: str, change: Any = None) -> dict[str, Any]:
     data = copy.deepcopy(demo_data())
     data["name"] = name
-    data["launcher"] = {"kind": "replay", "max_concurrent": 2, "options": {}}
+    # The modelled metrics only (what the scorer and the health checks read: the same study,
+    # less to write and parse), and no final check (tests/test_final_check.py has it).
+    data["launcher"] = {"kind": "replay", "max_concurrent": 2, "options": {"verl_record": False}}
+    data["final_check"] = False
     for stage in data["stages"]:
         stage["sampler"] = {"seed": 7}  # the same suggestions in both studies until pruning differs
     if change:
