@@ -6,6 +6,7 @@ of the study. Studies run on the replay launcher (the simulator's model, no proc
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import cli, demo_data, write_study
+from conftest import cli, demo_data, session_dir, write_study
 from search.errors import BadInputError
 
 
@@ -56,9 +57,22 @@ def status_json(directory: Path, name: str = "small", *extra: str) -> dict[str, 
     return json.loads(result.stdout)
 
 
+def shared_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small study with its final check, run once per pytest session (a lock file keeps
+    fixtures on any xdist worker from running it twice); its users only read it."""
+    base = session_dir(tmp_path_factory) / "shared-final-small"
+    base.mkdir(exist_ok=True)
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / "finished").exists():
+            run_small(base)
+            (base / "finished").touch()
+    return base
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_small(tmp_path_factory.mktemp("final"))
+    return shared_small(tmp_path_factory)
 
 
 def test_the_final_config_is_measured_against_the_baseline_on_fresh_paired_seeds(finished: Path) -> None:

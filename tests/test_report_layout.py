@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from test_final_check import run_small
+from test_final_check import shared_small
 from test_report import _marker, _run_chromium
 
 WIDTH = 1400
@@ -21,10 +21,11 @@ SIZES = re.compile(r'id="report-check"[^>]*data-scroll-width="(\d+)" data-scroll
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = run_small(tmp_path_factory.mktemp("layout"))
-    result = cli("report", "small", "-o", "report.html", "--run-steps", "2000", cwd=directory)
+    directory = shared_small(tmp_path_factory)
+    out = tmp_path_factory.mktemp("layout") / "report.html"
+    result = cli("report", "small", "-o", str(out), "--run-steps", "2000", cwd=directory)
     assert result.returncode == 0, result.stderr
-    return directory / "report.html"
+    return out
 
 
 def test_the_report_is_no_wider_than_a_1400_px_window(report: Path, tmp_path: Path) -> None:
