@@ -194,14 +194,20 @@ def _drive(spec, storage, launcher, *, kind: str, joined: str, leave_at_end: boo
                          leave_at_end=leave_at_end)
     print(f"{joined} (launcher {kind})")
 
-    def on_term(signum: int, frame: Any) -> None:
-        runner.request_stop(signal.Signals(signum).name)
+    def on_stop(signum: int, frame: Any) -> None:
+        # Ctrl-C stops as SIGTERM does, at the end of the current poll: a KeyboardInterrupt
+        # raised anywhere could be swallowed (a cleanup callback) and the study run on. A
+        # second Ctrl-C interrupts at once.
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        runner.request_stop("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         runner.run()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         runner.launcher.close()
     if runner.left:
         print(f"worker left study {spec.name}: nothing left for it; the other processes finish the last stage.")
