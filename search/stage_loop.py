@@ -151,11 +151,11 @@ class StageLoop:
         budget_s = self.stage.budget.max_wall_clock_s
         over_time = budget_s is not None and wall_used >= budget_s
         allowed = may_start_more and not over_time
-        may_start = allowed and policy.may_start(view)
+        may_start = allowed and policy.may_start(view) and self._may_draw(view)
         wants_ahead = False
         if not runner.active and not may_start:
             view = study.view(fresh=True)  # decide on the database as it is now
-            if allowed and policy.may_start(view):
+            if allowed and policy.may_start(view) and self._may_draw(view):
                 # The view held was behind: another worker queued work (e.g. a required
                 # confirmation) that this stage still needs; never decide without it.
                 may_start = True
@@ -182,6 +182,9 @@ class StageLoop:
                 # The sampler's draws wait for the round: drawn now, they would spend the
                 # budget that the next round's points, read from this one, are for.
                 may_start = False
+        if may_start and not self.space.sampler_draws:
+            view = study.view()
+            may_start = self._queued(view)  # its own points only, never the sampler's
         # Each start reads the stage once, after its ask, and the policy admits the trial on
         # that view (``TrialRunner.start``): with many workers, a view held from before starts
         # nothing that the others have already filled the budget with.
@@ -190,7 +193,7 @@ class StageLoop:
             view = study.view()
             if not started:
                 break
-            may_start = policy.may_start(view)
+            may_start = policy.may_start(view) and (self.space.sampler_draws or self._queued(view))
         runner.poll()
         runner.stop_runs_that_no_longer_count(view)
         runner.tell_finished(view)
@@ -204,6 +207,19 @@ class StageLoop:
             study.save_wall_clock(wall_used)
             self.last_saved = now
         return Tick.RUN_AHEAD if wants_ahead else Tick.GO_ON
+
+    @staticmethod
+    def _queued(trials: Sequence[TrialRecord]) -> bool:
+        return any(t.state == TrialState.WAITING for t in trials)
+
+    def _may_draw(self, trials: Sequence[TrialRecord]) -> bool:
+        """Whether this pass may start a trial: always, unless the space is a pattern search
+        (``Space.sampler_draws`` False) with nothing queued and no follow-up round to come."""
+        if self.space.sampler_draws or self._queued(trials):
+            return True
+        done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
+        ended, pending = structured_points(trials)
+        return done < self.space.n_follow_ups and bool(pending or ended) and len(ended) != self.no_follow_up_after
 
     def _waiting_on_others(self, trials: Sequence[TrialRecord]) -> bool:
         """Trials RUNNING in other processes (workers) that this stage's result needs."""

@@ -51,6 +51,9 @@ class Space(abc.ABC):
     #: another ends, with at most ``follow_ups_per_round`` of them in flight; 0: none
     n_follow_ups: int = 0
     follow_ups_per_round: int = 1
+    #: whether the stage's sampler draws points of its own once the starting points (and
+    #: follow-ups) are queued; False: a pattern search, the stage ends with its last round
+    sampler_draws: bool = True
 
     @abc.abstractmethod
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config: ...

@@ -107,9 +107,15 @@ class PolishSpace(CompositeSpace):
         make, in both directions; ``follow_up_points`` goes on from the better one."""
         return self._moves(base, [(mini, rate, None) for mini, rate in self.FIRST_PASS])[:n]
 
-    #: the pattern search after the first pass (``follow_up_points``): three rounds of two
+    #: the pattern search after the first pass (``follow_up_points``): three rounds of two,
+    #: and no draws of the sampler's own: far from the chain's winner in a joint space of
+    #: three knobs they read poorly, and the KL-on ones run long before they can be stopped
     n_follow_ups = 6
     follow_ups_per_round = 2
+    sampler_draws = False
+    #: the smallest move worth a probe (mini-batch ×1.1, lr ×1.15): a point nearer the
+    #: incumbent differs from it by less than the stage's noise, and runs a whole probe to say so
+    MIN_MOVE = (math.log(1.1), math.log(1.15))
 
     def follow_up_points(self, base: Config, readings: Sequence[tuple[dict[str, Any], float]],
                          n: int) -> list[dict[str, Any]]:
@@ -170,6 +176,11 @@ class PolishSpace(CompositeSpace):
             point = {**incumbent, mini.param: value, lr.param: rate}
             if kl_point is not None:
                 point = {mini.param: value, lr.param: rate, **kl_point}
+            near = (abs(math.log(value / incumbent[mini.param])) < self.MIN_MOVE[0]
+                    and abs(math.log(rate / incumbent[lr.param])) < self.MIN_MOVE[1])
+            if near and {k: v for k, v in point.items() if k not in (mini.param, lr.param)} == \
+                    {k: v for k, v in incumbent.items() if k not in (mini.param, lr.param)}:
+                continue
             if point != incumbent and point not in points:
                 points.append(point)
         return points

@@ -386,6 +386,26 @@ def test_polish_follows_the_direction_its_first_pass_read_either_way() -> None:
     assert space.follow_up_points(chain, [], 2) == [] and space.follow_up_points(chain, [(down, 1.1)], 0) == []
 
 
+def test_polish_proposes_no_point_nearer_the_incumbent_than_its_smallest_move() -> None:
+    """With lr at its upper bound the pattern search moves the mini-batch alone; halving a
+    move that read below the incumbent again and again would creep up on the incumbent with
+    whole probes that cannot tell it apart. No point is nearer than ×1.1 (mini-batch) and
+    ×1.15 (lr) to the incumbent, KL unchanged."""
+    space, chain = _polish_from(512, 5e-6)
+    up, down = space.starting_points(chain, 4)
+    assert up["lr"] == down["lr"] == 5e-6  # clamped: the first pass moves the mini-batch only
+    rounds = [(up, 0.93), (down, 0.97)]
+    for _ in range(4):
+        follow = space.follow_up_points(chain, rounds, 2)
+        for p in follow:
+            if not p["use_kl"]:
+                assert abs(math.log(p["mini_batch"] / 512)) >= math.log(1.1) or abs(math.log(p["lr"] / 5e-6)) >= math.log(1.15), p
+        rounds += [(p, 0.98) for p in follow]
+        if not follow:
+            break
+    assert not follow  # the search ran out of points worth a probe
+
+
 def test_polish_includes_kl_strength_when_the_chain_has_kl_on() -> None:
     chain = merge(GRPO_BASE, {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.002})
     space = build_space("polish", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=chain, options={})
