@@ -46,6 +46,11 @@ METHODS = ("verl-sweep", "manual", "random", "tpe", "gp", "bohb", "smac", "dehb"
 #: the peers (benchmarks/peers.py; benchmarks/prior_peers.py: those that also get the
 #: baseline as their prior or first point): the best of them is what verl-sweep is measured against
 PEERS = ("random", "tpe", "gp", "bohb", "smac", "dehb", "priorband", "asha", "st-bohb", "optuna-gp")
+#: the peers whose runs take 20-35 CPU-seconds (GP fits over a growing trial set): one run a
+#: world by default, the other peers two (1.5-5 s a run), so that the timed benchmark with
+#: every peer stays under 25 minutes on two cores
+SLOW_PEERS = ("gp", "optuna-gp")
+PEER_REPS = 2
 #: the landscapes verl-sweep's defaults (spaces/stages.py, studies/demo.yaml) were tuned on
 #: (batch_lr, default and kl_edge from the start; coupled3 later, whose figures led
 #: the polish stage to search KL on/off; couple_down and kl_floor_noisy, written for the
@@ -527,9 +532,11 @@ def main(argv: list[str] | None = None) -> int:
                              "now); ignored with --landscape")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated subset of {','.join(METHODS)} (default: every one installed)")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions per landscape and method (default 10; 2 with --quick)")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="repetitions per landscape of verl-sweep and manual (default 10; 2 with --quick); "
+                             f"each peer runs at most {PEER_REPS}, {' and '.join(SLOW_PEERS)} once")
     parser.add_argument("--reps-for", action="append", default=[], metavar="METHOD=N",
-                        help="fewer (or more) repetitions for one method, e.g. gp=2 for the slowest peer (repeatable)")
+                        help="another number of repetitions for one method, e.g. priorband=10 (repeatable)")
     parser.add_argument("--budget", type=float, default=3000.0,
                         help="the peers' GPU-hour budget when verl-sweep is not run (else: its median spend)")
     parser.add_argument("--budget-from", type=Path, default=None, metavar="RESULTS_JSON",
@@ -567,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(str(e))
     reps = args.reps or (2 if args.quick else 10)
-    reps_of = {m: reps for m in methods}
+    reps_of = {m: reps if m not in PEERS else min(reps, 1 if m in SLOW_PEERS else PEER_REPS) for m in methods}
     for item in args.reps_for:
         name, _, n = item.partition("=")
         if name not in METHODS or not n.isdigit() or int(n) < 1:
