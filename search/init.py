@@ -54,7 +54,7 @@ def parse_overrides(command: LaunchCommand) -> tuple[dict[str, Any], list[str]]:
     remarks: list[str] = []
     for item in command.overrides:
         if "=" in item and item.split("=", 1)[1] == "":
-            remarks.append(f"`{item}` has no value (a shell variable nobody set?): left out")
+            remarks.append(f"`{item}` has no value ({command.why_empty(item[:-1].lstrip('+'))}): left out")
             continue
         try:
             [override] = parser.parse_overrides([item])
@@ -183,7 +183,7 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
                 model_config: Path | None = None) -> InitResult:
     """The study data for ``command``; raises BadInputError (one line) when a fact is missing."""
     from objectives.score import MIN_SCORED_STEPS, MIN_SPEED_STEPS
-    from search.run_length import fit_probes, run_length
+    from search.run_length import MAX_PROBE_FRACTION, fit_probes, min_run_steps, run_length
 
     if not re.match(NAME_PATTERN, name):
         raise BadInputError(f"--name: must be 1-64 letters, digits, '_' or '-', but got {name!r}. Pick another name.")
@@ -192,6 +192,9 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
     remarks = [*(f"could not resolve {u}" for u in command.unresolved), *command.notes, *remarks]
     adv = baseline.get("algorithm.adv_estimator", "gae")
     algorithm = "ppo" if adv == "gae" else "grpo"
+    if model_config is None and MODEL_PATH not in baseline and f"{MODEL_PATH}=" in command.overrides:
+        raise BadInputError(f"{MODEL_PATH} must name the model, but the command leaves it empty "
+                            f"({command.why_empty(MODEL_PATH)}). Set it, or pass --model-config PATH/config.json.")
     config_path = find_model_config(baseline.get(MODEL_PATH), model_config)
     model = model_facts(config_path, baseline)
     hardware = {"gpus_per_node": _int(baseline, "trainer.n_gpus_per_node", 8),
@@ -205,12 +208,22 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
     if isinstance(fit, str):
         raise BadInputError(fit)
     remarks.append(f"run length: {run.how}" if run.steps is None else f"run length {run.steps:,} steps ({run.how})")
-    if fit.note:
-        remarks.append(fit.note)
-    probe: dict[str, Any] = {"steps": fit.steps, "speed_steps": fit.speed_steps}
-    if fit.slow_start_factor != defaults.slow_start_factor:
-        probe["slow_start_factor"] = fit.slow_start_factor
-    stages, stage_remarks = _stages(algorithm, baseline, model, hardware, fit.steps)
+    stages, stage_remarks = _stages(algorithm, baseline, model, hardware, fit.steps, speed_only=not fit.learns)
+    if fit.learns:
+        remarks += [fit.note] if fit.note else []
+        probe: dict[str, Any] = {"steps": fit.steps, "speed_steps": fit.speed_steps}
+        if fit.slow_start_factor != defaults.slow_start_factor:
+            probe["slow_start_factor"] = fit.slow_start_factor
+    else:  # the learning stages need a longer run: the speed stages that apply, or one line
+        need = min_run_steps(MIN_SCORED_STEPS + defaults.warmup_steps, MAX_PROBE_FRACTION)
+        todo = f"set trainer.total_training_steps ≥ {need} (or more trainer.total_epochs)"
+        if not stages:
+            raise BadInputError(f"{fit.note}, and no speed stage applies ({'; '.join(stage_remarks)}). To tune this "
+                                f"run, {todo}.")
+        names = ", ".join(f"{s['name']} ({s['space']})" for s in stages)
+        remarks.append(f"{fit.note}: the study tunes speed only, with {fit.speed_steps}-step speed probes: {names}. "
+                       f"For the learning stages too, {todo}.")
+        probe = {"speed_steps": fit.speed_steps}
     remarks += stage_remarks
     data: dict[str, Any] = {
         "name": name,
@@ -222,14 +235,28 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
         "probe": probe,
         "stages": stages,
     }
+    _no_idle_pruners(data)
     remarks.insert(0, f"model facts from {config_path}")
     return InitResult(data, remarks)
 
 
+def _no_idle_pruners(data: dict[str, Any]) -> None:
+    """A stage whose probes end before its pruner could first act gets no pruner: it would
+    cost nothing and do nothing, and validate would warn of it (short speed probes)."""
+    from search.stage import Stage
+    from search.study_file import StudySpec
+
+    spec = StudySpec.model_validate(data)
+    for index, item in enumerate(data["stages"]):
+        if Stage.of(spec, index).pruner_reach_warning():
+            item["pruner"] = {"name": "none"}
+
+
 def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], hardware: dict[str, Any],
-            steps: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """The default stages that fit the config, as study-file data, and why any was left out."""
-    from spaces import Algorithm, HardwareFacts, ModelFacts, limits
+            steps: int, *, speed_only: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """The default stages that fit the config (``speed_only``: those that move speed alone), as
+    study-file data, and why any was left out."""
+    from spaces import Algorithm, HardwareFacts, ModelFacts, Moves, limits, space_class
 
     remarks = []
     kind = engine(baseline)
@@ -237,9 +264,12 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
     chain = default_stages(Algorithm(algorithm))
     keep = []
     for stage in chain:
+        if speed_only and space_class(stage.space).moves is not Moves.SPEED:
+            continue
         if stage.space == "systems" and kind not in SEARCHED_ENGINES:
+            rest = "" if speed_only else "; the learning stages run as usual"
             remarks.append(f"no systems stage: {MODEL_ENGINE}={kind} lays out its own mesh, which stage 0 cannot "
-                           f"search yet (it searches {', '.join(SEARCHED_ENGINES)}); the learning stages run as usual")
+                           f"search yet (it searches {', '.join(SEARCHED_ENGINES)}){rest}")
             continue
         if stage.space == "token_budget":
             if rollout not in TOKEN_BUDGET_ENGINES:
