@@ -215,6 +215,26 @@ class VerlValidator:
             return self._type_problems(config) + _validate_composed(cfg, record=self._sections)
         return []  # unreachable: cfg is composed above
 
+    def compose_problem(self, config: Mapping[str, Any]) -> str | None:
+        """Why verl's Hydra refuses to compose ``config`` (a key verl lacks, ``+`` on a key it
+        has, an unknown group option), or None: what verl's launcher would stop on first."""
+        if not self._entered:
+            raise RuntimeError("VerlValidator must be entered (with VerlValidator() as v) before compose_problem.")
+        from hydra import compose
+
+        config = dict(config)
+        try:
+            overrides = to_overrides(config)
+        except ValueError as e:
+            return f"override: {e}"
+        try:
+            compose(self.config_name, overrides=overrides)
+        except Exception as e:
+            from spaces.verl_messages import compose_problem
+
+            return compose_problem(e, config, self._defaults_for(config), config_dir=_config_dir())
+        return None
+
     def _compose_from_last(self, config: dict[str, Any]) -> Any:
         """``config`` composed as the last full composition plus the keys that differ, or None
         when that is not exactly what Hydra would compose (a config group changes, a key
