@@ -81,9 +81,10 @@ def _config_name(command: LaunchCommand, baseline: dict[str, Any]) -> None:
     name = (command.config_name or "ppo_trainer").removesuffix(".yaml")
     path = (command.config_path or "config").rstrip("/")
     if path not in ("config", "./config") and not path.endswith("verl/trainer/config"):
-        raise BadInputError(f"--config-path {command.config_path}: must be verl's own config directory, but it names "
-                            f"another. verl-sweep composes against verl's ppo_trainer: give the run's settings as "
-                            "overrides of it.")
+        shown = path if len(path) <= 50 else "…/" + "/".join(Path(path).parts[-3:])  # not the scratch folder
+        raise BadInputError(f"--config-path {shown} (--config-name {name}): must be verl's own config directory, but it "
+                            "names the project's own. verl-sweep composes against verl's ppo_trainer: give the run's "
+                            "settings as overrides of it.")
     if name not in _VERL_CONFIGS:
         raise BadInputError(f"--config-name {name}: must be one of verl's {', '.join(_VERL_CONFIGS)}, but got {name!r}. "
                             "Give the run's settings as overrides of ppo_trainer.")

@@ -75,8 +75,8 @@ __vs_run() {
 __vs_noredir() {
   local __vs_t=$1
   shift
-  while [[ $__vs_t =~ ^(.*[[:space:]])([0-9]*|&)\>\>?(\&[0-9-]+|[[:space:]]*[^[:space:]|;&<>\"\']+)(.*)$ ]]; do
-    __vs_t="${BASH_REMATCH[1]} ${BASH_REMATCH[4]}"
+  while [[ $__vs_t =~ ^(.*[[:space:]])([0-9]*|&)\>\>?(\&[0-9-]+|[[:space:]]*(\"[^\"]*\"|\'[^\']*\'|[^[:space:]|;&<>\"\'])+)(.*)$ ]]; do
+    __vs_t="${BASH_REMATCH[1]} ${BASH_REMATCH[5]}"
   done
   eval "__vs_run $__vs_t"
 }
@@ -128,6 +128,7 @@ shopt() { builtin shopt "$@"; builtin shopt -s extdebug; }
 echo() { [[ -f /dev/stdout ]] && return 0; builtin echo "$@"; }
 printf() { [[ ${1-} != -v && -f /dev/stdout ]] && return 0; builtin printf "$@"; }
 readonly PATH
+builtin : &  # a background job's pid in $!, for a script that reads it of a call it skipped
 builtin shopt -s extdebug
 builtin set -T -o noclobber
 builtin trap '__vs_trap "$@"' DEBUG

@@ -97,6 +97,17 @@ def _missing_config_packages(config: Mapping[str, Any]) -> list[str]:
     return missing
 
 
+def refused_key(error: BaseException) -> str | None:
+    """The config key of the override Hydra refused (a key verl lacks, ``+`` on one it has),
+    as the config holds it; None for any other refusal."""
+    text = _one_line(error)
+    found = _ALREADY_THERE.search(text)
+    if found:
+        return "+" + found.group(1)
+    found = _NOT_IN_STRUCT.search(text)
+    return found.group(1) if found and "is not in struct" in text else None
+
+
 def compose_problem(error: BaseException, config: Mapping[str, Any], defaults: Any, *, config_dir: str) -> str:
     """One line for a config Hydra refused to compose."""
     text = _one_line(error)

@@ -49,10 +49,17 @@ CASES = [
     Case("rllm/deepcoder_14b_coding_16k.sh", "TODO"),
     Case("prime/run_prime_main.sh", "TODO"),
     Case("simplerl-reason/train_grpo_math_tune_ray.sh", "TODO"),
+    Case("simplerl-reason/train_grpo_math_tune_ray.sh", "TODO", model_config="Qwen--Qwen2.5-Math-7B.json"),
     Case("simplerl-reason/run_qwen_gsm8k_function_rm_grpo.sh", "TODO"),
     Case("logic-rl/main_grpo.sh", "TODO", model_config="Qwen--Qwen2.5-7B-Instruct.json"),
     Case("logic-rl/train_ppo_3B_4gpu.sh", "TODO"),
     Case("ragen/train_all.sh", "TODO"),
+    # written for these tests: the same shapes with keys verl 0.9.1 has
+    Case("own/tinyzero_shape.sh", ""),
+    Case("own/ray_submit_nohup.sh", ""),
+    Case("own/args_and_tabs.sh", ""),
+    Case("own/commented_out_lines.sh", "TODO"),
+    Case("own/own_config_dir.sh", "TODO"),
 ]
 
 
