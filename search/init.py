@@ -209,7 +209,7 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
     if isinstance(fit, str):
         raise BadInputError(fit)
     remarks.append(f"run length: {run.how}" if run.steps is None else f"run length {run.steps:,} steps ({run.how})")
-    stages, stage_remarks = _stages(algorithm, baseline, model, hardware, fit.steps, speed_only=not fit.learns)
+    stages, stage_remarks = _stages(algorithm, baseline, model, hardware, fit.steps, learning=fit.learns)
     if fit.learns:
         remarks += [fit.note] if fit.note else []
         probe: dict[str, Any] = {"steps": fit.steps, "speed_steps": fit.speed_steps}
@@ -254,10 +254,11 @@ def _no_idle_pruners(data: dict[str, Any]) -> None:
 
 
 def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], hardware: dict[str, Any],
-            steps: int, *, speed_only: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
-    """The default stages that fit the config (``speed_only``: those that move speed alone), as
-    study-file data, and why any was left out."""
-    from spaces import Algorithm, HardwareFacts, ModelFacts, Moves, limits, space_class
+            steps: int, *, learning: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
+    """The default stages that fit the config (``learning`` False: only those that move speed
+    alone), as study-file data, and why any was left out."""
+    from search.stage import space_learns
+    from spaces import Algorithm, HardwareFacts, ModelFacts, limits
 
     remarks = []
     kind = engine(baseline)
@@ -265,10 +266,10 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
     chain = default_stages(Algorithm(algorithm))
     keep = []
     for stage in chain:
-        if speed_only and space_class(stage.space).moves is not Moves.SPEED:
+        if not learning and space_learns(stage.space):
             continue
         if stage.space == "systems" and kind not in SEARCHED_ENGINES:
-            rest = "" if speed_only else "; the learning stages run as usual"
+            rest = "; the learning stages run as usual" if learning else ""
             remarks.append(f"no systems stage: {MODEL_ENGINE}={kind} lays out its own mesh, which stage 0 cannot "
                            f"search yet (it searches {', '.join(SEARCHED_ENGINES)}){rest}")
             continue

@@ -163,9 +163,9 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     problems: list[str] = []
     lines: list[str] = []
     base = spec.baseline_config()
-    refused = compose_problem(base) if with_verl else None
-    if refused:
-        return [f"baseline: verl rejects the config: {refused}"], lines
+    unknown = compose_problem(base) if with_verl else None
+    if unknown:
+        return [f"baseline: verl rejects the config: {unknown}"], lines
     facts: dict[str, Any] = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
     problems += [f"baseline: {p}" for p in check_config(base, **facts)]
     if problems or type_problems(base):
