@@ -228,10 +228,12 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
 
 
 def compose_problem(base: Config) -> str | None:
-    """Why verl's Hydra would refuse the baseline's keys, or None (also without verl here)."""
+    """Why verl's Hydra would refuse the baseline's keys, or None (also without verl here, and
+    where a config package the baseline names is not here to say which keys it adds)."""
     from spaces import verl_check
+    from spaces.verl_messages import missing_config_packages
 
-    if not verl_check.verl_available():
+    if not verl_check.verl_available() or missing_config_packages(base):
         return None
     with verl_check.VerlValidator() as verl:
         return verl.compose_problem(base)

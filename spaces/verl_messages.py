@@ -83,7 +83,7 @@ def missing_key(key: str, defaults: Any) -> str:
     return f"{key}: verl has no such key. Check the name against verl's config: `python -m verl.trainer.main_ppo --cfg job`"
 
 
-def _missing_config_packages(config: Mapping[str, Any]) -> list[str]:
+def missing_config_packages(config: Mapping[str, Any]) -> list[str]:
     """``hydra.searchpath`` packages (``pkg://verl_mlite.config``) that are not installed here."""
     import importlib.util
 
@@ -111,7 +111,7 @@ def refused_key(error: BaseException) -> str | None:
 def compose_problem(error: BaseException, config: Mapping[str, Any], defaults: Any, *, config_dir: str) -> str:
     """One line for a config Hydra refused to compose."""
     text = _one_line(error)
-    plugins = _missing_config_packages(config)
+    plugins = missing_config_packages(config)
     if plugins and _NOT_IN_STRUCT.search(text):
         key = _NOT_IN_STRUCT.search(text).group(1)  # type: ignore[union-attr]
         return (f"{key}: comes from the config package {', '.join(plugins)} (hydra.searchpath), which is not installed "
