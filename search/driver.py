@@ -28,7 +28,7 @@ from search.errors import Interrupted, SweepError
 from search.events import Broadcast, StudyListener
 from search.records import Decision, StageResult
 from search.stage import Stage
-from search.final_check import FinalCheck
+from search.final_check import FinalCheck, final_probe
 from search.stage_loop import Context, StageLoop, Tick, slow_start_seen
 from search.stage_study import StageStudy
 from search.storage import describe_db_error, is_transient, reset_connections, with_retries
@@ -111,11 +111,9 @@ class StudyRunner:
     def run_final_check(self, final: Config) -> None:
         """The final config against the baseline on fresh paired seeds (``search.final_check``),
         unless skipped or already measured; a resume runs only what is missing."""
-        steps = self.spec.probe.steps
-        if slow_start_seen(self.ctx, len(self.spec.stages)):
-            steps *= self.spec.probe.slow_start_factor  # the probe length the later stages ran
+        probe = final_probe(self.spec, slow_start=bool(slow_start_seen(self.ctx, len(self.spec.stages))))
         check = with_retries(lambda: FinalCheck.open(self.storage, self.spec, final, self.launcher, self.console,
-                                                     probe_steps=steps), what="open the final check")
+                                                     probe=probe), what="open the final check")
         if check is None:
             return
         try:

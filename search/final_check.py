@@ -4,7 +4,9 @@ Every stage's η is against its own incumbent; their product is no measurement o
 After the last stage the driver runs the final check, the Optuna study ``<study>.final`` in the
 same storage: the baseline and the final config side by side on ``final_check.runs`` seeds
 that no stage used, on learning probes, and their paired η (``objectives.score.paired_eta``)
-is the gain against the baseline, with its interval. Its runs are queued once, when the study
+is the gain against the baseline, with its interval. A study with no learning stage (a run
+too short for learning probes) tuned speed alone: its check runs speed probes and its η is the
+throughput gain, what its stages measured (a learning probe would not fit the run). Its runs are queued once, when the study
 is created, so a resume runs only what is missing; a run its dead driver left RUNNING is
 queued again. Skipped with ``final_check: false``, and when the final config is the baseline.
 """
@@ -52,6 +54,22 @@ def skip_reason(spec: StudySpec, final: Config) -> str | None:
     if final == spec.baseline_config():
         return "the final config is the baseline (no stage found a better one)"
     return None
+
+
+def final_probe(spec: StudySpec, *, slow_start: bool = False) -> ProbeSettings:
+    """The final check's probes: learning probes at the length the learning stages ran
+    (``slow_start``: lengthened after a slow start), or, in a study with no learning stage,
+    speed probes scored on throughput."""
+    from search.stage import stages_of
+
+    probe = spec.probe
+    if any(stage.learns for stage in stages_of(spec)):
+        steps = probe.steps * (probe.slow_start_factor if slow_start else 1)
+        return ProbeSettings(steps=steps, metric=Metric.REWARD_RATE, warmup_steps=probe.warmup_steps,
+                             hang_timeout_s=probe.hang_timeout_s, health_screen=True, n_gpus=spec.hardware.n_gpus)
+    return ProbeSettings(steps=probe.speed_steps, metric=Metric.THROUGHPUT, warmup_steps=probe.speed_warmup_steps,
+                         hang_timeout_s=probe.hang_timeout_s, health_screen=False, n_gpus=spec.hardware.n_gpus,
+                         settle_tolerance=probe.speed_settle_tolerance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,21 +127,19 @@ class FinalCheck:
     """The final check as this driver follows it; ``tick`` until it returns False."""
 
     def __init__(self, spec: StudySpec, study: optuna.Study, launcher: Launcher, console: StudyListener,
-                 probe_steps: int) -> None:
+                 probe: ProbeSettings) -> None:
         self.spec = spec
         self.study = study
         self.launcher = launcher
         self.console = console
         self.baseline: Config = study.user_attrs[_BASELINE]
         self.final: Config = study.user_attrs[_FINAL]
-        self.probe = ProbeSettings(steps=probe_steps, metric=Metric.REWARD_RATE, warmup_steps=spec.probe.warmup_steps,
-                                   hang_timeout_s=spec.probe.hang_timeout_s, health_screen=True,
-                                   n_gpus=spec.hardware.n_gpus)
+        self.probe = probe
         self.active: dict[int, _Active] = {}
 
     @classmethod
     def open(cls, storage: optuna.storages.BaseStorage, spec: StudySpec, final: Config, launcher: Launcher,
-             console: StudyListener, *, probe_steps: int) -> FinalCheck | None:
+             console: StudyListener, *, probe: ProbeSettings) -> FinalCheck | None:
         """Create or join ``<study>.final``; None when it is skipped or already measured."""
         why = skip_reason(spec, final)
         if why is not None:
@@ -140,11 +156,13 @@ class FinalCheck:
                     study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
             study.set_user_attr(_BASELINE, baseline)
             study.set_user_attr(_FINAL, final)
-        check = cls(spec, study, launcher, console, probe_steps)
+        check = cls(spec, study, launcher, console, probe)
         check._requeue_orphans()
         seeds = ", ".join(str(s) for s in final_seeds(spec))
+        kind = ("probes" if probe.metric is Metric.REWARD_RATE
+                else "speed probes, on throughput: the study has no learning stage")
         console.note(f"final check: the final config against the baseline on fresh seeds {seeds} "
-                     f"({probe_steps}-step probes)")
+                     f"({probe.steps}-step {kind})")
         return check
 
     def _trials(self) -> list[TrialRecord]:
@@ -259,7 +277,8 @@ class FinalCheck:
             self.study.set_user_attr(_RESULT, None)
             return
         self.study.set_user_attr(_RESULT, overall.to_attr())
-        self.console.note(f"overall gain (final check, {overall.n_pairs} paired seeds): the final config against your "
+        on = "" if self.probe.metric is Metric.REWARD_RATE else " on throughput"
+        self.console.note(f"overall gain (final check{on}, {overall.n_pairs} paired seeds): the final config against your "
                           f"baseline η {overall.eta:.3f} [{overall.low:.3f}, {overall.high:.3f}]")
 
     def abandon(self, *, why: str) -> None:

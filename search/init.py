@@ -54,7 +54,7 @@ def parse_overrides(command: LaunchCommand) -> tuple[dict[str, Any], list[str]]:
     remarks: list[str] = []
     for item in command.overrides:
         if "=" in item and item.split("=", 1)[1] == "":
-            remarks.append(f"`{item}` has no value (a shell variable nobody set?): left out")
+            remarks.append(f"`{item}` has no value ({command.why_empty(item[:-1].lstrip('+'))}): left out")
             continue
         try:
             [override] = parser.parse_overrides([item])
@@ -81,9 +81,10 @@ def _config_name(command: LaunchCommand, baseline: dict[str, Any]) -> None:
     name = (command.config_name or "ppo_trainer").removesuffix(".yaml")
     path = (command.config_path or "config").rstrip("/")
     if path not in ("config", "./config") and not path.endswith("verl/trainer/config"):
-        raise BadInputError(f"--config-path {command.config_path}: must be verl's own config directory, but it names "
-                            f"another. verl-sweep composes against verl's ppo_trainer: give the run's settings as "
-                            "overrides of it.")
+        shown = path if len(path) <= 50 else "…/" + "/".join(Path(path).parts[-3:])  # not the scratch folder
+        raise BadInputError(f"--config-path {shown} (--config-name {name}): must be verl's own config directory, but it "
+                            "names the project's own. verl-sweep composes against verl's ppo_trainer: give the run's "
+                            "settings as overrides of it.")
     if name not in _VERL_CONFIGS:
         raise BadInputError(f"--config-name {name}: must be one of verl's {', '.join(_VERL_CONFIGS)}, but got {name!r}. "
                             "Give the run's settings as overrides of ppo_trainer.")
@@ -183,7 +184,7 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
                 model_config: Path | None = None) -> InitResult:
     """The study data for ``command``; raises BadInputError (one line) when a fact is missing."""
     from objectives.score import MIN_SCORED_STEPS, MIN_SPEED_STEPS
-    from search.run_length import fit_probes, run_length
+    from search.run_length import MAX_PROBE_FRACTION, fit_probes, min_run_steps, run_length
 
     if not re.match(NAME_PATTERN, name):
         raise BadInputError(f"--name: must be 1-64 letters, digits, '_' or '-', but got {name!r}. Pick another name.")
@@ -192,6 +193,9 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
     remarks = [*(f"could not resolve {u}" for u in command.unresolved), *command.notes, *remarks]
     adv = baseline.get("algorithm.adv_estimator", "gae")
     algorithm = "ppo" if adv == "gae" else "grpo"
+    if model_config is None and MODEL_PATH not in baseline and f"{MODEL_PATH}=" in command.overrides:
+        raise BadInputError(f"{MODEL_PATH} must name the model, but the command leaves it empty "
+                            f"({command.why_empty(MODEL_PATH)}). Set it, or pass --model-config PATH/config.json.")
     config_path = find_model_config(baseline.get(MODEL_PATH), model_config)
     model = model_facts(config_path, baseline)
     hardware = {"gpus_per_node": _int(baseline, "trainer.n_gpus_per_node", 8),
@@ -205,12 +209,22 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
     if isinstance(fit, str):
         raise BadInputError(fit)
     remarks.append(f"run length: {run.how}" if run.steps is None else f"run length {run.steps:,} steps ({run.how})")
-    if fit.note:
-        remarks.append(fit.note)
-    probe: dict[str, Any] = {"steps": fit.steps, "speed_steps": fit.speed_steps}
-    if fit.slow_start_factor != defaults.slow_start_factor:
-        probe["slow_start_factor"] = fit.slow_start_factor
-    stages, stage_remarks = _stages(algorithm, baseline, model, hardware, fit.steps)
+    stages, stage_remarks = _stages(algorithm, baseline, model, hardware, fit.steps, learning=fit.learns)
+    if fit.learns:
+        remarks += [fit.note] if fit.note else []
+        probe: dict[str, Any] = {"steps": fit.steps, "speed_steps": fit.speed_steps}
+        if fit.slow_start_factor != defaults.slow_start_factor:
+            probe["slow_start_factor"] = fit.slow_start_factor
+    else:  # the learning stages need a longer run: the speed stages that apply, or one line
+        need = min_run_steps(MIN_SCORED_STEPS + defaults.warmup_steps, MAX_PROBE_FRACTION)
+        todo = f"set trainer.total_training_steps ≥ {need} (or more trainer.total_epochs)"
+        if not stages:
+            raise BadInputError(f"{fit.note}, and no speed stage applies ({'; '.join(stage_remarks)}). To tune this "
+                                f"run, {todo}.")
+        names = ", ".join(f"{s['name']} ({s['space']})" for s in stages)
+        remarks.append(f"{fit.note}: the study tunes speed only, with {fit.speed_steps}-step speed probes: {names}. "
+                       f"For the learning stages too, {todo}.")
+        probe = {"speed_steps": fit.speed_steps}
     remarks += stage_remarks
     data: dict[str, Any] = {
         "name": name,
@@ -222,13 +236,28 @@ def build_study(command: LaunchCommand, *, name: str, gpu_memory_gb: float | Non
         "probe": probe,
         "stages": stages,
     }
+    _no_idle_pruners(data)
     remarks.insert(0, f"model facts from {config_path}")
     return InitResult(data, remarks)
 
 
+def _no_idle_pruners(data: dict[str, Any]) -> None:
+    """A stage whose probes end before its pruner could first act gets no pruner: it would
+    cost nothing and do nothing, and validate would warn of it (short speed probes)."""
+    from search.stage import Stage
+    from search.study_file import StudySpec
+
+    spec = StudySpec.model_validate(data)
+    for index, item in enumerate(data["stages"]):
+        if Stage.of(spec, index).pruner_reach_warning():
+            item["pruner"] = {"name": "none"}
+
+
 def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], hardware: dict[str, Any],
-            steps: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """The default stages that fit the config, as study-file data, and why any was left out."""
+            steps: int, *, learning: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
+    """The default stages that fit the config (``learning`` False: only those that move speed
+    alone), as study-file data, and why any was left out."""
+    from search.stage import space_learns
     from spaces import Algorithm, HardwareFacts, ModelFacts, limits
 
     remarks = []
@@ -237,9 +266,12 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
     chain = default_stages(Algorithm(algorithm))
     keep = []
     for stage in chain:
+        if not learning and space_learns(stage.space):
+            continue
         if stage.space == "systems" and kind not in SEARCHED_ENGINES:
+            rest = "; the learning stages run as usual" if learning else ""
             remarks.append(f"no systems stage: {MODEL_ENGINE}={kind} lays out its own mesh, which stage 0 cannot "
-                           f"search yet (it searches {', '.join(SEARCHED_ENGINES)}); the learning stages run as usual")
+                           f"search yet (it searches {', '.join(SEARCHED_ENGINES)}){rest}")
             continue
         if stage.space == "token_budget":
             if rollout not in TOKEN_BUDGET_ENGINES:

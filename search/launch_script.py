@@ -34,6 +34,9 @@ ENTRY_POINTS = ("verl.trainer.main_ppo", "verl/trainer/main_ppo.py")
 _SCRIPT_TIMEOUT_S = 30.0
 _MAX_UNSET = 20
 _UNBOUND = re.compile(r"([A-Za-z_][A-Za-z0-9_]*): unbound variable")
+#: a verl override run as a program: cut off from the verl call (a dotted key is no shell name)
+_OVERRIDE = re.compile(r"^\+{0,2}[A-Za-z_]\w*(\.\w+)+=")
+_NO_FILE = re.compile(r": line \d+: (\S+): No such file or directory$", re.MULTILINE)
 
 # Sourced before the script. The DEBUG trap (extdebug: a non-zero return skips the command)
 # turns a program named by a path, literally or through a simple variable, into a function of
@@ -69,7 +72,21 @@ __vs_run() {
     "$@"
   fi
 }
+__vs_noredir() {
+  local __vs_t=$1
+  shift
+  while [[ $__vs_t =~ ^(.*[[:space:]])([0-9]*|&)\>\>?(\&[0-9-]+|[[:space:]]*(\"[^\"]*\"|\'[^\']*\'|[^[:space:]|;&<>\"\'])+)(.*)$ ]]; do
+    __vs_t="${BASH_REMATCH[1]} ${BASH_REMATCH[5]}"
+  done
+  eval "__vs_run $__vs_t"
+}
 __vs_trap() {
+  # The verl call with its output redirected: run without the redirections, so that a log
+  # file in a folder the script's (stand-in) mkdir never made does not stop it.
+  if [[ ${FUNCNAME[1]-} != __vs_* && $BASH_COMMAND == *main_ppo* && $BASH_COMMAND =~ [[:space:]]([0-9]*|\&)\> &&
+        $BASH_COMMAND != *'$('* && $BASH_COMMAND != *'`'* && $BASH_COMMAND != *'<('* ]]; then
+    __vs_noredir "$BASH_COMMAND" "$@"; return 1
+  fi
   local c=$BASH_COMMAND w
   [[ $c == __vs_* || $c == 'builtin '* && ! $c =~ ^builtin[[:space:]]+(exec|command|eval|source|\.|trap|enable|kill|hash)([[:space:]]|$) ]] && return 0
   [[ $c =~ ^builtin[[:space:]] ]] && { __vs_rec @BLOCK 1 "$c"; return 1; }
@@ -111,9 +128,10 @@ shopt() { builtin shopt "$@"; builtin shopt -s extdebug; }
 echo() { [[ -f /dev/stdout ]] && return 0; builtin echo "$@"; }
 printf() { [[ ${1-} != -v && -f /dev/stdout ]] && return 0; builtin printf "$@"; }
 readonly PATH
+builtin : &  # a background job's pid in $!, for a script that reads it of a call it skipped
 builtin shopt -s extdebug
 builtin set -T -o noclobber
-builtin trap '__vs_trap' DEBUG
+builtin trap '__vs_trap "$@"' DEBUG
 """
 
 
@@ -131,6 +149,12 @@ class LaunchCommand:
     unresolved: tuple[str, ...] = ()
     #: other remarks (more than one verl call, Hydra options that were left out)
     notes: tuple[str, ...] = ()
+    #: overrides whose value came out empty from a shell variable: (key, why, e.g. "$BASE_MODEL is not set")
+    empty: tuple[tuple[str, str], ...] = ()
+
+    def why_empty(self, key: str) -> str:
+        """Why ``key=`` has no value, in words (a guess where the script does not say)."""
+        return next((why for k, why in self.empty if k == key), "a shell variable nobody set?")
 
 
 def read_command(argv: Sequence[str], *, script_args: Sequence[str] = ()) -> LaunchCommand:
@@ -154,7 +178,8 @@ def _entry_index(argv: Sequence[str]) -> int | None:
     return None
 
 
-def _from_argv(argv: Sequence[str], *, notes: list[str], unresolved: list[str]) -> LaunchCommand:
+def _from_argv(argv: Sequence[str], *, notes: list[str], unresolved: list[str],
+               empty: Sequence[tuple[str, str]] = ()) -> LaunchCommand:
     at = _entry_index(argv)
     if at is None:
         shown = " ".join(argv[:4]) + (" …" if len(argv) > 4 else "")
@@ -187,7 +212,7 @@ def _from_argv(argv: Sequence[str], *, notes: list[str], unresolved: list[str]) 
             continue
         overrides.append(item)
         i += 1
-    return LaunchCommand(tuple(overrides), config_name, config_path, tuple(unresolved), tuple(notes))
+    return LaunchCommand(tuple(overrides), config_name, config_path, tuple(unresolved), tuple(notes), tuple(empty))
 
 
 def read_script(path: Path, *, script_args: Sequence[str] = ()) -> LaunchCommand:
@@ -225,17 +250,53 @@ def read_script(path: Path, *, script_args: Sequence[str] = ()) -> LaunchCommand
             where = "" if _module_exists(module) else f", which verl {_installed_verl()} does not have"
             raise BadInputError(f"{path}: the script must call verl.trainer.main_ppo, but it runs {module}{where} "
                                 f"(`{_short_command(other[0])}`). verl-sweep tunes main_ppo runs: give that command.")
+        positional = re.search(r"\$?(\d+): unbound variable", last)
+        if positional:
+            raise BadInputError(f"{path}: the script must reach its verl call, but it stops without argument "
+                                f"${positional.group(1)} (`set -u`: {last}). Give its arguments after it: verl-sweep "
+                                f"init -o study.yaml -- bash {path} ARG ….")
+        programs = [c for c in skipped if _python_program(c)]
+        if programs and not (last and returncode):  # it ran to its end, and ran its own trainer
+            raise BadInputError(f"{path}: the script must call verl.trainer.main_ppo, but it runs "
+                                f"{_python_program(programs[-1])} instead (`{_short_command(programs[-1])}`). verl-sweep "
+                                "tunes main_ppo runs: give that command.")
         why = f" It stopped with: {last}." if last else f" It ended with status {returncode}."
         raise BadInputError(f"{path}: the script must reach a python3 -m verl.trainer.main_ppo call, but it did not "
                             f"(init runs none of its programs).{why} Set what it needs in the environment, or give the "
                             "verl command after `--`.")
+    # an override cut off from the call runs as a program: found on no PATH, or (a value with
+    # a "/") as a path bash cannot open
+    cut = next((c for c in skipped if _OVERRIDE.match(c[0])), None)
+    cut = cut or next(([m.group(1)] for m in _NO_FILE.finditer(stderr) if _OVERRIDE.match(m.group(1))), None)
+    if cut is not None:
+        raise BadInputError(f"{path}: the verl call must hold all its overrides, but those from `{cut[0][:60]}` on are "
+                            "a command of their own: the line before them ends the call (a comment line between "
+                            "continuation lines, or a line without `\\` at its end), so bash never passes them to verl. "
+                            "Join them to the call.")
     unresolved = [f"`{_short_command(c)}` {_stand_in_effect(c)}" for c in _unique(skipped)]
     unresolved += [f"`{w[0]}` not run (a program name init cannot read)" for w in _unique([b[:1] for b in blocked])]
     unresolved += [f"${name} is not set: left empty" for name in unset]
     notes = []
     if len(calls) > 1:
         notes.append(f"the script calls verl {len(calls)} times; the first call is used")
-    return _from_argv(calls[0], notes=notes, unresolved=unresolved)
+    return _from_argv(calls[0], notes=notes, unresolved=unresolved, empty=_empty_values(path, calls[0], set(env) - set(unset)))
+
+
+def _empty_values(path: Path, argv: list[str], known: set[str]) -> list[tuple[str, str]]:
+    """Overrides of the call with an empty value, and the variable the script gave them
+    (``key=$VAR`` in its text): not set anywhere, or set empty by the script."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    found = []
+    for item in argv:
+        key, equals, value = item.partition("=")
+        if not equals or value:
+            continue
+        match = re.search(re.escape(key) + r"""=["']?\$\{?([A-Za-z_]\w*)""", text)
+        if match:
+            name = match.group(1)
+            assigned = re.search(rf"^\s*(export\s+|local\s+|declare\s+\S+\s+)?{name}=", text, re.MULTILINE)
+            found.append((key.lstrip("+"), f"${name} is empty" if assigned or name in known else f"${name} is not set"))
+    return found
 
 
 def _run_bash(bash: str, path: Path, env: dict[str, str], script_args: Sequence[str]) -> tuple[int, str, bytes]:
@@ -263,6 +324,19 @@ def _verl_module(argv: list[str]) -> str | None:
     for i, item in enumerate(argv[:-1]):
         if item == "-m" and argv[i + 1].startswith(("verl.", "recipe.")):
             return argv[i + 1]
+    return None
+
+
+def _python_program(argv: list[str]) -> str | None:
+    """The .py file or ``-m`` module a Python launch runs (python, torchrun, accelerate, deepspeed,
+    behind uv or ray), or None; not pip."""
+    if not any(Path(a).name.startswith(("python", "torchrun", "accelerate", "deepspeed")) for a in argv[:6]):
+        return None
+    for i, item in enumerate(argv):
+        if item == "-m" and i + 1 < len(argv) and argv[i + 1] != "pip":
+            return argv[i + 1]
+        if item.endswith(".py") and not item.startswith("-"):
+            return item
     return None
 
 

@@ -70,12 +70,16 @@ def stage_plans(spec: StudySpec) -> list[StagePlan]:
 
 def final_check_plan(spec: StudySpec) -> StagePlan | None:
     """The final check's probes: the baseline and the final config on each of its seeds, at
-    the learning probe length (None when the study file turns it off)."""
+    the length ``final_probe`` gives (None when the study file turns it off)."""
+    from objectives.score import Metric
+    from search.final_check import final_probe
     from search.study_file import FINAL_STAGE
 
     if not spec.final_check.enabled:
         return None
-    return StagePlan(FINAL_STAGE, "final config against the baseline", 2 * spec.final_check.runs, 0, spec.probe.steps)
+    probe = final_probe(spec)
+    what = "final config against the baseline" + ("" if probe.metric is Metric.REWARD_RATE else ", on throughput")
+    return StagePlan(FINAL_STAGE, what, 2 * spec.final_check.runs, 0, probe.steps)
 
 
 def plan_lines(spec: StudySpec, base: Config) -> list[str]:

@@ -11,6 +11,9 @@ learning probe may take at most ¼ of the run (``MAX_PROBE_FRACTION``), as the m
 comes after 2,000 steps), and a longer probe after a slow start at most ½ of it. A probe as
 long as the run is no probe: every one would end with the run, "finished", and none could
 be told apart from the whole run.
+
+A run too short for learning probes may still take speed probes (throughput needs a few
+steps, no trend): the study then tunes speed alone (``ProbeFit.learns`` False).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from spaces.overrides import get
 MAX_PROBE_FRACTION = 0.25
 #: the longest probe after a slow start (probe.steps × slow_start_factor), as a fraction
 MAX_SLOW_START_FRACTION = 0.5
+#: the longest speed probe, as a fraction of the run: one at least as long as a learning
+#: probe's ¼ where the run is too short for any (a speed probe must still be a part of the run)
+MAX_SPEED_FRACTION = 0.5
 VERL_TOTAL_EPOCHS = 30  # verl 0.9.1's trainer.total_epochs
 
 
@@ -89,28 +95,41 @@ def run_length(config: Mapping[str, Any]) -> RunLength:
 @dataclasses.dataclass(frozen=True)
 class ProbeFit:
     """Probe lengths that fit a run: learning ``steps``, ``speed_steps``, ``slow_start_factor``,
+    whether learning probes fit at all (``learns``: False leaves the study its speed stages),
     and the sentence saying what was changed and why (empty when nothing was)."""
 
     steps: int
     speed_steps: int
     slow_start_factor: int
     note: str
+    learns: bool = True
+
+
+def min_run_steps(min_steps: int, fraction: float) -> int:
+    """The shortest run that holds a probe of ``min_steps`` in ``fraction`` of it."""
+    return math.ceil(min_steps / fraction)
 
 
 def fit_probes(run: RunLength, *, steps: int, speed_steps: int, slow_start_factor: int,
                min_steps: int, min_speed_steps: int) -> ProbeFit | str:
-    """Probes no longer than ¼ of the run (a slow start's at most ½), or the one line that
-    says what to set when even the shortest scorable probe does not fit."""
+    """Probes no longer than ¼ of the run (a slow start's at most ½). A run too short for
+    learning probes of ``min_steps`` gets speed probes alone (at most ½ of it); one too short
+    even for those gets the one line that says what to set."""
     if run.steps is None:
         return ProbeFit(steps, speed_steps, slow_start_factor, "")
     cap = math.floor(run.steps * MAX_PROBE_FRACTION)
-    if cap < min_steps:
-        need = math.ceil(min_steps / MAX_PROBE_FRACTION)
-        return (f"the run must be at least {need} steps for learning probes of {min_steps} scored steps (¼ of the run "
-                f"at most), but it is {run.steps} ({run.how}). Set trainer.total_training_steps ≥ {need} "
-                "(or more trainer.total_epochs) for the full run the study tunes.")
-    new_steps = min(steps, cap)
     new_speed = max(min_speed_steps, min(speed_steps, cap))
+    need = min_run_steps(min_steps, MAX_PROBE_FRACTION)
+    if cap < min_steps:
+        if new_speed > run.steps * MAX_SPEED_FRACTION:
+            speed_need = min_run_steps(min_speed_steps, MAX_SPEED_FRACTION)
+            return (f"the run must be at least {speed_need} steps for speed probes of {min_speed_steps} steps (½ of the "
+                    f"run at most), but it is {run.steps} ({run.how}). Set trainer.total_training_steps ≥ {need} for "
+                    f"every stage (≥ {speed_need} for the speed stages alone), or more trainer.total_epochs.")
+        note = (f"the run is {run.steps:,} steps ({run.how}), too short for learning probes (≥ {need} steps needed: "
+                f"{min_steps} scored steps in ¼ of the run)")
+        return ProbeFit(steps, new_speed, slow_start_factor, note, learns=False)
+    new_steps = min(steps, cap)
     factor = max(1, min(slow_start_factor, math.floor(run.steps * MAX_SLOW_START_FRACTION / new_steps)))
     changed = []
     if new_steps < steps:

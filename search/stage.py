@@ -208,6 +208,12 @@ class Stage:
         return self.max_probes * probe_s * self.spec.hardware.n_gpus / 3600.0
 
 
+def space_learns(space: str) -> bool:
+    """Whether a stage on the space kind ``space`` moves learning (``Stage.learns``), before
+    any study exists (init picks a short run's stages with it). Raises SpaceError."""
+    return space_class(space).moves is not Moves.SPEED
+
+
 def stages_of(spec: StudySpec) -> list[Stage]:
     """Every stage of the study as the study file defines it (no slow start)."""
     return [Stage.of(spec, index) for index in range(len(spec.stages))]

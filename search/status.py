@@ -15,7 +15,7 @@ from launchers.run_dir import RunDir
 from objectives.metrics import STEP_TIME_KEY
 from objectives.sources import read_run
 from search import liveness
-from search.final_check import final_study_name, skip_reason, stored_overall
+from search.final_check import final_probe, final_study_name, skip_reason, stored_overall
 from search.policy import incumbent_run_etas
 from search.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
 from search.stage import Stage
@@ -227,7 +227,7 @@ def final_check_status(storage: "optuna.storages.BaseStorage", spec: StudySpec,
     product = math.prod(float(w["eta"]) for w in winners) if winners else None
     overall: dict[str, Any] = {"eta": None, "low": None, "high": None, "n_pairs": 0,
                                "stage_product": None if product is None else round(product, 4),
-                               "simulated": simulated(spec)}
+                               "metric": final_probe(spec).metric.value, "simulated": simulated(spec)}
     result, trials = stored_overall(storage, spec)
     entry: dict[str, Any] | None = None
     if trials:
@@ -315,8 +315,9 @@ def overall_line(data: dict[str, Any]) -> str:
     product = o.get("stage_product")
     product_text = "" if product is None else f"product of the stages' η {product:.3f}"
     if o.get("state") == "measured":
+        on = " on throughput" if o.get("metric") == "throughput" else ""  # a speed-only study's
         return (f"{tag}overall gain against your baseline: η {o['eta']:.3f} [{o['low']:.3f}, {o['high']:.3f}] "
-                f"(final check, {o['n_pairs']} paired seeds; {product_text or 'no stage won'})")
+                f"(final check{on}, {o['n_pairs']} paired seeds; {product_text or 'no stage won'})")
     note = f": {o['note']}" if o.get("note") else ""
     return f"{tag}overall gain: final check {o.get('state', 'not started')}{note}" + (
         f" ({product_text})" if product_text else "")

@@ -155,12 +155,17 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     """Returns (problems, report lines). Problems are one line each; none means valid.
 
     One cause, one error: a baseline that breaks a rule or that verl refuses is reported alone
-    (every stage's configs hold it, so each would repeat it, or fail for its sake)."""
+    (every stage's configs hold it, so each would repeat it, or fail for its sake). A key verl
+    does not have comes first: verl's launcher stops on it before anything else is read, and
+    the rules would read the rest of the baseline as verl never would."""
     from spaces.limits import doubts, notes, type_problems
 
     problems: list[str] = []
     lines: list[str] = []
     base = spec.baseline_config()
+    unknown = compose_problem(base) if with_verl else None
+    if unknown:
+        return [f"baseline: verl rejects the config: {unknown}"], lines
     facts: dict[str, Any] = {"model": spec.model, "hardware": spec.hardware, "algorithm": spec.algorithm}
     problems += [f"baseline: {p}" for p in check_config(base, **facts)]
     if problems or type_problems(base):
@@ -220,6 +225,18 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
 
         lines += plan_lines(spec, base)
     return sorted(set(problems), key=problems.index), lines
+
+
+def compose_problem(base: Config) -> str | None:
+    """Why verl's Hydra would refuse the baseline's keys, or None (also without verl here, and
+    where a config package the baseline names is not here to say which keys it adds)."""
+    from spaces import verl_check
+    from spaces.verl_messages import missing_config_packages
+
+    if not verl_check.verl_available() or missing_config_packages(base):
+        return None
+    with verl_check.VerlValidator() as verl:
+        return verl.compose_problem(base)
 
 
 def probe_fit_problems(spec: StudySpec, base: Config, spaces: list[tuple[int, Any, Any]], lines: list[str]) -> list[str]:

@@ -20,6 +20,8 @@ from spaces.overrides import get
 TRAIN_BATCH = "data.train_batch_size"
 MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size"
 MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+#: older verl's micro-batch over all GPUs, which verl still reads (and checks the mini-batch against)
+GLOBAL_MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size"
 ROLLOUT_N = "actor_rollout_ref.rollout.n"
 ROLLOUT_NAME = "actor_rollout_ref.rollout.name"
 ROLLOUT_TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
@@ -268,6 +270,9 @@ def mini_batch_problem(value: int, config: Mapping[str, Any], hardware: Hardware
             f"{MINI_BATCH}={value}: per-GPU mini-batch ({value} × {n} ÷ {dp} = {per_gpu}) must be "
             f"divisible by {MICRO_BATCH} ({micro})"
         )
+    legacy = get(config, GLOBAL_MICRO_BATCH)
+    if _is_int(legacy) and legacy > 0 and value % legacy and not setting(config, USE_DYNAMIC_BSZ):
+        return f"{MINI_BATCH}={value}: must be divisible by {GLOBAL_MICRO_BATCH} ({legacy}), as verl checks"
     return None
 
 
@@ -408,7 +413,8 @@ def check_config(
     # Rollout engine name: "???" in verl, mandatory since 0.6.
     name = setting(config, ROLLOUT_NAME)
     if name is None or name not in ROLLOUT_NAMES:
-        problems.append(f"{ROLLOUT_NAME}={name}: must be one of {sorted(ROLLOUT_NAMES)} (mandatory since verl 0.6)")
+        unset = f"; older releases defaulted to vllm: add {ROLLOUT_NAME}=vllm" if name is None else ""
+        problems.append(f"{ROLLOUT_NAME}={name}: must be one of {sorted(ROLLOUT_NAMES)} (mandatory since verl 0.6{unset})")
 
     # Advantage estimator: verl fails only inside the trainer on an unknown name. GAE is the
     # PPO chain (a critic); every other estimator runs critic-free, the GRPO-style chain.
@@ -484,6 +490,12 @@ def check_config(
             problems.append(problem)
         minimal, what = n_gpus, f"the GPU count ({n_gpus})"
         micro = setting(config, MICRO_BATCH)
+        if E.engine(config) == "megatron" and micro is None:  # verl's validate_config multiplies by it
+            legacy = get(config, GLOBAL_MICRO_BATCH)
+            problems.append(f"{MICRO_BATCH}: must be set for Megatron with static batching (verl's validate_config "
+                            "multiplies by it, and fails with a TypeError without it), but it is not"
+                            + (f" (the older {GLOBAL_MICRO_BATCH}={legacy} is not read there)" if legacy else "")
+                            + f". Set {MICRO_BATCH}, or {USE_DYNAMIC_BSZ}=True")
         if E.engine(config) == "megatron" and _is_int(micro) and micro >= 1:  # verl's validate_config
             dp = data_parallel_ranks(config, hardware)
             minimal, what = dp * micro, f"Megatron DP {dp} × micro-batch {micro} ({dp * micro})"

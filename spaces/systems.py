@@ -36,6 +36,7 @@ ROLLOUT_LOG_PROB_TOKENS = "actor_rollout_ref.rollout.log_prob_max_token_len_per_
 REF_LOG_PROB_TOKENS = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
 DEPRECATED_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size"
 DEPRECATED_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size"
+DEPRECATED_CRITIC_MICRO = "critic.ppo_micro_batch_size"
 MAX_NUM_SEQS = "actor_rollout_ref.rollout.max_num_seqs"
 ENFORCE_EAGER = "actor_rollout_ref.rollout.enforce_eager"
 FREE_CACHE_ENGINE = "actor_rollout_ref.rollout.free_cache_engine"
@@ -204,7 +205,9 @@ class SystemsSpace(Space):
             "ulysses": sps,
             "strategy": ["fsdp", "fsdp2"],
             "forward_prefetch": [False, True],
-            "use_dynamic_bsz": [False, True],
+            # verl 0.9.1 reads the critic's older global micro-batch into its per-GPU one too,
+            # and refuses the pair once batching is static: such a base keeps dynamic batching
+            "use_dynamic_bsz": [True] if base.get(DEPRECATED_CRITIC_MICRO) is not None else [False, True],
             "ppo_max_token_len_per_gpu": list(MAX_TOKEN_LEN_CHOICES),
             "gradient_checkpointing": [True, False],
             "activation_offload": [False, True],

@@ -54,6 +54,8 @@ _MOVED_KEYS: dict[str, list[tuple[tuple[int, ...], str]]] = {
 # Hydra's config store is process-global: one initialisation at a time, shared by nested users
 # (a validate_with_verl inside an open VerlValidator reuses it instead of deadlocking).
 _lock = threading.RLock()
+#: the overrides a compose check names in its one line, at most
+_MAX_REFUSED_KEYS = 20
 #: verl's config without overrides but its config groups chosen, by (config name, groups)
 _DEFAULTS: dict[tuple[str, ...], Any] = {}
 _depth = 0
@@ -214,6 +216,40 @@ class VerlValidator:
             self._sections = {}
             return self._type_problems(config) + _validate_composed(cfg, record=self._sections)
         return []  # unreachable: cfg is composed above
+
+    def compose_problem(self, config: Mapping[str, Any]) -> str | None:
+        """Why verl's Hydra refuses to compose ``config`` (a key verl lacks, ``+`` on a key it
+        has, an unknown group option), or None: what verl's launcher would stop on first. Hydra
+        stops at one override; the others it would refuse too (a script written for an older
+        verl often has several) are named in the same line, so that one pass fixes them all."""
+        if not self._entered:
+            raise RuntimeError("VerlValidator must be entered (with VerlValidator() as v) before compose_problem.")
+        from hydra import compose
+
+        from spaces.verl_messages import compose_problem, refused_key
+
+        config = dict(config)
+        first: str | None = None
+        more: list[str] = []
+        for _ in range(_MAX_REFUSED_KEYS):
+            try:
+                compose(self.config_name, overrides=to_overrides(config))
+                break
+            except ValueError as e:  # a value no override can carry
+                return first or f"override: {e}"
+            except Exception as e:
+                key = refused_key(e)
+                if first is None:
+                    first = compose_problem(e, config, self._defaults_for(config), config_dir=_config_dir())
+                else:
+                    more.append(f"`{key}`" if key else "")
+                if key is None or key not in config:
+                    break
+                del config[key]
+        more = [m for m in more if m]
+        if first and more:
+            first += f" (and {len(more)} more override{'s' * (len(more) > 1)} verl refuses: {', '.join(more)})"
+        return first
 
     def _compose_from_last(self, config: dict[str, Any]) -> Any:
         """``config`` composed as the last full composition plus the keys that differ, or None

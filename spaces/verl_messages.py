@@ -38,8 +38,30 @@ def _node(defaults: Any, path: list[str]) -> Any:
     return node
 
 
+#: keys of older verl releases that verl now keeps under another name (or folded into another):
+#: a name-alike would be a wrong guess for these
+_RENAMED = {
+    "actor_rollout_ref.rollout.val_temperature": "actor_rollout_ref.rollout.val_kwargs.temperature",
+    "actor_rollout_ref.rollout.n_val": "actor_rollout_ref.rollout.val_kwargs.n",
+    "actor_rollout_ref.rollout.val_top_p": "actor_rollout_ref.rollout.val_kwargs.top_p",
+    "actor_rollout_ref.rollout.val_top_k": "actor_rollout_ref.rollout.val_kwargs.top_k",
+    "trainer.remove_previous_ckpt": "trainer.max_actor_ckpt_to_keep",
+    "trainer.remove_previous_ckpt_in_save": "trainer.max_actor_ckpt_to_keep",
+}
+#: a key's last part → why verl no longer has it, for keys older releases dropped
+_DROPPED = {
+    "grad_offload": "verl offloads the gradients with the parameters (fsdp_config.param_offload). Drop it",
+}
+
+
 def missing_key(key: str, defaults: Any) -> str:
     """``key`` (no ``+``) is not in verl's config: where it breaks off, and the closest name."""
+    if key in _RENAMED:
+        return (f"{key}: verl has no such key (an older release's name); did you mean `{_RENAMED[key]}`? Use that "
+                "name (verl would refuse the run)")
+    last = key.rsplit(".", 1)[-1]
+    if last in _DROPPED:
+        return f"{key}: verl has no such key: {_DROPPED[last]} (verl would refuse the run)"
     parts = key.split(".")
     for depth in range(len(parts) - 1, -1, -1):
         parent = _node(defaults, parts[:depth])
@@ -61,7 +83,7 @@ def missing_key(key: str, defaults: Any) -> str:
     return f"{key}: verl has no such key. Check the name against verl's config: `python -m verl.trainer.main_ppo --cfg job`"
 
 
-def _missing_config_packages(config: Mapping[str, Any]) -> list[str]:
+def missing_config_packages(config: Mapping[str, Any]) -> list[str]:
     """``hydra.searchpath`` packages (``pkg://verl_mlite.config``) that are not installed here."""
     import importlib.util
 
@@ -75,10 +97,21 @@ def _missing_config_packages(config: Mapping[str, Any]) -> list[str]:
     return missing
 
 
+def refused_key(error: BaseException) -> str | None:
+    """The config key of the override Hydra refused (a key verl lacks, ``+`` on one it has),
+    as the config holds it; None for any other refusal."""
+    text = _one_line(error)
+    found = _ALREADY_THERE.search(text)
+    if found:
+        return "+" + found.group(1)
+    found = _NOT_IN_STRUCT.search(text)
+    return found.group(1) if found and "is not in struct" in text else None
+
+
 def compose_problem(error: BaseException, config: Mapping[str, Any], defaults: Any, *, config_dir: str) -> str:
     """One line for a config Hydra refused to compose."""
     text = _one_line(error)
-    plugins = _missing_config_packages(config)
+    plugins = missing_config_packages(config)
     if plugins and _NOT_IN_STRUCT.search(text):
         key = _NOT_IN_STRUCT.search(text).group(1)  # type: ignore[union-attr]
         return (f"{key}: comes from the config package {', '.join(plugins)} (hydra.searchpath), which is not installed "

@@ -175,6 +175,39 @@ def test_the_plan_counts_the_final_check_probes(tmp_path: Path) -> None:
     assert "plan: up to 17 probes" in result.stdout and "ESTIMATE" in result.stdout
 
 
+def test_a_speed_only_study_runs_and_its_final_check_compares_throughput(tmp_path: Path) -> None:
+    """What init writes for a run too short for learning probes (15 steps): the systems stage
+    alone on 5-step speed probes. It runs; its final check measures the throughput gain on
+    speed probes (a learning probe would not fit the run), and status and export say so."""
+    def speed_only(data: dict[str, Any]) -> None:
+        data["stages"] = data["stages"][:1]
+        data["stages"][0]["budget"] = {"max_trials": 4}
+        data["baseline"]["trainer.total_training_steps"] = 15
+        data["probe"] = {"speed_steps": 5}
+
+    path = small_study(tmp_path, "speed", speed_only)
+    from search.plan import final_check_plan
+    from search.study_file import load_study
+
+    plan = final_check_plan(load_study(path))
+    assert plan is not None and (plan.space, plan.probes, plan.steps) == (
+        "final config against the baseline, on throughput", 4, 5)
+    result = cli("run", str(path), cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    said = (result.stdout + result.stderr).replace("\n    ", " ")  # the console's lines, unwrapped
+    assert "(5-step speed probes, on throughput: the study has no learning stage)" in said
+    assert "overall gain (final check on throughput, 2 paired seeds)" in said
+    data = status_json(tmp_path, "speed")
+    overall = data["overall"]
+    assert overall["metric"] == "throughput" and overall["state"] == "measured", overall
+    assert all(r["state"] == "complete" for r in data["final_check"]["trials"])
+    text = cli("status", "speed", "--storage", f"sqlite:///{tmp_path}/speed.db", cwd=tmp_path).stdout.replace("\n  ", " ")
+    assert "overall gain against your baseline: η " in text and "(final check on throughput, 2 paired seeds" in text
+    exported = cli("export", "speed", "--storage", f"sqlite:///{tmp_path}/speed.db", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "(final check on throughput" in exported.stdout.splitlines()[1]
+
+
 def test_the_final_check_is_skipped_when_the_final_config_is_the_baseline() -> None:
     from search.final_check import skip_reason
     from search.study_file import StudySpec

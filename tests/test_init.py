@@ -117,6 +117,20 @@ def test_what_init_cannot_know_is_one_line_each(tmp_path: Path) -> None:
         build(tmp_path, ["k=1,2"])
 
 
+def test_a_model_path_left_empty_by_the_script_names_the_variable(tmp_path: Path) -> None:
+    """TinyZero's scripts read the model from $BASE_MODEL, which its README asks to export:
+    without it the line says which variable, not that the command lacks the key."""
+    script = tmp_path / "train.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo \\\nactor_rollout_ref.model.path=$BASE_MODEL \\\n"
+                      "trainer.n_gpus_per_node=$N_GPUS trainer.nnodes=1 2>&1 | tee verl_demo.log\n")
+    out = tmp_path / "study.yaml"
+    result = cli("init", "-o", str(out), "--gpu-memory-gb", "80", str(script), cwd=tmp_path)
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.strip().splitlines() == [
+        "error: actor_rollout_ref.model.path must name the model, but the command leaves it empty ($BASE_MODEL is not "
+        "set). Set it, or pass --model-config PATH/config.json."]
+
+
 def test_the_stages_fit_the_config(tmp_path: Path) -> None:
     model = str(model_dir(tmp_path))
     spaces = lambda data: [s["space"] for s in data["stages"]]  # noqa: E731
@@ -182,11 +196,60 @@ def test_probes_fit_the_105_step_run(tmp_path: Path) -> None:
     assert problems == [] and not any("over ¼ of the run" in line for line in lines)
 
 
+def test_a_run_too_short_for_learning_probes_gets_a_speed_only_study(tmp_path: Path) -> None:
+    """15 steps (the ascend PPO smoke run's) hold no learning probe (10 scored steps in ¼ of the
+    run need 40) but speed probes: the study keeps the speed stages that apply, one remark says
+    so and what to set for the rest, and it validates; its final check runs speed probes."""
+    model = str(model_dir(tmp_path))
+    data, remarks = build(tmp_path, grpo_overrides(model, **{"trainer.total_training_steps": 15}))
+    assert [s["space"] for s in data["stages"]] == ["systems", "token_budget"]
+    assert data["probe"] == {"speed_steps": 5}
+    assert any(re.fullmatch(r"the run is 15 steps \(trainer\.total_training_steps = 15\), too short for learning probes "
+                            r"\(≥ 40 steps needed: 10 scored steps in ¼ of the run\): the study tunes speed only, with "
+                            r"5-step speed probes: systems \(systems\), tokens \(token_budget\)\. For the learning stages "
+                            r"too, set trainer\.total_training_steps ≥ 40 \(or more trainer\.total_epochs\)\.", r)
+               for r in remarks), remarks
+    problems, lines = validate_study(load_study(_write(tmp_path, data)), with_verl=False)
+    assert problems == [], problems
+    assert any(line.startswith("plan: systems (systems) ") and "final (final config against the baseline, on "
+               "throughput) 6 probes × 5 steps" in line for line in lines), lines
+
+    # No speed stage applies (VeOmni lays out its own mesh, SGLang never reads the token budget).
+    with pytest.raises(BadInputError) as refused:
+        build(tmp_path, grpo_overrides(model, model_engine="veomni", **{
+            "trainer.total_training_steps": 15, "actor_rollout_ref.rollout.name": "sglang"}))
+    assert re.fullmatch(r"the run is 15 steps \(trainer\.total_training_steps = 15\), too short for learning probes .*, "
+                        r"and no speed stage applies \(no systems stage: model_engine=veomni .*; no token-budget stage: "
+                        r"verl 0\.9\.1 never passes rollout\.max_num_batched_tokens to sglang .*\)\. To tune this run, "
+                        r"set trainer\.total_training_steps ≥ 40 \(or more trainer\.total_epochs\)\.", str(refused.value))
+
+
+def test_init_writes_a_speed_only_study_that_validates(tmp_path: Path) -> None:
+    out = tmp_path / "study.yaml"
+    result = cli("init", "-o", str(out), "--gpu-memory-gb", "80", "--", *MAIN,
+                 *grpo_overrides(str(model_dir(tmp_path)), **{"trainer.total_training_steps": 15}), cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-2000:])
+    assert "the study tunes speed only" in result.stdout and f"{out}: OK" in result.stdout
+    assert "the study tunes speed only" in out.read_text()  # the header says it too
+
+
 def test_a_run_too_short_for_any_probe_is_one_line_saying_what_to_set(tmp_path: Path) -> None:
-    with pytest.raises(BadInputError, match=r"^the run must be at least 40 steps for learning probes of 10 scored steps "
-                                            r"\(¼ of the run at most\), but it is 15 \(trainer\.total_training_steps = 15\)\. "
-                                            r"Set trainer\.total_training_steps ≥ 40"):
-        build(tmp_path, grpo_overrides(str(model_dir(tmp_path)), **{"trainer.total_training_steps": 15}))
+    with pytest.raises(BadInputError) as refused:
+        build(tmp_path, grpo_overrides(str(model_dir(tmp_path)), **{"trainer.total_training_steps": 5}))
+    assert str(refused.value) == (
+        "the run must be at least 10 steps for speed probes of 5 steps (½ of the run at most), but it is 5 "
+        "(trainer.total_training_steps = 5). Set trainer.total_training_steps ≥ 40 for every stage (≥ 10 for the speed "
+        "stages alone), or more trainer.total_epochs.")
+
+
+def test_a_100_step_run_keeps_every_stage_with_its_probes_shortened(tmp_path: Path) -> None:
+    data, remarks = build(tmp_path, grpo_overrides(str(model_dir(tmp_path)), **{"trainer.total_training_steps": 100}))
+    assert [s["space"] for s in data["stages"]] == ["systems", "token_budget", "mini_batch", "kl", "lr", "polish"]
+    assert data["probe"] == {"steps": 25, "speed_steps": 25, "slow_start_factor": 2}
+    assert "the run is 100 steps (trainer.total_training_steps = 100): learning probes 500 → 25 steps (¼ of the run), " \
+           "speed probes 30 → 25 steps, slow-start factor 4 → 2 (a longer probe stays ≤ ½ of the run)" in remarks
+    problems, _ = validate_study(load_study(_write(tmp_path, data)), with_verl=False)
+    assert problems == []
 
 
 def test_validate_refuses_probes_as_long_as_the_run(tmp_path: Path) -> None:

@@ -43,9 +43,11 @@ class Outcome:
     study: Path | None
 
 
-def hf_cache(root: Path) -> Path:
+def hf_cache(root: Path, *more: Path) -> Path:
+    """A local Hugging Face cache holding the config.json of every model in CONFIGS (and in
+    the folders ``more``)."""
     hub = root / "hub"
-    for path in CONFIGS.glob("*.json"):
+    for path in [p for folder in (CONFIGS, *more) for p in folder.glob("*.json")]:
         snapshot = hub / f"models--{path.stem}" / "snapshots" / "0"
         snapshot.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, snapshot / "config.json")
@@ -72,21 +74,25 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def init_and_validate(script: str, hub: Path, out_dir: Path, **validate: Any) -> Outcome:
+def init_and_validate(script: str, hub: Path, out_dir: Path, *, root: Path = EXAMPLES,
+                      environment: dict[str, str] | None = None, model_config: Path | None = None,
+                      **validate: Any) -> Outcome:
     """``verl-sweep init -o … --gpu-memory-gb 80 SCRIPT`` then ``verl-sweep validate`` on the
-    study, through the same functions the CLI calls."""
+    study, through the same functions the CLI calls (``root``: the folder ``script`` is in;
+    ``environment`` and ``model_config``: the user's, else this corpus's)."""
     from search.errors import BadInputError
     from search.init import build_study, render
     from search.launch_script import read_script
     from search.study_file import load_study
     from search.validate import validate_study
 
-    with _environment({"HF_HUB_CACHE": str(hub), **ENVIRONMENT.get(script, {})}):
+    env = ENVIRONMENT.get(script, {}) if environment is None else environment
+    with _environment({"HF_HUB_CACHE": str(hub), **env}):
         try:
-            command = read_script(EXAMPLES / script)
+            command = read_script(root / script)
             model = next((o.split("=", 1)[1] for o in command.overrides if o.startswith("actor_rollout_ref.model.path=")), None)
             name = re.sub(r"[^A-Za-z0-9_\-]", "_", Path(script).stem)[:60]
-            result = build_study(command, name=name, gpu_memory_gb=80, model_config=_local_config(model))
+            result = build_study(command, name=name, gpu_memory_gb=80, model_config=model_config or _local_config(model))
             study = out_dir / (script.replace("/", "__") + ".yaml")
             study.write_text(render(result, source=script))
             problems, _ = validate_study(load_study(study), **validate)

@@ -84,7 +84,12 @@ CASES: list[tuple[str, ModelFacts, HardwareFacts, Algorithm, dict[str, Any], str
     ("megatron-strategy-and-dp-engine", M7, H8x80, GRPO, {L.STRATEGY: "megatron", "model_engine": "dp"}, r"strategy=megatron: needs model_engine=megatron, but the config chooses model_engine=dp"),
     ("megatron-dp-arithmetic", M7, H8x80, GRPO, {"model_engine": "megatron", L.MINI_BATCH: 251,
      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 1}, r"8 GPUs ÷ \(Megatron TP 1 · PP 1 · CP 1\) = 8"),
-    ("megatron-no-ulysses-rule", M05, H8x80, GRPO, {"model_engine": "megatron", L.ULYSSES: 4}, None),
+    ("megatron-no-ulysses-rule", M05, H8x80, GRPO, {"model_engine": "megatron", L.ULYSSES: 4, L.MICRO_BATCH: 4}, None),
+    ("megatron-static-needs-micro", M05, H8x80, GRPO, {"model_engine": "megatron", L.GLOBAL_MICRO_BATCH: 64},
+     r"ppo_micro_batch_size_per_gpu: must be set for Megatron with static batching .* \(the older "
+     r"actor_rollout_ref\.actor\.ppo_micro_batch_size=64 is not read there\)"),
+    ("global-micro-divides-mini", M7, H8x80, GRPO, {L.GLOBAL_MICRO_BATCH: 48},
+     r"ppo_mini_batch_size=256: must be divisible by actor_rollout_ref\.actor\.ppo_micro_batch_size \(48\)"),
     ("lam-ppo-ok", M7, H8x80, PPO, {L.LAM: 0.95}, None),
     ("lam-out-of-range", M7, H8x80, PPO, {L.LAM: 1.5}, r"algorithm\.lam=1\.5: must lie in \[0, 1\]"),
     ("prefetch-fsdp2-ok", M7, H8x80, GRPO, {L.STRATEGY: "fsdp2", L.FORWARD_PREFETCH: True}, None),  # verl 0.9.1 prefetches under FSDP2 too
