@@ -167,7 +167,7 @@ def test_a_base_with_no_micro_batch_keeps_it_unset() -> None:
     params = space.incumbent_params(base)
     assert params is not None and params["micro_batch_sp1"] is None
     assert L.MICRO_BATCH not in space.suggest(optuna.trial.FixedTrial(params), base)
-    legacy = {**base, S.DEPRECATED_MICRO: 64}
+    legacy = {**base, S.DEPRECATED_MICRO: 8}  # it divides the mini-batch 16, as verl checks
     space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=legacy, options={})
     for _, config in sample(space, legacy, n=30):
         assert L.MICRO_BATCH not in config
