@@ -43,10 +43,12 @@ class _StageTrace(M.StageTrace):
 
 
 def _knobs(config: dict[str, Any]) -> str:
-    """The learning knobs of a config, short."""
+    """The learning knobs and the token budget of a config, short."""
     kl = config.get("actor_rollout_ref.actor.kl_loss_coef") if config.get("actor_rollout_ref.actor.use_kl_loss") else None
+    tokens = config.get("actor_rollout_ref.rollout.max_num_batched_tokens")
     return (f"mini {config.get('actor_rollout_ref.actor.ppo_mini_batch_size')} "
-            f"lr {config.get('actor_rollout_ref.actor.optim.lr', 0):.3g} kl {'off' if kl is None else f'{kl:.3g}'}")
+            f"lr {config.get('actor_rollout_ref.actor.optim.lr', 0):.3g} kl {'off' if kl is None else f'{kl:.3g}'}"
+            + (f" tokens {tokens}" if tokens is not None else ""))
 
 
 def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:

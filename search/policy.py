@@ -476,12 +476,15 @@ def running_etas(trials: Trials) -> list[tuple[float | None, TrialRecord]]:
     return out
 
 
-def structured_points(trials: Trials) -> tuple[list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
-    """The stage's starting points and follow-ups (``START_ORIGIN``, ``FOLLOW_UP_ORIGIN``): the
+def structured_points(trials: Trials, *, every_candidate: bool = False
+                      ) -> tuple[list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
+    """The stage's starting points and follow-ups (``START_ORIGIN``, ``FOLLOW_UP_ORIGIN``), or
+    with ``every_candidate`` its every candidate (the sampler's draws too): the
     params of each that ended with its η (when it finished; its running η when it was stopped:
     its last report over the incumbent runs' mean at that step; 0 when its run failed), and
     the params of those still queued or running."""
-    points = [t for t in trials if t.role is Role.CANDIDATE and t.assignment.origin in (START_ORIGIN, FOLLOW_UP_ORIGIN)]
+    points = [t for t in trials if t.role is Role.CANDIDATE
+              and (every_candidate or t.assignment.origin in (START_ORIGIN, FOLLOW_UP_ORIGIN))]
     curves = [t.intermediate_values for t in trials if t.state == TrialState.COMPLETE and t.role is Role.INCUMBENT]
     finished = [(t.intermediate_values, t.eta) for t in points if t.state == TrialState.COMPLETE and t.eta is not None]
     ended: list[tuple[dict[str, Any], float]] = []

@@ -182,7 +182,7 @@ class StageLoop:
                 # The sampler's draws wait for the round: drawn now, they would spend the
                 # budget that the next round's points, read from this one, are for.
                 may_start = False
-        if may_start and not self.space.sampler_draws:
+        if may_start and not self._sampler_may_draw(view):
             view = study.view()
             may_start = self._queued(view)  # its own points only, never the sampler's
         # Each start reads the stage once, after its ask, and the policy admits the trial on
@@ -193,7 +193,7 @@ class StageLoop:
             view = study.view()
             if not started:
                 break
-            may_start = policy.may_start(view) and (self.space.sampler_draws or self._queued(view))
+            may_start = policy.may_start(view) and (self._sampler_may_draw(view) or self._queued(view))
         runner.poll()
         runner.stop_runs_that_no_longer_count(view)
         runner.tell_finished(view)
@@ -213,13 +213,32 @@ class StageLoop:
         return any(t.state == TrialState.WAITING for t in trials)
 
     def _may_draw(self, trials: Sequence[TrialRecord]) -> bool:
-        """Whether this pass may start a trial: always, unless the space is a pattern search
-        (``Space.sampler_draws`` False) with nothing queued and no follow-up round to come."""
-        if self.space.sampler_draws or self._queued(trials):
+        """Whether this pass may start a trial: always, unless the sampler may not draw (a
+        pattern search, or follow-ups that end the stage) with nothing queued and no follow-up
+        round to come."""
+        if self._sampler_may_draw(trials) or self._queued(trials):
             return True
+        _, ended, pending, more = self._follow_ups(trials)
+        return more and bool(pending or ended)
+
+    def _n_follow_ups(self) -> int:
+        n = self.space.n_follow_ups
+        return min(n, self.stage.budget.max_trials // 5) if self.space.follow_ups_last else n
+
+    def _sampler_may_draw(self, trials: Sequence[TrialRecord]) -> bool:
+        """The sampler draws, unless the space is a pattern search or its follow-ups end the
+        stage (``Space.follow_ups_last``) and the budget left is theirs."""
+        if not self.space.follow_ups_last:
+            return self.space.sampler_draws
+        return self.policy.counted(trials) < self.stage.budget.max_trials - self._n_follow_ups()
+
+    def _follow_ups(self, trials: Sequence[TrialRecord]) -> tuple[int, list[tuple[dict[str, Any], float]], list[dict[str, Any]], bool]:
+        """The follow-ups run so far, the structured points that ended (with their η) and those
+        pending, and whether the space may still propose follow-ups from them."""
         done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
-        ended, pending = structured_points(trials)
-        return done < self.space.n_follow_ups and bool(pending or ended) and len(ended) != self.no_follow_up_after
+        ended, pending = structured_points(trials, every_candidate=self.space.follow_ups_last)
+        more = done < self._n_follow_ups() and len(ended) != self.no_follow_up_after
+        return done, ended, pending, more and not (self.space.follow_ups_last and self._sampler_may_draw(trials))
 
     def _waiting_on_others(self, trials: Sequence[TrialRecord]) -> bool:
         """Trials RUNNING in other processes (workers) that this stage's result needs."""
@@ -261,11 +280,10 @@ class StageLoop:
         next ``Space.follow_ups_per_round`` points from what they read
         (``Space.follow_up_points``), up to ``Space.n_follow_ups``, inside the stage's budget."""
         def wanted(trials: Sequence[TrialRecord]) -> tuple[int, list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
-            done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
-            ended, pending = structured_points(trials)
-            if pending or not ended or len(ended) == self.no_follow_up_after:
+            done, ended, pending, more = self._follow_ups(trials)
+            if pending or not ended or not more:
                 return 0, ended, pending
-            return min(self.space.follow_ups_per_round - len(pending), self.space.n_follow_ups - done,
+            return min(self.space.follow_ups_per_round - len(pending), self._n_follow_ups() - done,
                        self.stage.budget.max_trials - self.policy.counted(trials)), ended, pending
 
         if wanted(trials)[0] <= 0:
@@ -289,9 +307,8 @@ class StageLoop:
         space may have more to propose once it ended."""
         if any(t.state == TrialState.WAITING for t in trials):
             return False
-        done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
-        ended, pending = structured_points(trials)
-        return bool(pending) and done < self.space.n_follow_ups and len(ended) != self.no_follow_up_after
+        _, _, pending, more = self._follow_ups(trials)
+        return more and bool(pending)
 
     def _queue_early_confirmation(self, trials: Sequence[TrialRecord]) -> bool:
         rerun = self.policy.early_confirmation(trials)

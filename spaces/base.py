@@ -54,6 +54,10 @@ class Space(abc.ABC):
     #: whether the stage's sampler draws points of its own once the starting points (and
     #: follow-ups) are queued; False: a pattern search, the stage ends with its last round
     sampler_draws: bool = True
+    #: follow-ups end the stage instead: the sampler draws all but the last
+    #: ``min(n_follow_ups, max_trials // 5)`` trials of the budget, then the space's follow-ups
+    #: read every candidate so far (the sampler's draws too): a local search around its leader
+    follow_ups_last: bool = False
 
     @abc.abstractmethod
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config: ...
