@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,29 +266,65 @@ def test_the_polish_follows_a_coupling_in_the_other_direction() -> None:
     assert run["final_config"][L.MINI_BATCH] < 512 and run["final_config"][L.LR] > 2e-6
 
 
-def test_the_polish_runs_its_own_points_and_no_sampler_draws(tmp_path: Path) -> None:
-    """The polish is a pattern search: its starting points, its follow-up rounds and their
-    re-runs, then it ends; the sampler's own draws in its three-knob space read poorly and cost
-    ~half its GPU-hours (default world: 606 → 144 GPU-h, the same choice)."""
-    import optuna
-
+@pytest.fixture(scope="module")
+def default_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    """One verl-sweep study on the `default` world (replay launcher): its spec and storage."""
     from benchmarks import methods as M
     from benchmarks.run import rep_spec
     from search._optuna_forks import storage_class
     from search.console import Console
     from search.driver import StudyRunner
-    from search.records import Role, records
 
+    tmp_path = tmp_path_factory.mktemp("default-study")
     spec = rep_spec("default", 0, quick=False)
     launcher = M.replay_launcher(tmp_path, "default")
     storage = storage_class()(f"sqlite:///{tmp_path}/s.db", heartbeat_interval=60, grace_period=120)
     StudyRunner(spec, storage, launcher, console=Console(quiet=True), poll_interval_s=M.POLL_S).run()
     launcher.close()
+    return spec, storage
+
+
+def test_the_polish_runs_its_own_points_and_no_sampler_draws(default_study: tuple[Any, Any]) -> None:
+    """The polish is a pattern search: its starting points, its follow-up rounds and their
+    re-runs, then it ends; the sampler's own draws in its three-knob space read poorly and cost
+    ~half its GPU-hours (default world: 606 → 144 GPU-h, the same choice)."""
+    import optuna
+
+    from search.records import Role, records
+
+    spec, storage = default_study
     polish = optuna.load_study(study_name=f"{spec.name}.polish", storage=storage)
     trials = records(polish.get_trials(deepcopy=False))
     origins = [t.assignment.origin for t in trials if t.role is Role.CANDIDATE]
     assert origins and all(o in ("start", "follow-up") or str(o).startswith("leader of") for o in origins), origins
     assert len(trials) < spec.stages[-1].budget.max_trials  # it ended before its budget
+
+
+def test_the_systems_stage_ends_with_a_local_search_inside_its_budget(default_study: tuple[Any, Any]) -> None:
+    """Stage 0's sampler draws all but its last fifth (at most 16 trials); the rest are
+    follow-ups around its leader, proposed once the draws before them ended; the stage stays
+    inside its budget."""
+    import optuna
+
+    from search.policy import structured_points
+    from search.records import Role, records
+
+    spec, storage = default_study
+    stage = spec.stages[0]
+    assert stage.space == "systems"
+    trials = records(optuna.load_study(study_name=f"{spec.name}.systems", storage=storage).get_trials(deepcopy=False))
+    candidates = [t for t in trials if t.role is Role.CANDIDATE]
+    follow_ups = [t for t in candidates if t.assignment.origin == "follow-up"]
+    reserve = min(16, stage.budget.max_trials // 5)
+    assert 0 < len(follow_ups) <= reserve
+    first = min(t.number for t in follow_ups)
+    assert all(t.number < first for t in candidates if t.assignment.origin != "follow-up")  # the draws came first
+    assert sum(1 for t in trials if t.role is not Role.RERUN) <= stage.budget.max_trials
+    ended, _ = structured_points([t for t in trials if t.number < first], every_candidate=True)
+    leader = max(ended, key=lambda r: r[1])[0]
+    for t in follow_ups[:4]:  # the first round: one knob (with the passes that fit) from the leader
+        moved = {k for k in set(leader) | set(t.params) if leader.get(k) != t.params.get(k)}
+        assert moved and len(moved - {k for k in moved if "_sp" in k or k == "log_prob_token_factor"}) <= 2, moved
 
 
 def test_median_curve_reaches_the_median_final_by_its_end() -> None:

@@ -447,3 +447,45 @@ def test_the_systems_stage_gives_static_batching_the_micro_batches_verl_needs() 
         for key in (L.MICRO_BATCH, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
             assert isinstance(config.get(key), int), (key, config)
+
+
+def _systems_and_leader() -> tuple[Space, dict[str, Any], dict[str, Any]]:
+    """A systems space on 8 GPUs (several layouts) and a leader with dynamic batching,
+    checkpointing on and a token limit with room below it."""
+    base = merge(GRPO_BASE, {L.MICRO_BATCH: 8})
+    space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    leader = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 2, "use_dynamic_bsz": True,
+              "ppo_max_token_len_per_gpu_sp2": 8192, "gradient_checkpointing": True, "activation_offload": False,
+              "gpu_memory_utilization": 0.8}
+    space.suggest(optuna.trial.FixedTrial(leader), base)  # a point of the space
+    return space, base, leader
+
+
+def test_systems_follow_ups_move_one_knob_from_the_leader_and_build_valid_configs() -> None:
+    space, base, leader = _systems_and_leader()
+    other = {**leader, "rollout_tp": 2, "gradient_checkpointing": False}
+    points = space.follow_up_points(base, [(leader, 1.3), (other, 1.1), ({**leader, "strategy": "fsdp"}, 1.2)], 16)
+    assert 6 <= len(points) <= 16
+    assert leader not in points and {**leader, "strategy": "fsdp"} not in points  # tried: not again
+    assert len({tuple(sorted(p.items())) for p in points}) == len(points)
+    for p in points:
+        moved = {k for k in set(p) | set(leader) if p.get(k) != leader.get(k)}
+        knobs = moved - {k for k in moved if "_sp" in k or k == "log_prob_token_factor"}
+        # one knob (a batching knob alone, or one more with the batching that fits); a TP
+        # move may lift the memory to that TP's floor
+        assert moved and (len(knobs) <= 1 or knobs == {"rollout_tp", "gpu_memory_utilization"}), moved
+        config = merge(base, space.suggest(optuna.trial.FixedTrial(p), base))
+        assert L.check_config(config, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO) == [], p
+    assert {**leader, "gradient_checkpointing": False} in points
+    assert space.follow_up_points(base, [(leader, float("nan"))], 4) == []  # nothing ended: nothing to move from
+
+
+def test_systems_follow_up_that_ran_out_of_memory_comes_back_with_smaller_passes() -> None:
+    """Checkpointing off costs activation memory the estimate may not see: the failed move is
+    tried again first, with the token limit a notch down."""
+    space, base, leader = _systems_and_leader()
+    off = {**leader, "gradient_checkpointing": False}
+    points = space.follow_up_points(base, [(leader, 1.3), (off, 0.0)], 4)
+    assert points[0] == {**off, "ppo_max_token_len_per_gpu_sp2": 4096}
+    smaller = space.follow_up_points(base, [(leader, 1.3), (off, 0.0), (points[0], 0.0)], 4)
+    assert smaller[0] == {**off, "ppo_max_token_len_per_gpu_sp2": 2048}
