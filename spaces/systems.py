@@ -487,13 +487,15 @@ class SystemsSpace(Space):
 
         moves: list[tuple[float, dict[str, Any]]] = []
         # A move that failed (out of memory, where the estimate let it through) again with
-        # smaller passes: first, as the failure says its memory, not the move, was short.
+        # smaller passes: first, as the failure says its memory, not the move, was short. Not
+        # a memory fraction's failure: the fraction's own OOM ceiling (``_memory_high``) rules
+        # those out, and smaller passes do not make room for a larger vLLM pool.
         sp = best.get("ulysses", self.choices["ulysses"][0])
         dynamic = best.get("use_dynamic_bsz", self.choices["use_dynamic_bsz"][0])
         batching = self._branch(sp, dynamic)
         for params, eta in readings:
             moved = [k for k in params if params.get(k) != best.get(k) and k not in batching]
-            if eta == 0 and len(moved) == 1 and set(params) == set(best):
+            if eta == 0 and len(moved) == 1 and moved != ["gpu_memory_utilization"] and set(params) == set(best):
                 smaller = self._smaller(params, [k for k in batching if k in params])
                 if smaller is not None and smaller not in tried:
                     moves.append((math.inf, smaller))

@@ -490,3 +490,12 @@ def test_systems_follow_up_that_ran_out_of_memory_comes_back_with_smaller_passes
     assert points[0] == {**off, "ppo_max_token_len_per_gpu_sp2": 4096}
     smaller = space.follow_up_points(base, [(leader, 1.3), (off, 0.0), (points[0], 0.0)], 4)
     assert smaller[0] == {**off, "ppo_max_token_len_per_gpu_sp2": 2048}
+
+
+def test_systems_follow_ups_do_not_shrink_the_passes_for_a_memory_fraction_that_failed() -> None:
+    """A larger vLLM pool that ran out of memory is the fraction's own failure (its OOM ceiling
+    keeps later fractions below it): smaller passes are no repair for it."""
+    space, base, leader = _systems_and_leader()
+    points = space.follow_up_points(base, [(leader, 1.3), ({**leader, "gpu_memory_utilization": 0.85}, 0.0)], 16)
+    assert not any(p.get("ppo_max_token_len_per_gpu_sp2", 8192) < 8192 and p["gpu_memory_utilization"] == 0.85 for p in points)
+    assert {**leader, "gradient_checkpointing": False} in points
