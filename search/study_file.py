@@ -348,7 +348,8 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     stages = [
         # Speed probes are 30 steps: an 80-trial sweep of the 8 coupled layout knobs, modelled
         # jointly, costs about four 500-step runs (on the simulated benchmark, with 30 the leader came in the
-        # last third of the sweep, and the layout held 3-7% of the best reachable η).
+        # last third of the sweep, and the layout held 3-7% of the best reachable η); the
+        # last 16 are a local search around the sampler's leader (``SystemsSpace``).
         StageSettings(name="systems", space="systems", budget=Budget(max_trials=80), confirm_top=1,
                       stop=StopRule(stable_trials=80), sampler=SamplerSettings(multivariate=True)),
         # The token budget is the other speed-only knob (30-step probes): right after the
@@ -360,8 +361,8 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
         # lr gains of 4-6% need more than 3 runs to clear the 2% rule
         StageSettings(name="lr", space="lr", budget=Budget(max_trials=8), confirm_max_runs=5),
     ]
-    # The final pass over the coupled knobs, from the chain's winner: 4 starting points
-    # (coupled moves) leave 8 trials for the sampler.
+    # The final pass over the coupled knobs, from the chain's winner: a pattern search of a
+    # first pass (2 coupled moves) and up to 6 follow-ups, then it ends (``PolishSpace``).
     polish = StageSettings(name="polish", space="polish", budget=Budget(max_trials=12),
                            sampler=SamplerSettings(n_startup_trials=4), confirm_max_runs=5)
     if algorithm is Algorithm.PPO:

@@ -123,8 +123,8 @@ class PolishSpace(CompositeSpace):
         larger mini-batch), as its factors (m, r) of the incumbent's mini-batch and lr: when it
         beat the incumbent, twice as far (m², r²) and, with KL off in it, the same mini-batch
         with lr doubled and a KL pull at the middle of KL's log range (a pull lets lr climb past
-        where it turns unstable; at the same lr it only costs speed); when it did not, half way
-        (√m, √r) first. Then half way, then the same
+        where it turns unstable; at a stable lr it only costs speed); when it did not, half way
+        (√m, √r) first, then the pull at its own lr. Then half way, then the same
         mini-batch with half the lr step. Points already tried are skipped."""
         incumbent = self.incumbent_params(base)
         mini, lr, kl = self.parts
@@ -145,7 +145,9 @@ class PolishSpace(CompositeSpace):
         if isinstance(kl, KLSwitchSpace) and not best.get(KLSwitchSpace.param, False) and not pulled:
             pull = {KLSwitchSpace.param: True, **kl.kl.starting_points(base, 3)[1]}
         far, half, softer = (m * m, r * r, own_kl), (math.sqrt(m), math.sqrt(r), own_kl), (m, math.sqrt(r), own_kl)
-        with_pull = [(m, r * 2, pull)] if pull else []
+        # A pull lets lr climb past where it turns unstable: from a point that beat the
+        # incumbent (its lr still stable) with lr further up; from one that did not, at its lr.
+        with_pull = [(m, r * 2 if reading > 1.0 else r, pull)] if pull else []
         if reading > 1.0:
             # After the pattern move, one knob at a time around the best, further along its own
             # direction first, then back: on a narrow ridge the pattern move overshoots, and
