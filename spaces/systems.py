@@ -455,6 +455,11 @@ class SystemsSpace(Space):
                   f"log_prob_micro_batch_sp{sp}": self.log_prob_choices.get(sp, [])})
         return {name: values for name, values in knobs.items() if len(values) > 1}
 
+    def _branch_of(self, params: Mapping[str, Any]) -> dict[str, list[Any]]:
+        """``_branch`` at the Ulysses size and batching mode of the point ``params``."""
+        return self._branch(params.get("ulysses", self.choices["ulysses"][0]),
+                            params.get("use_dynamic_bsz", self.choices["use_dynamic_bsz"][0]))
+
     def _values(self, name: str) -> list[Any]:
         """The valid values of the sampler's parameter ``name``, in their order."""
         if name in self.choices:
@@ -479,7 +484,7 @@ class SystemsSpace(Space):
         best = max(finished, key=lambda r: r[1])[0]
         tried = [params for params, _ in readings]
         # The leader ran: a point estimated no larger than it fits as well as it did.
-        limit = max(FIT_HEADROOM * M.usable_gb(self.hardware), self._peak_gb(best, base) or 0.0)
+        limit = max(self._headroom_gb(), self._peak_gb(best, base) or 0.0)
 
         def mean_eta(name: str, value: Any) -> float | None:
             etas = [eta for params, eta in finished if params.get(name) == value]
@@ -490,9 +495,7 @@ class SystemsSpace(Space):
         # smaller passes: first, as the failure says its memory, not the move, was short. Not
         # a memory fraction's failure: the fraction's own OOM ceiling (``_memory_high``) rules
         # those out, and smaller passes do not make room for a larger vLLM pool.
-        sp = best.get("ulysses", self.choices["ulysses"][0])
-        dynamic = best.get("use_dynamic_bsz", self.choices["use_dynamic_bsz"][0])
-        batching = self._branch(sp, dynamic)
+        batching = self._branch_of(best)
         for params, eta in readings:
             moved = [k for k in params if params.get(k) != best.get(k) and k not in batching]
             if eta == 0 and len(moved) == 1 and moved != ["gpu_memory_utilization"] and set(params) == set(best):
@@ -527,13 +530,11 @@ class SystemsSpace(Space):
         the memory at least the new TP's floor, and shrunk to fit; None when nothing fits."""
         point = {**best, name: new}
         sp = point.get("ulysses", self.choices["ulysses"][0])
-        dynamic = point.get("use_dynamic_bsz", self.choices["use_dynamic_bsz"][0])
+        knobs = self._branch_of(point)
         if name in ("ulysses", "use_dynamic_bsz"):
-            old = {k: v for k, v in best.items() if k in self._branch(best.get("ulysses", sp),
-                                                                          best.get("use_dynamic_bsz", dynamic))}
+            old = {k: v for k, v in best.items() if k in self._branch_of(best)}
             for k in old:
                 del point[k]
-            knobs = self._branch(sp, dynamic)
             carried = {k: v for k, v in ((k.rpartition("_sp")[0] + f"_sp{sp}" if "_sp" in k else k, v)
                                          for k, v in old.items()) if k in knobs and v in knobs[k]}
             missing = {k: values for k, values in knobs.items() if k not in carried}
@@ -544,7 +545,7 @@ class SystemsSpace(Space):
             point = grown
         if name == "rollout_tp" and isinstance(point.get("gpu_memory_utilization"), float):
             point["gpu_memory_utilization"] = max(self.floors[new], point["gpu_memory_utilization"])
-        shrinkable = [k for k in self._branch(sp, dynamic) if k != name and k in point]
+        shrinkable = [k for k in knobs if k != name and k in point]
         while not self._fits(point, base, limit_gb=limit_gb):
             smaller = self._smaller(point, shrinkable)
             if smaller is None:
@@ -553,8 +554,7 @@ class SystemsSpace(Space):
         return point
 
     def _smaller(self, point: dict[str, Any], knobs: Sequence[str]) -> dict[str, Any] | None:
-        """``point`` with the batching knob furthest up its range one notch down; None when
-        every one is at its smallest."""
+        """``point`` with the batching knob furthest up its range a notch down (None: none can go)."""
         lower = [(k, self._values(k).index(point[k])) for k in knobs if point.get(k) in self._values(k)]
         lower = [(k, i) for k, i in lower if i > 0 and self._values(k)[i - 1] is not None]
         if not lower:
@@ -566,11 +566,13 @@ class SystemsSpace(Space):
         """Whether the estimated peak of the point stays within ``limit_gb`` (by default
         ``FIT_HEADROOM`` of the usable memory); a point verl-sweep cannot build does not fit."""
         peak = self._peak_gb(params, base)
-        return peak is not None and peak <= (FIT_HEADROOM * M.usable_gb(self.hardware) if limit_gb is None else limit_gb)
+        return peak is not None and peak <= (self._headroom_gb() if limit_gb is None else limit_gb)
+
+    def _headroom_gb(self) -> float:  # the default limit of ``_fits``
+        return FIT_HEADROOM * M.usable_gb(self.hardware)
 
     def _peak_gb(self, params: dict[str, Any], base: Config) -> float | None:
-        """The estimated peak GPU memory of the point (0 when the model is not estimated);
-        None when the point cannot be built."""
+        """The point's estimated peak GPU memory (0: not estimated; None: it cannot be built)."""
         import optuna
 
         try:
