@@ -59,7 +59,8 @@ PEER_REPS = 2
 #: led to the polish's one-knob rounds and the pruner's later leader bar); every other shipped
 #: landscape is in the report split: no default was changed while looking at its figures.
 TUNE_SPLIT = ("batch_lr", "coupled3", "default", "kl_edge", "couple_down", "kl_floor_noisy",
-              "blind_kl_off", "blind_low_lr", "blind_ppo_fast", "blind_couple_up_far", "blind_noise_by_config")
+              "blind_kl_off", "blind_low_lr", "blind_ppo_fast", "blind_couple_up_far", "blind_noise_by_config",
+              "blind_noise_by_mini")
 #: landscapes written blind in the session that used the report split's figures to change the
 #: method (the slow-start probes, paired η): no run was made on them before the
 #: benchmark that reports them
@@ -267,10 +268,14 @@ NEUTRAL_STUDY_FIELDS = {("probe", "speed_settle_tolerance"): 0.0, ("model", "num
 
 
 def _study_for_key(spec: Any) -> dict[str, Any]:
+    """What of the study the best reachable η depends on: each stage's space and options only
+    (its budget, stop rule, sampler and pruner decide how a method searches, not what it can
+    reach), and no field added later at its neutral value."""
     data = spec.model_dump(mode="json")
     for (section, name), neutral in NEUTRAL_STUDY_FIELDS.items():
         if name in data.get(section, {}) and data[section][name] == neutral:
             del data[section][name]
+    data["stages"] = [{"space": stage["space"], "params": stage["params"]} for stage in data["stages"]]
     return data
 
 

@@ -85,6 +85,36 @@ def test_a_candidate_that_changes_the_kl_pull_is_pruned_only_late(params: dict[s
     assert IncumbentPruner(n_warmup_steps=100, patience=2).prune(study, _with_params(study, params, early_low))
 
 
+def test_a_coupled_move_is_pruned_only_late_but_a_one_knob_move_from_the_warm_up() -> None:
+    """Fewer updates per step at a larger lr start slower and may end higher: a candidate that
+    moves the mini-batch and lr both is held to its running rate only from ``late_from``; one
+    that moves either alone (the mini-batch or lr stage's candidates) from the warm-up."""
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2, late_from=375)
+
+    def candidate(params: dict[str, object], values: dict[int, float]) -> tuple[optuna.Study, optuna.trial.FrozenTrial]:
+        study = optuna.create_study(direction="maximize")
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=1.0, params={"mini_batch": 384, "lr": 2.4e-6},
+            distributions={"mini_batch": FloatDistribution(256, 640), "lr": FloatDistribution(5e-7, 5e-6)},
+            user_attrs={"role": "incumbent", "seed": 11}, intermediate_values={s: 1.0 for s in range(25, 501, 25)},
+        ))  # fmt: skip
+        trial = study.ask()
+        for name, value in params.items():
+            trial.suggest_float(name, value, value)
+        trial.set_user_attr("role", "candidate")
+        trial.set_user_attr("seed", 11)
+        for step, value in values.items():
+            trial.report(value, step)
+        return study, study._storage.get_trial(trial._trial_id)
+
+    early_low = {s: 0.87 for s in (100, 125, 150, 175, 200)}
+    coupled = {"mini_batch": 480, "lr": 2.8e-6}
+    assert not pruner.prune(*candidate(coupled, early_low))
+    assert pruner.prune(*candidate(coupled, {**early_low, 375: 0.87, 400: 0.87}))
+    for one_knob in ({"mini_batch": 480, "lr": 2.4e-6}, {"mini_batch": 384, "lr": 2.8e-6}, {"mini_batch": 480}, {"lr": 2.8e-6}):
+        assert pruner.prune(*candidate(one_knob, early_low)), one_knob
+
+
 def test_incumbents_and_confirmation_reruns_are_never_pruned() -> None:
     pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
     study = _study_with_incumbent()
