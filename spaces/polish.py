@@ -123,9 +123,9 @@ class PolishSpace(CompositeSpace):
         larger mini-batch), as its factors (m, r) of the incumbent's mini-batch and lr: when it
         beat the incumbent, twice as far (m², r²) and, with KL off in it, the same mini-batch
         with lr doubled and a KL pull at the middle of KL's log range (a pull lets lr climb past
-        where it turns unstable; at a stable lr it only costs speed); when it did not, the same
-        mini-batch move with a quarter of lr's (m, r^¼) first, then the pull at its own lr, then
-        half way (√m, √r). Points already tried are skipped."""
+        where it turns unstable; at a stable lr it only costs speed); when it did not, half way
+        (√m, √r) first, then the pull at its own lr. Then half way, then the same
+        mini-batch with half the lr step. Points already tried are skipped."""
         incumbent = self.incumbent_params(base)
         mini, lr, kl = self.parts
         assert isinstance(mini, MiniBatchSpace) and isinstance(lr, LRSpace)
@@ -159,11 +159,7 @@ class PolishSpace(CompositeSpace):
             back = [(m * math.exp(-up_m), r, own_kl)]
             moves = [far, *with_pull, *further, softer, *back, half]
         else:
-            # Nothing beat it: lr's ridge is the narrower, so the coupled move most likely
-            # overshot in lr. The same mini-batch move with a quarter of lr's move first, then
-            # the pull at its lr, then half way in both.
-            lr_back = (m, r ** 0.25, own_kl)
-            moves = [lr_back, *with_pull, half, softer]
+            moves = [half, *with_pull, softer]
         tried = [params for params, _ in readings]
         return [p for p in self._moves(base, moves) if p not in tried][:n]
 

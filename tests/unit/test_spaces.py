@@ -374,13 +374,11 @@ def test_polish_follows_the_direction_its_first_pass_read_either_way() -> None:
     # a pull that read below the best is not tried again
     pulled = {**up, "use_kl": True, "kl_coef": 0.00224}
     assert not any(p["use_kl"] for p in space.follow_up_points(chain, [(up, 1.08), (down, 0.6), (pulled, 0.9)], 8))
-    # nothing beat the incumbent: the same mini-batch move with a quarter of lr's move first
-    # (lr's ridge is the narrower), then the pull at the better point's own lr (its lr turned
-    # unstable: the pull is to steady it), then half way in both, on the better side still
-    follow = space.follow_up_points(chain, [(down, 0.97), (up, 0.4)], 3)
-    assert follow[0]["mini_batch"] == down["mini_batch"] and follow[0]["lr"] == pytest.approx(2 ** 0.25 * 1e-6, rel=0.01)
+    # nothing beat the incumbent: half way first, on the better side still, then the pull at
+    # the better point's own lr (its lr turned unstable: the pull is to steady it)
+    follow = space.follow_up_points(chain, [(down, 0.97), (up, 0.4)], 2)
+    assert follow[0]["mini_batch"] < 512 and 1e-6 < follow[0]["lr"] < 2e-6
     assert follow[1]["use_kl"] and (follow[1]["mini_batch"], follow[1]["lr"]) == (down["mini_batch"], down["lr"])
-    assert down["mini_batch"] < follow[2]["mini_batch"] < 512 and 1e-6 < follow[2]["lr"] < 2e-6
     # a point still running (NaN) is neither followed nor proposed again
     follow = space.follow_up_points(chain, [(down, 1.08), (up, math.nan)], 5)
     assert up not in follow and all(p["mini_batch"] <= 512 for p in follow)
