@@ -386,7 +386,7 @@ def gpu_h_ratio(mine: float, theirs: float) -> float:
 
 
 def summarize(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], budget_h: dict[str, float]) -> list[dict[str, Any]]:
-    """One row per (landscape, method): the measures the issue-27 table shows (see
+    """One row per (landscape, method): the measures the acceptance table shows (see
     ``format_table``), plus the older ones (η at the budget, pruning, idle) in the JSON."""
     rows = []
     for landscape in best:
@@ -444,7 +444,7 @@ def _fmt_ratio(x: float | None) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], budget_h: dict[str, float]) -> str:
-    """The issue-27 table: per landscape and method, the runs whose final choice reaches 95%
+    """The acceptance table: per landscape and method, the runs whose final choice reaches 95%
     of the best reachable η, the median final η as a fraction of it, false wins (final η below
     the baseline's), the GPU-hours at which the method's median curve reaches the best peer's
     median final η and verl-sweep's ÷ that peer's, and the GPU-hours spent (median)."""
