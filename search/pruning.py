@@ -33,8 +33,9 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
     already ran to step N, and an early running rate must not overrule that evidence.
     A candidate that changes the KL pull, or the mini-batch and lr both, is not pruned before
-    ``late_from`` (``_paced_otherwise``): it starts slower and may end higher (from step 100, the KL stage of the simulated heldout_oom_kl stopped every
-    candidate at steps 125-200, its best worth +8%)."""
+    ``late_from`` (``_paced_otherwise``): it starts slower and may end higher (from step 100,
+    the KL stage of the simulated heldout_oom_kl stopped every candidate at steps 125-200, its
+    best worth +8%)."""
 
     def __init__(self, *, margin: float = 0.03, n_warmup_steps: int = 100, patience: int = 2,
                  late_from: int = 0) -> None:
@@ -57,7 +58,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         trials = (self.trials() if self.trials is not None
                   else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
         incumbents = [t for t in trials if role_of(t) is Role.INCUMBENT]
-        if any(_paced_otherwise(trial.params, i.params) for i in incumbents[:1]):
+        if incumbents and _paced_otherwise(trial.params, incumbents[0].params):
             steps = [s for s in steps if s >= self.late_from]
             if len(steps) < self.patience:
                 return False

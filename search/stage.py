@@ -137,8 +137,9 @@ class Stage:
 
     @property
     def late_prune_from(self) -> int:
-        """No pruning before this step for a candidate that changes the KL pull: three quarters
-        of the probe, where a stretched probe's pruning starts too."""
+        """No pruning before this step for a candidate that changes the KL pull, or the
+        mini-batch and lr both (``search.pruning``): three quarters of the probe, where a
+        stretched probe's pruning starts too."""
         return self.probe_steps * 3 // 4 if self.learns else 0
 
     def _pruning_steps(self) -> tuple[int, int]:

@@ -133,7 +133,8 @@ class PrunerSettings(_Strict):
     #: no pruning before this step. Curves differ in shape early (KL on starts slower and
     #: ends higher): at 50-75 steps the incumbent pruner stopped every KL candidate of the
     #: kl_edge landscape, true η up to 1.28; from 100 it keeps them. The incumbent pruner
-    #: leaves a candidate that changes KL until 3/4 of the probe (``IncumbentPruner.late_from``).
+    #: leaves a candidate that changes KL, or the mini-batch and lr both, until 3/4 of the
+    #: probe (``IncumbentPruner.late_from``).
     warmup_steps: Int = Field(default=100, ge=0, le=100_000)
     #: trials that must finish before pruning starts (median, patient)
     n_startup_trials: Int = Field(default=2, ge=0, le=10_000)
