@@ -26,7 +26,7 @@ from search import _optuna_forks
 from search.console import Console
 from search.errors import Interrupted, SweepError
 from search.events import Broadcast, StudyListener
-from search.records import Decision, StageResult
+from search.records import FLAT_BAND, Decision, StageResult
 from search.stage import Stage
 from search.final_check import FinalCheck, final_probe
 from search.stage_loop import Context, StageLoop, Tick, slow_start_seen
@@ -88,7 +88,7 @@ class StudyRunner:
         """Run every stage not yet finished; returns the final config."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         base = self.spec.baseline_config()
-        flat = 0  # stages in a row from the first that found nothing (policy.found_nothing)
+        flat = 0  # stages in a row from the first whose gain stayed in the flat band (StageResult.flat)
         for index, stage in enumerate(self.spec.stages):
             result = self.stage_result(stage)
             if result is None and self.spec.stop_when_flat and flat >= self.spec.stop_when_flat:
@@ -102,7 +102,7 @@ class StudyRunner:
                 ahead = self.take_ahead(index, base)
                 if ahead is not None and ahead.active:  # a stage waits for every run of it
                     raise SweepError(f"stage {stage.name} was decided while this worker still ran it")
-            flat = flat + 1 if flat == index and result.decision.found_nothing else flat
+            flat = flat + 1 if flat == index and result.flat else flat
             base = result.config
         if not self.leave_at_end:  # the driver's alone: one process queues and follows its runs
             self.run_final_check(base)
@@ -130,12 +130,11 @@ class StudyRunner:
         trial, and says why; runs this worker started ahead into it are closed as wasted."""
         if self.ahead is not None:
             ahead, self.ahead, self._following_ahead = self.ahead, None, False
-            ahead.vacate(why="the study stopped early: the stages before it found nothing")
+            ahead.vacate(why="the study stopped early: the stages before it were flat")
         plan = Stage.of(self.spec, index)
         result = StageResult(
             stage=plan.name, decision=Decision.SKIPPED, winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
-            summary=f"skipped: the first {flat} stages kept the baseline with no candidate above 1 + tolerance "
-                    "(stop_when_flat)", config=base, overrides={},
+            summary=f"skipped: the first {flat} stages found no gain above {FLAT_BAND:.0%} (stop_when_flat)", config=base, overrides={},
         )
         result = with_retries(lambda: StageStudy.record_skipped(self.storage, plan, base, result),
                               what="store the stage result")

@@ -51,6 +51,11 @@ class CloseReason(str, enum.Enum):
         return self.value
 
 
+#: the method's band of a flat stage: a stage whose gain, even a decided one, stays within
+#: 1 + this leaves the study flat for ``stop_when_flat``
+FLAT_BAND = 0.02
+
+
 class Decision(str, enum.Enum):
     """What a stage decided (``StageResult.decision``), stored as its value. Code reads this;
     ``StageResult.summary`` says it to people and is never read back."""
@@ -60,16 +65,10 @@ class Decision(str, enum.Enum):
     KEPT = "kept"  # no candidate above 1 + tolerance (or none finished): the stage found nothing
     UNDECIDED = "undecided"  # kept: the leader is above 1 + tolerance, but its runs do not decide it
     SLOW_START = "slow start"  # kept: the incumbent's reward still rose fastest at its probes' end
-    SKIPPED = "skipped"  # never run: the stages before it found nothing (``stop_when_flat``)
+    SKIPPED = "skipped"  # never run: the stages before it were flat (``stop_when_flat``)
 
     def __str__(self) -> str:
         return self.value
-
-    @property
-    def found_nothing(self) -> bool:
-        """Kept the incumbent with no candidate even above 1 + tolerance: what
-        ``stop_when_flat`` counts."""
-        return self is Decision.KEPT
 
     @property
     def may_leave_a_leader(self) -> bool:
@@ -371,6 +370,14 @@ class StageResult:
     summary: str
     config: Config
     overrides: Config
+
+    @property
+    def flat(self) -> bool:
+        """No gain outside the method's band ("η stable in 0.98-1.02: done"): the incumbent
+        kept with no candidate above 1 + tolerance, or a win of at most ``FLAT_BAND`` (a
+        speed stage's bar is lower). What ``stop_when_flat`` counts."""
+        won = self.decision in (Decision.WON, Decision.WON_ON_BALANCE)
+        return self.decision is Decision.KEPT or (won and self.eta <= 1 + FLAT_BAND)
 
     def to_attr(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "decision": self.decision.value}
