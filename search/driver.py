@@ -134,7 +134,8 @@ class StudyRunner:
         plan = Stage.of(self.spec, index)
         result = StageResult(
             stage=plan.name, decision=Decision.SKIPPED, winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
-            summary=f"skipped: the first {flat} stages found no gain above {FLAT_BAND:.0%} (stop_when_flat)", config=base, overrides={},
+            summary=f"skipped: the first {flat} stages found no gain above {FLAT_BAND:.0%} (stop_when_flat)",
+            config=base, overrides={},
         )
         result = with_retries(lambda: StageStudy.record_skipped(self.storage, plan, base, result),
                               what="store the stage result")
