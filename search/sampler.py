@@ -1,7 +1,7 @@
 """The samplers a stage uses, rebuilt from its saved settings on every resume.
 
 TPE is Optuna's, with the speed-ups of ``search/_optuna_forks/tpe.py`` where the installed
-Optuna is the one they were written against (``search._optuna_forks.install``), and one
+Optuna has the private code they rely on (``search._optuna_forks.install``), and one
 change of what it learns from: a run that ran out of memory counts as a bad point
 (``SeesInfeasibleFailures``).
 """
@@ -84,10 +84,9 @@ def tpe_class() -> type[optuna.samplers.TPESampler]:
     """The TPE class the stages use: ``SeesInfeasibleFailures`` over the fork or Optuna's.
 
     The mixin overrides TPE's private ``_sample`` and calls the study's private
-    ``_get_trials``: fenced like the forks, on another Optuna the stages get the base TPE."""
+    ``_get_trials``: fenced like the forks (whose one log line says so), on an Optuna whose
+    private code changed the stages get the base TPE."""
     base = _optuna_forks.tpe_sampler_class()
     if not _optuna_forks.install():
-        logger.warning("Optuna %s is installed, but verl-sweep's TPE learns from runs that ran out of memory only "
-                       "on Optuna %s: using TPE without it", optuna.__version__, _optuna_forks.FORKED_FROM)
         return base
     return type(f"InfeasibleAware{base.__name__}", (SeesInfeasibleFailures, base), {})
