@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import contextlib
 import os
 import re
 import signal
@@ -128,10 +129,17 @@ def _url_of(name: str, storage: Optional[str]) -> str:
 
 
 def _open_study(name: str, storage: Optional[str], *, readonly: bool = False):  # type: ignore[no-untyped-def]
+    """Study ``name`` and its storage; StudyNotFoundError (a worker may wait for it) where the
+    database holds no study by that name, none at all included (a new empty file or server
+    database), else BadInputError for a database that cannot be used."""
     from search.driver import load_spec
-    from search.storage import open_storage
+    from search.errors import StudyNotFoundError
+    from search.storage import holds_studies, is_new_sqlite_file, open_storage
 
     url = _url_of(name, storage)
+    if not is_new_sqlite_file(url) and not holds_studies(url):  # no file at all: open_storage says where it looked
+        raise StudyNotFoundError(f"no study named {name!r} in the database {_masked(url)}: it holds no verl-sweep "
+                                 "studies yet. Pass the --storage the study was run with.")
     opened = open_storage(url, create=False, readonly=readonly)
     spec = load_spec(opened, name)
     _remember_study(name, url)
@@ -281,12 +289,13 @@ def run(
         except BadInputError as e:  # one line (validate lists every problem)
             raise BadInputError(one_line(str(e).splitlines(), study_file)) from None
         from search.driver import save_spec
-        from search.storage import DriverLock, open_storage, preflight
+        from search.launch import default_runs_dir
+        from search.storage import DriverLock, open_storage, preflight, removed_if_refused, sqlite_file
 
         url = storage or spec.storage_url()
         if _finished_read_only(spec.name, url):
             return
-        preflight(url)
+        preflight(url)  # a server that does not answer is found here, before anything is made
         from search.study_root import check_name_clash
 
         check_name_clash(url, spec)  # before verl's checks, which take seconds
@@ -295,10 +304,14 @@ def run(
         problems, _ = _check_study(spec)
         if problems:
             raise BadInputError(one_line(problems, study_file))
-        built = _make_launcher(spec, launcher)
-        opened = open_storage(url)
-        with DriverLock(url):
-            updated = save_spec(opened, spec)
+        # What this command makes (the runs directory, a new database file) goes again if it is
+        # refused before the study is stored: a refused command leaves nothing behind.
+        with contextlib.ExitStack() as held:
+            with removed_if_refused(default_runs_dir(spec), sqlite_file(url)):
+                built = _make_launcher(spec, launcher)
+                opened = open_storage(url)
+                held.enter_context(DriverLock(url))
+                updated = save_spec(opened, spec)
             if updated:
                 print(f"study {spec.name}: took {', '.join(updated)} from the file (budgets of stages not finished, "
                       "where and how probes run; everything else as stored)")

@@ -8,9 +8,11 @@ Optuna's RDBStorage with faster reads and writes of trials (``search/_optuna_for
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -201,20 +203,21 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
             "connect_args": {"connect_timeout": 10, "application_name": "verl-sweep"}}
 
 
-def preflight(url: str, *, create: bool = True) -> None:
-    """The checks of :func:`open_storage` that need no connection, creating nothing: ``run``
-    makes them before it builds its launcher (which creates the runs directory)."""
+def preflight(url: str) -> bool:
+    """The checks of :func:`open_storage` for a command that writes (``run``), creating
+    nothing: the file or server is one verl-sweep can use, and a server answers. True when
+    the database holds studies already (:func:`holds_studies`)."""
     check_url(url)
     if not _is_sqlite(url):
-        return
+        return holds_studies(url)
     path = _sqlite_path(url)
-    _check_sqlite_file(path, create=create, writable=True)
     existing = path.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if create and not existing.is_dir():
+    if not existing.is_dir():
         raise BadInputError(f"cannot create the directory of the study database {path.parent}: {existing} is not "
                             "a directory. Pass another --storage.")
+    return _check_sqlite_file(path, create=True, writable=True)
 
 
 def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "optuna.storages.RDBStorage":
@@ -255,8 +258,9 @@ def open_storage(url: str, *, create: bool = True, readonly: bool = False) -> "o
                 from urllib.parse import quote
 
                 url = f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
-        elif not create:
-            _check_server_tables(url)
+        elif not holds_studies(url) and not create:
+            raise BadInputError(f"the database {shown} holds no verl-sweep studies (it has no Optuna tables). "
+                                "Pass the --storage the study was run with.")
         return _open(url, shown, create=create)
 
 
@@ -305,31 +309,35 @@ def _open(url: str, shown: str, *, create: bool) -> "optuna.storages.RDBStorage"
 
 
 class DriverLock:
-    """The one driver of a SQLite study database: an exclusive flock on ``<file>.driver.lock``
-    beside it, held while the driver runs. SQLite cannot hand a queued trial to one of two
-    processes, so a second ``run`` or ``resume`` on the file is refused in one line (workers
-    need PostgreSQL). The kernel drops the lock with its process: a lock file a dead driver
-    left holds only its pid, and is taken over."""
+    """The one driver of a SQLite study database: an exclusive flock, held while the driver
+    runs, on a lock file in this user's run-time directory named by the database file's
+    device and inode (:func:`runtime_dir`; so nothing lands beside the user's files, and two
+    paths to one file share it). SQLite cannot hand a queued trial to one of two processes, so
+    a second ``run`` or ``resume`` on the file is refused in one line (workers need
+    PostgreSQL). The kernel drops the lock with its process: a lock file a dead driver left
+    holds only its pid, and is taken over. Enter it once the database file exists."""
 
     def __init__(self, url: str) -> None:
-        self.path = Path(f"{_sqlite_path(url)}.driver.lock") if _is_sqlite(url) else None
+        self.database = _sqlite_path(url) if _is_sqlite(url) else None
+        self.path: Path | None = None
         self._fd: int | None = None
 
     def __enter__(self) -> "DriverLock":
         import fcntl
 
-        if self.path is None:
+        if self.database is None:
             return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        found = self.database.stat()
+        self.path = runtime_dir() / f"driver-{found.st_dev}-{found.st_ino}.lock"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise BadInputError(
-                f"one driver per SQLite study database, but {_sqlite_path_shown(self.path)} is driven by "
-                f"pid {holder} already. Wait for it (or stop it); several workers need PostgreSQL "
-                "(README: on a cluster).") from None
+                f"one driver per SQLite study database, but {self.database} is driven by pid {holder} already. "
+                "Wait for it (or stop it); several workers need PostgreSQL (README: on a cluster).") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
@@ -341,8 +349,75 @@ class DriverLock:
             self._fd = None
 
 
-def _sqlite_path_shown(lock: Path) -> str:
-    return str(lock)[: -len(".driver.lock")]
+def runtime_dir() -> Path:
+    """This user's directory for run-time files (locks): ``$XDG_RUNTIME_DIR/verl-sweep``, else
+    ``verl-sweep-UID`` in the temporary directory; made on first use, readable by the user only."""
+    import tempfile
+
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    path = (Path(base) / "verl-sweep" if base and os.access(base, os.W_OK | os.X_OK)
+            else Path(tempfile.gettempdir()) / f"verl-sweep-{os.getuid()}")
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInputError(f"cannot make the run-time directory {path} ({e.strerror or e}). Set XDG_RUNTIME_DIR "
+                            "to a directory you can write.") from None
+    if path.stat().st_uid != os.getuid():
+        raise BadInputError(f"the run-time directory {path} belongs to another user. Set XDG_RUNTIME_DIR to a "
+                            "directory of your own.")
+    return path
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL; None for a server."""
+    return _sqlite_path(url) if _is_sqlite(url) else None
+
+
+def is_new_sqlite_file(url: str) -> bool:
+    """A SQLite URL whose file does not exist yet."""
+    return _is_sqlite(url) and not _sqlite_path(url).exists()
+
+
+@contextlib.contextmanager
+def removed_if_refused(runs_dir: Path, database: Path | None) -> Iterator[None]:
+    """Undo what a ``run`` makes before its study is stored, if it fails there: the runs
+    directory and the folders above it that it made (while still empty), and a database
+    file it made that holds no study (another process's study in it stays)."""
+    made_dirs = []
+    folder = runs_dir
+    while not folder.exists() and folder != folder.parent:
+        made_dirs.append(folder)
+        folder = folder.parent
+    new_database = database is not None and not database.exists()
+    made_for_database = []
+    if database is not None:
+        folder = database.parent
+        while not folder.exists() and folder != folder.parent:
+            made_for_database.append(folder)
+            folder = folder.parent
+    try:
+        yield
+    except BaseException:
+        if new_database and database is not None and database.is_file() and not _stores_a_study(database):
+            for path in (database, Path(f"{database}-journal"), Path(f"{database}-wal"), Path(f"{database}-shm")):
+                path.unlink(missing_ok=True)
+        for folder in [*made_dirs, *made_for_database]:  # deepest first
+            with contextlib.suppress(OSError):  # not empty (or gone): kept
+                folder.rmdir()
+        raise
+
+
+def _stores_a_study(path: Path) -> bool:
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(path, timeout=60)
+        try:
+            return bool(conn.execute("SELECT count(*) FROM studies").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:  # no table of studies: none is stored
+        return False
 
 
 def is_read_only_file(url: str) -> bool:
@@ -378,26 +453,54 @@ class _DirectoryLock:
             self._fd = None
 
 
-def _check_server_tables(url: str) -> None:
-    """A command that opens an existing study on a server must find Optuna's tables there
-    (and creates none): an unrelated or empty database is refused in one line."""
+def _optuna_table_names() -> set[str]:
+    """Every table Optuna's RDB storage makes (alembic's version table among them)."""
+    from optuna.storages._rdb import models
+
+    return set(models.BaseModel.metadata.tables) | {"alembic_version"}
+
+
+def _server_tables(url: str) -> set[str]:
+    """The tables of the server database at ``url`` (one connection, nothing written)."""
     import sqlalchemy
 
     connect_args = _engine_kwargs(url)["connect_args"]
     engine = sqlalchemy.create_engine(url, connect_args=connect_args, poolclass=sqlalchemy.pool.NullPool)
     try:
-        tables = set(with_retries(lambda: sqlalchemy.inspect(engine).get_table_names(),
-                                  what=f"open the study database {mask_url(url)}", attempts=3,
-                                  max_total_s=OPEN_DEADLINE_S))
+        return set(with_retries(lambda: sqlalchemy.inspect(engine).get_table_names(),
+                                what=f"open the study database {mask_url(url)}", attempts=3,
+                                max_total_s=OPEN_DEADLINE_S))
     except StorageError as e:
         cause = describe_db_error(e)
         raise BadInputError(f"cannot reach the study database {mask_url(url)}: {cause}"
                             f"{'' if cause.endswith(('.', '?')) else '.'} Check the URL and that the server is running.") from None
+    except ImportError as e:
+        raise BadInputError(f"the database driver for {mask_url(url).split(':')[0]} is not installed ({e}). "
+                            "Install it, e.g. pip install 'verl-sweep[postgres]'.") from None
     finally:
         engine.dispose()
-    if not _OPTUNA_TABLES <= tables:
-        raise BadInputError(f"the database {mask_url(url)} holds no verl-sweep studies (it has no Optuna tables). "
-                            "Pass the --storage the study was run with.")
+
+
+def holds_studies(url: str) -> bool:
+    """Whether the database at ``url`` holds Optuna's tables (True) or is new to verl-sweep
+    (False: no SQLite file yet, an empty one, or a server database without any of Optuna's
+    tables, another application's beside them or not). Reads only: creates nothing. Refused
+    (BadInputError): a database verl-sweep cannot use (unreachable, not SQLite, another
+    application's SQLite file, tables named like Optuna's that are not its schema)."""
+    check_url(url)
+    url = encoded_credentials(url)
+    if _is_sqlite(url):
+        path = _sqlite_path(url)
+        return path.exists() and _check_sqlite_file(path, create=True)
+    tables = _server_tables(url)
+    if _OPTUNA_TABLES <= tables:
+        return True
+    clash = sorted(tables & _optuna_table_names())
+    if clash:
+        raise BadInputError(f"the database {mask_url(url)} must hold Optuna's tables or none of them, but it has "
+                            f"{', '.join(clash[:4])} without the rest (another application's). Give the study a "
+                            "database of its own (createdb NAME).")
+    return False
 
 
 def reset_connections(storage: Any) -> None:

@@ -72,10 +72,11 @@ def _refuse_other_definition(spec: StudySpec, changed: list[str]) -> None:
 
 def check_name_clash(url: str, spec: StudySpec) -> None:
     """What ``save_spec`` would refuse (another definition under this name), found read-only
-    and before verl's checks (seconds): a database that does not exist yet has no clash."""
-    from search.storage import _is_sqlite, _sqlite_path, open_storage
+    and before verl's checks (seconds): a database that holds no study yet (none there, an
+    empty file, a server database without Optuna's tables) has no clash."""
+    from search.storage import holds_studies, open_storage
 
-    if _is_sqlite(url) and not _sqlite_path(url).is_file():
+    if not holds_studies(url):
         return
     storage = open_storage(url, create=False, readonly=True)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -20,12 +21,31 @@ PG_URL = os.environ.get("VERL_SWEEP_TEST_PG_URL")
 
 
 def require_pg() -> str:
-    """The test PostgreSQL server; in CI a missing server is a failure, not a skip."""
+    """The URL of a new, empty database on the test PostgreSQL server, made for the caller
+    (no test reads tables another left) and dropped when the test process ends; in CI a
+    missing server is a failure, not a skip."""
     if not PG_URL:
         if os.environ.get("CI"):
             pytest.fail("VERL_SWEEP_TEST_PG_URL is not set in CI: .ci/run must start PostgreSQL")
         pytest.skip("no PostgreSQL server (set VERL_SWEEP_TEST_PG_URL)")
-    return PG_URL
+    name = f"sweep_test_{uuid.uuid4().hex[:12]}"
+    _server_command(f'CREATE DATABASE "{name}"')
+    atexit.register(_server_command, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return f"{PG_URL.rsplit('/', 1)[0]}/{name}"
+
+
+def _server_command(statement: str) -> None:
+    """One statement outside a transaction (CREATE and DROP DATABASE need that), as the test
+    server's role (which may create databases)."""
+    import sqlalchemy
+
+    assert PG_URL is not None
+    engine = sqlalchemy.create_engine(PG_URL, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text(statement))
+    finally:
+        engine.dispose()
 
 
 def require_pg_restart() -> str:

@@ -141,12 +141,20 @@ def test_exported_numbers_are_rounded_to_what_verl_needs() -> None:
     assert rounded({"a": [0.123456, 7]}) == {"a": [0.1235, 7]}
 
 
-def test_one_driver_per_sqlite_file_and_a_dead_drivers_lock_is_taken_over(tmp_path: Path) -> None:
+def test_one_driver_per_sqlite_file_and_a_dead_drivers_lock_is_taken_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from search.errors import BadInputError
     from search.storage import DriverLock
 
-    url = f"sqlite:///{tmp_path}/demo.db"
-    lock = tmp_path / "demo.db.driver.lock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "study").mkdir()
+    database = tmp_path / "study" / "demo.db"
+    database.write_bytes(b"")
+    url = f"sqlite:///{database}"
+    found = database.stat()
+    lock = tmp_path / "run" / "verl-sweep" / f"driver-{found.st_dev}-{found.st_ino}.lock"
+    lock.parent.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     lock.write_text(dead.stdout.strip())  # left by a driver that is gone
     with DriverLock(url):
@@ -157,14 +165,17 @@ def test_one_driver_per_sqlite_file_and_a_dead_drivers_lock_is_taken_over(tmp_pa
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(BadInputError, match=rf"^one driver per SQLite study database, but {tmp_path}/demo.db is "
-                                                rf"driven by pid {holder.pid} already\. .*several workers need PostgreSQL"):
-            with DriverLock(url):
-                pass
+        (tmp_path / "link").symlink_to(tmp_path / "study")
+        for other in (url, f"sqlite:///{tmp_path}/link/demo.db"):  # another path to the same file too
+            with pytest.raises(BadInputError, match=r"^one driver per SQLite study database, but .*/demo.db is "
+                                                    rf"driven by pid {holder.pid} already\. .*several workers need PostgreSQL"):
+                with DriverLock(other):
+                    pass
     finally:
         holder.communicate("", timeout=30)
     with DriverLock(url):  # released with its process
         pass
+    assert sorted(p.name for p in (tmp_path / "study").iterdir()) == ["demo.db"]  # nothing beside the database
 
 
 class _Stage:
