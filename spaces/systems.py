@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from spaces import bounds as B
@@ -151,6 +152,10 @@ class SystemsSpace(Space):
         check_options(options, self.OPTIONS, where)
         self.model, self.hardware = model, hardware
         self.hardware_tag = hardware_tag(hardware)
+        # What a config of this stage may be estimated at: the GPU's memory, or the base's own
+        # peak (the base runs, or the pre-flight refuses the study before any probe starts).
+        found = M.estimate(model, hardware, base)
+        self.limit_gb = max(hardware.gpu_memory_gb, found.peak_gb if found is not None else 0.0)
         sub = options.get("gpu_memory_utilization", {})
         if not isinstance(sub, Mapping):
             raise SpaceError(f"{where}.gpu_memory_utilization: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
@@ -322,8 +327,35 @@ class SystemsSpace(Space):
         # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
         # (OOMs of this same layout) depend on the layout chosen above.
         low = self.floors[config[L.ROLLOUT_TP]]
-        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, self._memory_high(trial)))
+        high = min(self._memory_high(trial), self._memory_fit(base, config))
+        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, high))
         return config
+
+    def _memory_fit(self, base: Config, config: Config) -> float:
+        """The largest memory fraction at which ``config`` (every other knob chosen) stays
+        within ``limit_gb`` by the estimate: vLLM's share is in the rollout phase, and in the
+        update and log-prob phases where the engine stays awake. Each phase is affine in the
+        fraction, so two estimates give the answer; 1 where there is no estimate, 0 where no
+        fraction fits (the other knobs alone are over: the floor is asked, the pre-flight
+        refuses it before launch)."""
+        at = [M.estimate(self.model, self.hardware, merge(base, config, {L.GPU_MEMORY: f})) for f in (0.0, 1.0)]
+        if at[0] is None or at[1] is None:
+            return 1.0
+        high = 1.0
+        for name in ("rollout_gb", "update_gb", "log_prob_gb"):
+            fixed, slope = getattr(at[0], name), getattr(at[1], name) - getattr(at[0], name)
+            if slope > 0:
+                high = min(high, (self.limit_gb - fixed) / slope)
+            elif fixed > self.limit_gb:
+                return 0.0
+        high = max(0.0, math.floor(high * 1000) / 1000)
+        while high > 0 and not self._within_limit(merge(base, config, {L.GPU_MEMORY: high})):
+            high = round(high - 0.001, 3)  # the estimates are rounded to 0.01 GB: the line is close, not exact
+        return high
+
+    def _within_limit(self, config: Config) -> bool:
+        found = M.estimate(self.model, self.hardware, config)
+        return found is None or found.peak_gb <= self.limit_gb
 
     def _memory_high(self, trial: "optuna.trial.BaseTrial") -> float:
         """Below the smallest memory fraction that ran out of memory with this same layout
@@ -576,7 +608,9 @@ class SystemsSpace(Space):
         import optuna
 
         try:
-            config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
+            with warnings.catch_warnings():  # a fraction over the ceiling: its estimate says so
+                warnings.simplefilter("ignore", UserWarning)
+                config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
         except (KeyError, ValueError):
             return None
         found = M.estimate(self.model, self.hardware, config)
