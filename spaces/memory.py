@@ -191,6 +191,32 @@ def fit_limit_gb(model: ModelFacts, hardware: HardwareFacts, baseline: Mapping[s
     return max(hardware.gpu_memory_gb, baseline_allowance(model, hardware, baseline))
 
 
+def fitting_fraction(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any], *,
+                     base: Mapping[str, Any]) -> float:
+    """The largest memory fraction at which ``config`` (its other knobs as they are) stays
+    within the GPU's memory by the estimate, or within the peak of ``base``, the stage's base
+    config, where that is higher (the base runs, or the pre-flight refuses the study before any
+    probe starts). vLLM's share is in the rollout phase, and in the update and log-prob phases
+    where the engine stays awake. Each phase is affine in the fraction, so two estimates give
+    the line (then checked: the estimates are rounded to 0.01 GB); 1 where there is no
+    estimate, 0 where no fraction fits (the other knobs alone are over)."""
+    limit_gb = max(hardware.gpu_memory_gb, getattr(estimate(model, hardware, base), "peak_gb", 0.0))
+    at = [estimate(model, hardware, {**config, L.GPU_MEMORY: f}) for f in (0.0, 1.0)]
+    if at[0] is None or at[1] is None:
+        return 1.0
+    high = 1.0
+    for name in ("rollout_gb", "update_gb", "log_prob_gb"):
+        fixed, slope = getattr(at[0], name), getattr(at[1], name) - getattr(at[0], name)
+        if slope > 0:
+            high = min(high, (limit_gb - fixed) / slope)
+        elif fixed > limit_gb:
+            return 0.0
+    high = max(0.0, math.floor(high * 1000) / 1000)
+    while high > 0 and getattr(estimate(model, hardware, {**config, L.GPU_MEMORY: high}), "peak_gb", 0.0) > limit_gb:
+        high = round(high - 0.001, 3)
+    return high
+
+
 def _phase(found: MemoryEstimate) -> tuple[str, float, str]:
     """The phase that sets the peak: its name, its GB per GPU and its arithmetic line."""
     name, gb = max((("rollout", found.rollout_gb), ("update", found.update_gb), ("log-prob", found.log_prob_gb)),

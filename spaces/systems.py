@@ -117,12 +117,11 @@ def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Conf
 class SystemsSpace(Space):
     """Stage 0: the parallel layout and memory knobs (docs/method.md §2); speed only.
 
-    Conditional, so only valid combinations are asked: the dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
-    limit × ulysses ≥ prompt + response always holds), static micro-batches only without it
-    (per Ulysses size, dividing the per-GPU batch), rollout TP and Ulysses sizes only
-    among the values that fit the heads, the GPUs, the base's mini-batch and the token budget.
-    A knob with one valid value (the layout on one GPU) is set, not asked: a sampler would
-    spend nothing on it, and a reader of the trial sees only what was searched.
+    Conditional, so only valid combinations are asked: the dynamic-batch token limit only with dynamic batching (and per
+    Ulysses size, so that limit × ulysses ≥ prompt + response always holds), static micro-batches only without it (per
+    Ulysses size, dividing the per-GPU batch), rollout TP and Ulysses sizes only among the values that fit the heads,
+    the GPUs, the base's mini-batch and the token budget. A knob with one valid value (the layout on one GPU) is set,
+    not asked: a sampler would spend nothing on it, and a reader of the trial sees only what was searched.
 
     Besides the layout, what decides a small model's step time is host work per pass (on one
     H200 with a 0.36B model, verl's quickstart settings left the GPU idle ~80% of a step): the
@@ -152,10 +151,6 @@ class SystemsSpace(Space):
         check_options(options, self.OPTIONS, where)
         self.model, self.hardware = model, hardware
         self.hardware_tag = hardware_tag(hardware)
-        # What a config of this stage may be estimated at: the GPU's memory, or the base's own
-        # peak (the base runs, or the pre-flight refuses the study before any probe starts).
-        found = M.estimate(model, hardware, base)
-        self.limit_gb = max(hardware.gpu_memory_gb, found.peak_gb if found is not None else 0.0)
         sub = options.get("gpu_memory_utilization", {})
         if not isinstance(sub, Mapping):
             raise SpaceError(f"{where}.gpu_memory_utilization: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
@@ -245,9 +240,6 @@ class SystemsSpace(Space):
         self.choices: dict[str, list[Any]] = {}
         for name in self.LISTS:
             valid = defaults[name]
-            # vLLM's own knobs are swept when listed; by default they keep the base's value
-            # (one choice, not asked): always present, they cost a many-knob sampler its
-            # grip on the layout (the simulated benchmark lost 2 of 10 runs on two worlds).
             asked = options.get(name, valid)
             if name not in options and name in kept:
                 asked = [kept[name]] if kept[name] in valid else valid
@@ -325,37 +317,11 @@ class SystemsSpace(Space):
         config[ENFORCE_EAGER] = _pick(trial, "enforce_eager", c["enforce_eager"])
         config[FREE_CACHE_ENGINE] = _pick(trial, "free_cache_engine", c["free_cache_engine"])
         # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
-        # (OOMs of this same layout) depend on the layout chosen above.
+        # (OOMs of this same layout, and the memory estimate) depend on the knobs chosen above.
         low = self.floors[config[L.ROLLOUT_TP]]
-        high = min(self._memory_high(trial), self._memory_fit(base, config))
-        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, high))
+        fit = M.fitting_fraction(self.model, self.hardware, merge(base, config), base=base)
+        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, min(self._memory_high(trial), fit)))
         return config
-
-    def _memory_fit(self, base: Config, config: Config) -> float:
-        """The largest memory fraction at which ``config`` (every other knob chosen) stays
-        within ``limit_gb`` by the estimate: vLLM's share is in the rollout phase, and in the
-        update and log-prob phases where the engine stays awake. Each phase is affine in the
-        fraction, so two estimates give the answer; 1 where there is no estimate, 0 where no
-        fraction fits (the other knobs alone are over: the floor is asked, the pre-flight
-        refuses it before launch)."""
-        at = [M.estimate(self.model, self.hardware, merge(base, config, {L.GPU_MEMORY: f})) for f in (0.0, 1.0)]
-        if at[0] is None or at[1] is None:
-            return 1.0
-        high = 1.0
-        for name in ("rollout_gb", "update_gb", "log_prob_gb"):
-            fixed, slope = getattr(at[0], name), getattr(at[1], name) - getattr(at[0], name)
-            if slope > 0:
-                high = min(high, (self.limit_gb - fixed) / slope)
-            elif fixed > self.limit_gb:
-                return 0.0
-        high = max(0.0, math.floor(high * 1000) / 1000)
-        while high > 0 and not self._within_limit(merge(base, config, {L.GPU_MEMORY: high})):
-            high = round(high - 0.001, 3)  # the estimates are rounded to 0.01 GB: the line is close, not exact
-        return high
-
-    def _within_limit(self, config: Config) -> bool:
-        found = M.estimate(self.model, self.hardware, config)
-        return found is None or found.peak_gb <= self.limit_gb
 
     def _memory_high(self, trial: "optuna.trial.BaseTrial") -> float:
         """Below the smallest memory fraction that ran out of memory with this same layout
@@ -608,7 +574,7 @@ class SystemsSpace(Space):
         import optuna
 
         try:
-            with warnings.catch_warnings():  # a fraction over the ceiling: its estimate says so
+            with warnings.catch_warnings():  # a fraction over its ceiling: the estimate says so
                 warnings.simplefilter("ignore", UserWarning)
                 config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
         except (KeyError, ValueError):

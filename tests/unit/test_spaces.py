@@ -547,7 +547,8 @@ def test_the_systems_memory_fraction_stops_where_the_rollout_would_not_fit() -> 
                   "use_dynamic_bsz": False, "gradient_checkpointing": True, "activation_offload": False}
         config = merge(NEAR_THE_EDGE, space.suggest(optuna.trial.FixedTrial({**params, "gpu_memory_utilization": 0.3}),
                                                     NEAR_THE_EDGE))
-        highs[sp] = space._memory_fit(NEAR_THE_EDGE, {k: v for k, v in config.items() if k != L.GPU_MEMORY})
+        highs[sp] = M.fitting_fraction(MODEL_7B, A100x8, config, base=NEAR_THE_EDGE)
+        assert space.suggest(optuna.trial.FixedTrial({**params, "gpu_memory_utilization": highs[sp]}), NEAR_THE_EDGE)
         at = M.estimate(MODEL_7B, A100x8, merge(config, {L.GPU_MEMORY: highs[sp]}))
         above = M.estimate(MODEL_7B, A100x8, merge(config, {L.GPU_MEMORY: highs[sp] + 0.01}))
         assert at is not None and above is not None
