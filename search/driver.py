@@ -34,6 +34,7 @@ from search.stage_study import StageStudy
 from search.storage import describe_db_error, is_transient, reset_connections, with_retries
 from search.study_file import StageSettings, StudySpec
 from search.study_root import load_spec, save_spec, stored_stage_result
+from search.validate import check_memory
 from spaces import build_space
 from spaces.base import Space
 from spaces.overrides import Config
@@ -85,7 +86,11 @@ class StudyRunner:
         self._stop_requested = why
 
     def run(self) -> Config:
-        """Run every stage not yet finished; returns the final config."""
+        """Run every stage not yet finished; returns the final config. Raises BadInputError
+        before any probe starts when the memory pre-flight refuses the study's baseline
+        (``search.validate.check_memory``: ``run`` and ``validate`` refuse it before, ``resume``
+        and ``worker`` of a stored study here)."""
+        check_memory(self.spec)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         base = self.spec.baseline_config()
         flat = 0  # stages in a row from the first whose gain stayed in the flat band (StageResult.flat)

@@ -33,7 +33,7 @@ from search.records import (
 )
 from spaces import hardware_tag
 from spaces.base import SpaceError
-from spaces.memory import baseline_allowance, fit_problem
+from spaces.memory import baseline_allowance, estimate, fit_limit_gb, fit_problem, over_limit_problem
 from spaces.overrides import Config, merge, to_overrides
 
 if TYPE_CHECKING:
@@ -122,10 +122,25 @@ class TrialRunner:
 
     def _memory_allowance(self) -> float:
         """The baseline's estimated peak where the baseline is the user's run that fits
-        (``spaces.memory.baseline_allowance``), computed once."""
+        (``spaces.memory.baseline_allowance``), or where the pre-flight accepted it within the
+        GPU's memory (configs up to the user's own run are not refused), computed once."""
         if not hasattr(self, "_allowance_gb"):
-            self._allowance_gb = baseline_allowance(self.spec.model, self.spec.hardware, self.spec.baseline_config())
+            model, hardware, baseline = self.spec.model, self.spec.hardware, self.spec.baseline_config()
+            found = estimate(model, hardware, baseline)
+            accepted = min(found.peak_gb, hardware.gpu_memory_gb) if found is not None else 0.0
+            self._allowance_gb = max(baseline_allowance(model, hardware, baseline), accepted)
         return self._allowance_gb
+
+    def _memory_problem(self, config: Config) -> str | None:
+        """Why ``config`` must not start, by the memory estimate: beyond what any config of the
+        study may reach (``spaces.memory.fit_limit_gb``) on every launcher, a simulator's too;
+        on real GPUs also over the usable share of the GPU beyond the baseline's own peak."""
+        model, hardware = self.spec.model, self.spec.hardware
+        limit = fit_limit_gb(model, hardware, self.spec.baseline_config())
+        problem = over_limit_problem(model, hardware, config, limit_gb=limit)
+        if problem is None and self.launcher.real_gpus:
+            problem = fit_problem(model, hardware, config, allowance_gb=self._memory_allowance())
+        return problem
 
     def _skip(self, trial: optuna.trial.Trial, skip: Skip) -> bool:
         set_attrs(trial, skipped_attrs(skip.closed_as, skip.reason))
@@ -150,8 +165,7 @@ class TrialRunner:
             overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
         seed = decision.seed if decision.seed is not None else policy.point_seed(view, trial.number, trial.params)
         config = merge(base, overrides, {"data.seed": seed})
-        too_big = fit_problem(self.spec.model, self.spec.hardware, config, allowance_gb=self._memory_allowance()) \
-            if self.launcher.real_gpus else None
+        too_big = self._memory_problem(config)
         if too_big is not None:
             # Refused before launch: on a real node the probe would cost minutes of start-up
             # and then run out of memory. Infeasible, as a real OOM is (the sampler learns it).

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from launchers import LAUNCHERS
 from search.stage import Stage
 from search.study_file import StudySpec
 from search.trackers import tracker_lines
@@ -118,28 +117,57 @@ def baseline_warnings(spec: StudySpec, base: Config) -> list[str]:
     return warnings
 
 
+#: what a refusal of the memory pre-flight tells the user to do
+MEMORY_REMEDY = ("Lower the memory fraction or the micro-batch, switch gradient checkpointing or offload on, or "
+                 "declare larger GPUs (hardware.gpu_memory_gb).")
+
+
+def memory_refusal(spec: StudySpec) -> str | None:
+    """The memory pre-flight's refusal of a study, on every launcher (a simulator's too): its
+    baseline's estimated peak exceeds the GPU's memory, and its bf16 weights do not fit even
+    vLLM's share (``spaces.memory.fit_limit_gb``: where they do, the estimate is known to be
+    short for the run, LoRA, offload or MoE, and the baseline is the user's own run). One line
+    naming the phase that sets the peak and its arithmetic; None when it fits or has no
+    estimate. The one check of ``validate`` and ``run`` (``validate_study``), ``resume`` and
+    ``worker`` (``check_memory``, at the start of ``StudyRunner.run``)."""
+    from spaces.memory import fit_limit_gb, over_limit_problem
+
+    base = spec.baseline_config()
+    problem = over_limit_problem(spec.model, spec.hardware, base,
+                                 limit_gb=fit_limit_gb(spec.model, spec.hardware, base))
+    return None if problem is None else f"baseline: {problem}. {MEMORY_REMEDY}"
+
+
+def check_memory(spec: StudySpec) -> None:
+    """``memory_refusal`` as an error: BadInputError (one line, exit 2) before any probe starts."""
+    from search.errors import BadInputError
+
+    refusal = memory_refusal(spec)
+    if refusal is not None:
+        raise BadInputError(refusal)
+
+
 def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str]:
-    """The memory pre-flight of the baseline: its estimate goes to the report lines. On real
-    GPUs a baseline whose bf16 weights alone cannot fit in vLLM's share is refused with the
-    arithmetic; a baseline the estimate puts over the GPU otherwise is a warning (it is the
+    """The memory pre-flight of the baseline: its estimate goes to the report lines, and
+    ``memory_refusal`` is the problem, on every launcher. A baseline the estimate puts over
+    the usable share of the GPU but not beyond what it may reach is a warning (it is the
     user's own run, and verl's own examples run where the estimate says they cannot: LoRA,
-    offload and MoE are beyond it), and the stages' configs may then reach its peak."""
-    from spaces.memory import baseline_allowance, estimate, fit_problem
+    offload and MoE are beyond it); the stages' configs may then reach its peak."""
+    from spaces.memory import estimate, fit_problem
 
     found = estimate(spec.model, spec.hardware, base)
     if found is None:
         return []
     lines.append("baseline memory per GPU (estimate):")
     lines += [f"  {line}" for line in found.lines]
+    refusal = memory_refusal(spec)
+    if refusal is not None:
+        return [refusal]
     problem = fit_problem(spec.model, spec.hardware, base)
-    if problem is None or not LAUNCHERS[spec.launcher.kind].real_gpus:  # a simulator decides its own OOMs
-        return []
-    if baseline_allowance(spec.model, spec.hardware, base):
+    if problem is not None:
         lines.append(f"warning: baseline: {problem} (an estimate, over the user's own run: configs up to its peak are "
                      "not refused before launch)")
-        return []
-    return [f"baseline: {problem}. Lower the memory fraction or the micro-batch, switch gradient checkpointing "
-            "or offload on, or declare larger GPUs."]
+    return []
 
 
 def one_line(problems: list[str], study_file: object) -> str:

@@ -183,6 +183,62 @@ def usable_gb(hardware: HardwareFacts) -> float:
     return USABLE_FRACTION * hardware.gpu_memory_gb
 
 
+def fit_limit_gb(model: ModelFacts, hardware: HardwareFacts, baseline: Mapping[str, Any]) -> float:
+    """The most GB per GPU a config of a study from ``baseline`` may be estimated at: the GPU's
+    memory, or the baseline's own estimated peak where ``baseline_allowance`` grants it (the
+    estimate is then known to be short for this run). Beyond it a config cannot fit: the
+    baseline is refused before any probe starts, and no stage proposes such a config."""
+    return max(hardware.gpu_memory_gb, baseline_allowance(model, hardware, baseline))
+
+
+def fitting_fraction(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any], *,
+                     base: Mapping[str, Any]) -> float:
+    """The largest memory fraction at which ``config`` (its other knobs as they are) stays
+    within the GPU's memory by the estimate, or within the peak of ``base``, the stage's base
+    config, where that is higher (the base runs, or the pre-flight refuses the study before any
+    probe starts). vLLM's share is in the rollout phase, and in the update and log-prob phases
+    where the engine stays awake. Each phase is affine in the fraction, so two estimates give
+    the line (then checked: the estimates are rounded to 0.01 GB); 1 where there is no
+    estimate, 0 where no fraction fits (the other knobs alone are over)."""
+    limit_gb = max(hardware.gpu_memory_gb, getattr(estimate(model, hardware, base), "peak_gb", 0.0))
+    at = [estimate(model, hardware, {**config, L.GPU_MEMORY: f}) for f in (0.0, 1.0)]
+    if at[0] is None or at[1] is None:
+        return 1.0
+    high = 1.0
+    for name in ("rollout_gb", "update_gb", "log_prob_gb"):
+        fixed, slope = getattr(at[0], name), getattr(at[1], name) - getattr(at[0], name)
+        if slope > 0:
+            high = min(high, (limit_gb - fixed) / slope)
+        elif fixed > limit_gb:
+            return 0.0
+    high = max(0.0, math.floor(high * 1000) / 1000)
+    while high > 0 and getattr(estimate(model, hardware, {**config, L.GPU_MEMORY: high}), "peak_gb", 0.0) > limit_gb:
+        high = round(high - 0.001, 3)
+    return high
+
+
+def _phase(found: MemoryEstimate) -> tuple[str, float, str]:
+    """The phase that sets the peak: its name, its GB per GPU and its arithmetic line."""
+    name, gb = max((("rollout", found.rollout_gb), ("update", found.update_gb), ("log-prob", found.log_prob_gb)),
+                   key=lambda p: p[1])
+    return name, gb, next(line for line in found.lines if line.startswith(name))
+
+
+def over_limit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any], *,
+                       limit_gb: float) -> str | None:
+    """Why ``config`` cannot fit by the estimate: one line naming the phase that sets its peak
+    and its arithmetic, when the peak exceeds ``limit_gb`` (``fit_limit_gb``); else None (also
+    for a config with no estimate)."""
+    found = estimate(model, hardware, config)
+    if found is None or found.peak_gb <= limit_gb:
+        return None
+    phase, gb, detail = _phase(found)
+    over = (f"the GPU's {hardware.gpu_memory_gb:g} GB" if limit_gb <= hardware.gpu_memory_gb
+            else f"{limit_gb:.1f} GB (the baseline's own estimate, on {hardware.gpu_memory_gb:g} GB GPUs)")
+    return (f"estimated peak GPU memory must fit {over}, but the {phase} phase is estimated at {gb:.1f} GB per GPU "
+            f"({detail})")
+
+
 def fit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any], *,
                 allowance_gb: float = 0.0) -> str | None:
     """Why ``config`` cannot fit its GPUs by the estimate (one line with the arithmetic), or None.
@@ -191,8 +247,6 @@ def fit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str,
     found = estimate(model, hardware, config)
     if found is None or found.peak_gb <= max(usable_gb(hardware), allowance_gb):
         return None
-    phase = max((("rollout", found.rollout_gb), ("update", found.update_gb), ("log-prob", found.log_prob_gb)),
-                key=lambda p: p[1])[0]
-    detail = next(line for line in found.lines if line.startswith(phase))
+    _, _, detail = _phase(found)
     return (f"estimated peak GPU memory {found.peak_gb:.1f} GB per GPU must fit {USABLE_FRACTION:g} × "
             f"{hardware.gpu_memory_gb:g} GB = {usable_gb(hardware):.1f} GB, but the {detail}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from spaces import bounds as B
@@ -116,12 +117,11 @@ def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Conf
 class SystemsSpace(Space):
     """Stage 0: the parallel layout and memory knobs (docs/method.md §2); speed only.
 
-    Conditional, so only valid combinations are asked: the dynamic-batch token limit only with dynamic batching (and per Ulysses size, so that
-    limit × ulysses ≥ prompt + response always holds), static micro-batches only without it
-    (per Ulysses size, dividing the per-GPU batch), rollout TP and Ulysses sizes only
-    among the values that fit the heads, the GPUs, the base's mini-batch and the token budget.
-    A knob with one valid value (the layout on one GPU) is set, not asked: a sampler would
-    spend nothing on it, and a reader of the trial sees only what was searched.
+    Conditional, so only valid combinations are asked: the dynamic-batch token limit only with dynamic batching (and per
+    Ulysses size, so that limit × ulysses ≥ prompt + response always holds), static micro-batches only without it (per
+    Ulysses size, dividing the per-GPU batch), rollout TP and Ulysses sizes only among the values that fit the heads,
+    the GPUs, the base's mini-batch and the token budget. A knob with one valid value (the layout on one GPU) is set,
+    not asked: a sampler would spend nothing on it, and a reader of the trial sees only what was searched.
 
     Besides the layout, what decides a small model's step time is host work per pass (on one
     H200 with a 0.36B model, verl's quickstart settings left the GPU idle ~80% of a step): the
@@ -240,9 +240,6 @@ class SystemsSpace(Space):
         self.choices: dict[str, list[Any]] = {}
         for name in self.LISTS:
             valid = defaults[name]
-            # vLLM's own knobs are swept when listed; by default they keep the base's value
-            # (one choice, not asked): always present, they cost a many-knob sampler its
-            # grip on the layout (the simulated benchmark lost 2 of 10 runs on two worlds).
             asked = options.get(name, valid)
             if name not in options and name in kept:
                 asked = [kept[name]] if kept[name] in valid else valid
@@ -320,9 +317,10 @@ class SystemsSpace(Space):
         config[ENFORCE_EAGER] = _pick(trial, "enforce_eager", c["enforce_eager"])
         config[FREE_CACHE_ENGINE] = _pick(trial, "free_cache_engine", c["free_cache_engine"])
         # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
-        # (OOMs of this same layout) depend on the layout chosen above.
+        # (OOMs of this same layout, and the memory estimate) depend on the knobs chosen above.
         low = self.floors[config[L.ROLLOUT_TP]]
-        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, self._memory_high(trial)))
+        fit = M.fitting_fraction(self.model, self.hardware, merge(base, config), base=base)
+        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, min(self._memory_high(trial), fit)))
         return config
 
     def _memory_high(self, trial: "optuna.trial.BaseTrial") -> float:
@@ -576,7 +574,9 @@ class SystemsSpace(Space):
         import optuna
 
         try:
-            config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
+            with warnings.catch_warnings():  # a fraction over its ceiling: the estimate says so
+                warnings.simplefilter("ignore", UserWarning)
+                config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
         except (KeyError, ValueError):
             return None
         found = M.estimate(self.model, self.hardware, config)

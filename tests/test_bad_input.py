@@ -784,3 +784,86 @@ def test_a_database_that_cannot_be_written(study_db: Path, tmp_path: Path) -> No
         assert _fingerprint(db) == before
     finally:
         subprocess.run(["chattr", "-i", str(db)], capture_output=True)
+
+
+def _too_big(gpu_memory_gb: float, **baseline: Any) -> dict[str, Any]:
+    """The tiny study, one mini-batch stage, on GPUs of ``gpu_memory_gb``."""
+    data = _tiny()
+    data["hardware"]["gpu_memory_gb"] = gpu_memory_gb
+    data["baseline"].update(baseline)
+    data["stages"] = [{"name": "minibatch", "space": "mini_batch", "budget": {"max_trials": 3}}]
+    return data
+
+
+# (label, study, the phase and estimate the line names): baselines whose bf16 weights do not fit
+# even vLLM's share, so nothing says the estimate is short for them
+TOO_BIG: list[tuple[str, dict[str, Any], str]] = [
+    ("the demo's 7.6B on 1 GB GPUs", _too_big(1), r"the update phase is estimated at 35\.4 GB per GPU \(update = "),
+    ("a 32B model at rollout TP 1 on 32 GPUs of 24 GB", _too_big(24, **{
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1, "actor_rollout_ref.rollout.gpu_memory_utilization": 0.9,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1}),
+     r"the rollout phase is estimated at 34\.3 GB per GPU \(rollout = vLLM 0\.9 × 24 GB"),
+]
+TOO_BIG[1][1]["model"].update(n_params_b=32.0, hidden_size=5120, num_attention_heads=40, num_key_value_heads=8,
+                              num_hidden_layers=64)
+TOO_BIG[1][1]["hardware"]["nodes"] = 4
+
+
+@pytest.mark.parametrize("label,data,phase", TOO_BIG, ids=[c[0] for c in TOO_BIG])
+def test_a_baseline_beyond_its_gpus_memory_is_refused_before_any_probe(tmp_path: Path, label: str,
+                                                                       data: dict[str, Any], phase: str) -> None:
+    """On the simulator too: `validate` and `run` refuse the file, and `resume` a study an
+    earlier verl-sweep stored with it (its stored definition is what resume reads), each in one
+    line that names the phase and the estimate, exit 2, and no probe starts."""
+    from search.driver import save_spec
+    from search.storage import open_storage
+    from search.study_file import load_study
+
+    path = write_study(tmp_path, data, "tiny.yaml")
+    message = (r"^error: baseline: estimated peak GPU memory must fit the GPU's \d+ GB, but " + phase
+               + r".* GB\)\. Lower the memory fraction or the micro-batch, .* or declare larger GPUs")
+    for command in ("validate", "run"):
+        _one_line(cli(command, str(path), cwd=tmp_path), message)
+    assert not list(tmp_path.glob("*.db"))
+    url = f"sqlite:///{tmp_path / 'stored.db'}"
+    save_spec(open_storage(url), load_study(path))
+    _one_line(cli("resume", "tiny", "--storage", url, cwd=tmp_path), message)
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.rglob("*.jsonl")), "no probe may start"
+
+
+def test_a_baseline_that_fits_its_gpus_is_not_refused(tmp_path: Path) -> None:
+    """The same 7.6B on 40 GB GPUs: within them by the estimate, accepted."""
+    path = write_study(tmp_path, _too_big(40), "tiny.yaml")
+    result = cli("validate", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert "peak = max(" in result.stdout
+
+
+def test_the_driver_refuses_a_stored_baseline_beyond_its_gpus_before_any_probe(tmp_path: Path) -> None:
+    """What `resume` and `worker` run (they read the stored definition, not the file):
+    StudyRunner.run makes the one pre-flight check first, so nothing is asked of Optuna and no
+    run folder is made."""
+    import optuna
+
+    from launchers.sim import SimLauncher
+    from search.console import Console
+    from search.driver import StudyRunner, save_spec
+    from search.errors import BadInputError
+    from search.storage import open_storage
+    from search.study_file import load_study
+    from search.validate import memory_refusal
+
+    spec = load_study(write_study(tmp_path, _too_big(1), "tiny.yaml"))
+    refusal = memory_refusal(spec)
+    assert refusal is not None and "the update phase is estimated at 35.4 GB" in refusal
+    storage = open_storage(f"sqlite:///{tmp_path / 'tiny.db'}")
+    save_spec(storage, spec)
+    launcher = SimLauncher(tmp_path / "runs", time_scale=20000)
+    runner = StudyRunner(spec, storage, launcher, console=Console())
+    with pytest.raises(BadInputError, match=re.escape(refusal)):
+        runner.run()
+    launcher.close()
+    assert not any((tmp_path / "runs").glob("*")), "no run folder"
+    assert all(not s.n_trials for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("tiny."))

@@ -501,3 +501,56 @@ def test_systems_follow_ups_do_not_shrink_the_passes_for_a_memory_fraction_that_
     points = space.follow_up_points(base, [(leader, 1.3), ({**leader, "gpu_memory_utilization": 0.85}, 0.0)], 16)
     assert not any(p.get("ppo_max_token_len_per_gpu_sp2", 8192) < 8192 and p["gpu_memory_utilization"] == 0.85 for p in points)
     assert {**leader, "gradient_checkpointing": False} in points
+
+
+#: a baseline near the edge of its GPUs by the memory estimate: vLLM's 0.75 of 80 GB, the
+#: actor's resident states and the reference model beside it in the rollout, 72.9 GB of 80
+NEAR_THE_EDGE = merge(GRPO_BASE, {L.GPU_MEMORY: 0.75, L.MICRO_BATCH: 4, L.USE_KL_LOSS: True,
+                                  "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+                                  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 16,
+                                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16})
+
+
+@pytest.mark.parametrize("kind", sorted(set(SPACES) - {"lam"}))
+def test_no_space_proposes_a_config_the_memory_estimate_says_cannot_fit(kind: str) -> None:
+    """Every config a stage can propose from a baseline near the edge (its corners and 150
+    random draws) stays within the GPU's memory by the estimate. The systems stage's batching
+    knobs are categorical (Optuna keeps their choices fixed), so there the memory fraction,
+    asked last, keeps the rollout phase (and vLLM awake in the others) within it, and a
+    combination of batching knobs beyond it is refused before launch (``TrialRunner``)."""
+    from search.validate import extreme_configs
+    from spaces import memory as M
+
+    base = NEAR_THE_EDGE
+    found = M.estimate(MODEL_7B, A100x8, base)
+    assert found is not None and 70 < found.peak_gb <= A100x8.gpu_memory_gb  # near the edge, inside it
+    space = build_space(kind, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    configs = extreme_configs(space, base) + [merge(base, c) for c in sample(space, base, n=150, seed=3)]
+    for config in configs:
+        peak = M.estimate(MODEL_7B, A100x8, config)
+        assert peak is not None
+        assert peak.rollout_gb <= A100x8.gpu_memory_gb, (kind, peak.lines)
+        if kind != "systems" or (config.get(L.GRADIENT_CHECKPOINTING) and not config.get(L.USE_DYNAMIC_BSZ)):
+            assert peak.peak_gb <= A100x8.gpu_memory_gb, (kind, peak.lines)
+
+
+def test_the_systems_memory_fraction_stops_where_the_rollout_would_not_fit() -> None:
+    """The fraction's ceiling follows the layout: Ulysses 2 halves the data-parallel ranks and
+    doubles the actor's resident states, so the rollout leaves less room to vLLM."""
+    from spaces import memory as M
+
+    space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=NEAR_THE_EDGE,
+                        options={})
+    highs = {}
+    for sp in (1, 2):
+        params = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": sp,
+                  "use_dynamic_bsz": False, "gradient_checkpointing": True, "activation_offload": False}
+        config = merge(NEAR_THE_EDGE, space.suggest(optuna.trial.FixedTrial({**params, "gpu_memory_utilization": 0.3}),
+                                                    NEAR_THE_EDGE))
+        highs[sp] = M.fitting_fraction(MODEL_7B, A100x8, config, base=NEAR_THE_EDGE)
+        assert space.suggest(optuna.trial.FixedTrial({**params, "gpu_memory_utilization": highs[sp]}), NEAR_THE_EDGE)
+        at = M.estimate(MODEL_7B, A100x8, merge(config, {L.GPU_MEMORY: highs[sp]}))
+        above = M.estimate(MODEL_7B, A100x8, merge(config, {L.GPU_MEMORY: highs[sp] + 0.01}))
+        assert at is not None and above is not None
+        assert at.rollout_gb <= 80 < above.rollout_gb, (sp, highs[sp], at.lines)
+    assert 0.3 < highs[2] < highs[1] < 0.9
