@@ -2,9 +2,23 @@
 # Create .venv (Python 3.10-3.12) and install verl-sweep with everything its tests need.
 # Idempotent: a second run only checks that the packages are there.
 # --bench also installs the benchmark's HPO peers (SMAC3, DEHB, NePS, Syne Tune: python -m benchmarks.run).
+# --newest makes .venv-newest instead, with the newest releases pyproject.toml's ranges admit
+# (what `pip install .` gives a user today), for `scripts/test.sh --newest`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+if [ "${1:-}" = "--newest" ]; then
+  [ -x .venv-newest/bin/python ] || "$PYTHON" -m venv .venv-newest
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  # Every dependency moved to its newest release in range on each run, but torch: the CPU
+  # build stays (torch is the user's own, and a newer one would be a CUDA build of gigabytes).
+  echo "torch==2.13.0" > .venv-newest/torch-constraint.txt
+  .venv-newest/bin/pip install -q --upgrade --upgrade-strategy eager -c .venv-newest/torch-constraint.txt \
+    -e ".[verl,postgres,test]"
+  .venv-newest/bin/python -c "import optuna, sqlalchemy, pydantic; print('newest releases in range: optuna', \
+optuna.__version__, '· sqlalchemy', sqlalchemy.__version__, '· pydantic', pydantic.__version__)"
+  exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
