@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import REPO, demo_data, write_study
+from strict_skips import strict
 
 PG_URL = os.environ.get("VERL_SWEEP_TEST_PG_URL")
 
@@ -22,7 +23,7 @@ PG_URL = os.environ.get("VERL_SWEEP_TEST_PG_URL")
 def require_pg() -> str:
     """The test PostgreSQL server; in CI a missing server is a failure, not a skip."""
     if not PG_URL:
-        if os.environ.get("CI"):
+        if strict():
             pytest.fail("VERL_SWEEP_TEST_PG_URL is not set in CI: .ci/run must start PostgreSQL")
         pytest.skip("no PostgreSQL server (set VERL_SWEEP_TEST_PG_URL)")
     return PG_URL
@@ -33,7 +34,7 @@ def require_pg_restart() -> str:
     test is skipped."""
     restart = os.environ.get("VERL_SWEEP_TEST_PG_RESTART")
     if not restart:
-        if os.environ.get("CI"):
+        if strict():
             pytest.fail("VERL_SWEEP_TEST_PG_RESTART is not set in CI")
         pytest.skip("no command to restart PostgreSQL (VERL_SWEEP_TEST_PG_RESTART)")
     return restart
