@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import REPO, demo_data, write_study
+from strict_skips import strict
 
 PG_URL = os.environ.get("VERL_SWEEP_TEST_PG_URL")
 
@@ -25,7 +26,7 @@ def require_pg() -> str:
     (no test reads tables another left) and dropped when the test process ends; in CI a
     missing server is a failure, not a skip."""
     if not PG_URL:
-        if os.environ.get("CI"):
+        if strict():
             pytest.fail("VERL_SWEEP_TEST_PG_URL is not set in CI: .ci/run must start PostgreSQL")
         pytest.skip("no PostgreSQL server (set VERL_SWEEP_TEST_PG_URL)")
     name = f"sweep_test_{uuid.uuid4().hex[:12]}"
@@ -53,7 +54,7 @@ def require_pg_restart() -> str:
     test is skipped."""
     restart = os.environ.get("VERL_SWEEP_TEST_PG_RESTART")
     if not restart:
-        if os.environ.get("CI"):
+        if strict():
             pytest.fail("VERL_SWEEP_TEST_PG_RESTART is not set in CI")
         pytest.skip("no command to restart PostgreSQL (VERL_SWEEP_TEST_PG_RESTART)")
     return restart

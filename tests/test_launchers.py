@@ -23,7 +23,7 @@ from launchers.sim import SimClock, SimLauncher
 from launcher_contract import (
     FAKE_PROBE,
     ContractKit,
-    LauncherContract,
+    LocalGpuLauncherContract,
     leftovers,
     leader_env,
     long_spec,
@@ -49,7 +49,7 @@ def local_launcher(root: Path, **options: object) -> LocalLauncher:
     return LocalLauncher(root, **kwargs)  # type: ignore[arg-type]
 
 
-class TestLocalLauncherContract(LauncherContract):
+class TestLocalLauncherContract(LocalGpuLauncherContract):
     @pytest.fixture
     def kit(self) -> ContractKit:
         if not NO_NVML:
@@ -57,7 +57,7 @@ class TestLocalLauncherContract(LauncherContract):
         return ContractKit(make=local_launcher)
 
 
-class TestSimLauncherContract(LauncherContract):
+class TestSimLauncherContract(LocalGpuLauncherContract):
     @pytest.fixture
     def kit(self) -> ContractKit:
         def make(root: Path) -> SimLauncher:

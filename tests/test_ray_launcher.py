@@ -111,7 +111,7 @@ def ray_launcher(root: Path, address: str, **options: object) -> RayJobLauncher:
 class TestRayJobLauncherContract(LauncherContract):
     @pytest.fixture
     def kit(self, ray_address: str) -> ContractKit:
-        return ContractKit(make=lambda root: ray_launcher(root, ray_address), queues=True, local_gpus=False, timeout_s=90)
+        return ContractKit(make=lambda root: ray_launcher(root, ray_address), queues=True, timeout_s=90)
 
 
 def test_start_again_reattaches_instead_of_rerunning(ray_address: str, tmp_path: Path) -> None:

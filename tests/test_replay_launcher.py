@@ -34,7 +34,7 @@ class TestReplayLauncherContract(LauncherContract):
     def kit(self) -> ContractKit:
         # poll_advance_s: the contract polls without calling wait(), so each poll lets
         # 200 virtual seconds pass (a probe step of the 2-GPU config takes ~400-1000 s).
-        return ContractKit(make=replay, local_gpus=False, timeout_s=30.0)
+        return ContractKit(make=replay, timeout_s=30.0)
 
     def test_cancel_kills_every_process(self, kit: ContractKit, tmp_path: Path) -> None:
         launcher = kit.make(tmp_path)
