@@ -292,6 +292,7 @@ class StageLoop:
         if n <= 0:
             return False
         points = self.space.follow_up_points(self.base, [*ended, *((p, math.nan) for p in pending)], n)
+        points = [p for p in (self.space.fitted(p, self.base) for p in points) if p]  # only what fits
         if not points:
             self.no_follow_up_after = len(ended)  # nothing new from these: ask again after more ended
         for point in points:

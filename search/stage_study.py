@@ -261,19 +261,24 @@ class StageStudy:
         # first moves, or spread points), leaving at least one place for the sampler itself.
         room = stage.budget.max_trials - spec.probe.incumbent_repeats - 1
         queued: list[dict[str, Any]] = []
+        # Each candidate fitted to the memory estimate first (``Space.fitted``): one that cannot
+        # fit is never queued.
         for name, overrides in leaders or []:
             point = space.incumbent_params(merge(base, overrides))
+            point = point and space.fitted(point, base)
             if point and point != params and point not in queued and len(queued) < room:
                 queued.append(point)
                 self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin=f"leader of {name}"))
         n_start = min(stage.sampler.n_startup_trials, room - len(queued))
         for point in space.starting_points(base, n_start):
-            if point not in queued:
+            point = space.fitted(point, base)
+            if point and point not in queued:
                 self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin=START_ORIGIN))
         if space.kind == "systems":
             # The source's layout for this model size and GPU count is the first candidate.
             template = template_for(spec.model, spec.hardware, spec.algorithm)
             template_params = space.incumbent_params(merge(base, template.config))
+            template_params = template_params and space.fitted(template_params, base)
             if template_params and template_params != params:
                 self.queue(template_params, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0],
                                                        origin=f"template {template.name}"))

@@ -80,6 +80,12 @@ class Space(abc.ABC):
         none by default."""
         return []
 
+    def fitted(self, params: dict[str, Any], base: Config) -> dict[str, Any] | None:
+        """The point ``params`` changed, where the space can, so that the memory estimate says it
+        fits; None when it cannot fit. Unchanged by default: a stage whose knobs leave memory
+        alone proposes only what fits where the base fits."""
+        return params
+
     def explain(self) -> list[str]:
         """Human-readable lines: the bounds and the arithmetic behind them."""
         return []

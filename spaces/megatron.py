@@ -21,8 +21,9 @@ from spaces import engines as E
 from spaces import limits as L
 from spaces.base import Moves, Space, SpaceError, check_options, where_or
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from spaces.memory import rollout_memory_floors
 from spaces.overrides import Config, get
-from spaces.systems import rollout_expert_parallel, rollout_memory_floors
+from spaces.systems import rollout_expert_parallel
 
 if TYPE_CHECKING:
     import optuna

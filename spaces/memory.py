@@ -25,6 +25,7 @@ import math
 from typing import Any, Mapping
 
 from spaces import limits as L
+from spaces.bounds import ParamBound
 from spaces.facts import HardwareFacts, ModelFacts
 
 GB = 1024**3
@@ -250,3 +251,28 @@ def fit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str,
     _, _, detail = _phase(found)
     return (f"estimated peak GPU memory {found.peak_gb:.1f} GB per GPU must fit {USABLE_FRACTION:g} × "
             f"{hardware.gpu_memory_gb:g} GB = {usable_gb(hardware):.1f} GB, but the {detail}")
+
+
+def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Mapping[str, Any],
+                          memory: ParamBound) -> dict[int, float]:
+    """Each rollout TP that fits, with the lowest memory fraction its vLLM pool holds the base's
+    token budget at (never below ``memory.low``). A TP whose floor is above ``memory.high``
+    does not fit, except the base's own TP: the run holds it, so its floor is at most the
+    base's fraction (the estimate is the one that is short). Each layout keeps its own floor:
+    the worst TP's floor is not applied to the others."""
+    dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
+    budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
+    own_tp, own_memory = L.setting(base, L.ROLLOUT_TP), L.setting(base, L.GPU_MEMORY)
+    floors: dict[int, float] = {}
+    sizes = L.rollout_tp_sizes(model, hardware).value
+    if L._is_int(own_tp) and own_tp not in sizes:  # a run's own TP across nodes: verl ran it
+        sizes = sorted({*sizes, own_tp})
+    for tp in sizes:
+        if hardware.n_gpus % (tp * dp_r * pp):
+            continue
+        floor = max(memory.low, L.memory_fraction_for(model, hardware, budget, tp, data_parallel=dp_r))
+        if tp == own_tp and isinstance(own_memory, (int, float)) and memory.contains(own_memory):
+            floor = min(floor, float(own_memory))
+        if floor <= memory.high or tp == own_tp:
+            floors[tp] = min(floor, memory.high)
+    return floors

@@ -89,31 +89,6 @@ def rollout_expert_parallel(base: Config, tp: int) -> Config:
     return {E.ROLLOUT_EP: tp * L._int_setting(base, L.ROLLOUT_DP)}
 
 
-def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Config,
-                          memory: B.ParamBound) -> dict[int, float]:
-    """Each rollout TP that fits, with the lowest memory fraction its vLLM pool holds the base's
-    token budget at (never below ``memory.low``). A TP whose floor is above ``memory.high``
-    does not fit, except the base's own TP: the run holds it, so its floor is at most the
-    base's fraction (the estimate is the one that is short). Each layout keeps its own floor:
-    the worst TP's floor is not applied to the others."""
-    dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
-    budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
-    own_tp, own_memory = L.setting(base, L.ROLLOUT_TP), L.setting(base, L.GPU_MEMORY)
-    floors: dict[int, float] = {}
-    sizes = L.rollout_tp_sizes(model, hardware).value
-    if L._is_int(own_tp) and own_tp not in sizes:  # a run's own TP across nodes: verl ran it
-        sizes = sorted({*sizes, own_tp})
-    for tp in sizes:
-        if hardware.n_gpus % (tp * dp_r * pp):
-            continue
-        floor = max(memory.low, L.memory_fraction_for(model, hardware, budget, tp, data_parallel=dp_r))
-        if tp == own_tp and isinstance(own_memory, (int, float)) and memory.contains(own_memory):
-            floor = min(floor, float(own_memory))
-        if floor <= memory.high or tp == own_tp:
-            floors[tp] = min(floor, memory.high)
-    return floors
-
-
 class SystemsSpace(Space):
     """Stage 0: the parallel layout and memory knobs (docs/method.md §2); speed only.
 
@@ -164,7 +139,7 @@ class SystemsSpace(Space):
         # pool holds the base's token budget within the memory range: each TP with its own
         # memory floor (a tuned base's larger budget raises it), never the worst one for all.
         dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
-        self.floors = rollout_memory_floors(model, hardware, base, self.memory)
+        self.floors = M.rollout_memory_floors(model, hardware, base, self.memory)
         tps = list(self.floors)
         self.lines.append(
             f"systems: rollout TP ∈ {tps} (divides GPUs/node and heads; TP·DP {dp_r}·PP {pp} divides "
@@ -395,9 +370,7 @@ class SystemsSpace(Space):
         ``FIT_HEADROOM`` of the usable memory (``spaces.memory``).
 
         Only where the layout has one choice (one GPU): there the batching is the whole
-        search. Where layouts differ, the sampler's own first draws over them did better than
-        these points (the simulated benchmark: 2-3 runs in 10 fewer reached 95% of the best η
-        on three worlds when the points took the startup trials' places)."""
+        search; where layouts differ, the sampler's own first draws over them do better."""
         incumbent = self.incumbent_params(base)
         if incumbent is None or n < 1 or len(self.choices["rollout_tp"]) > 1 or len(self.choices["ulysses"]) > 1:
             return []
@@ -569,18 +542,33 @@ class SystemsSpace(Space):
     def _headroom_gb(self) -> float:  # the default limit of ``_fits``
         return FIT_HEADROOM * M.usable_gb(self.hardware)
 
-    def _peak_gb(self, params: dict[str, Any], base: Config) -> float | None:
-        """The point's estimated peak GPU memory (0: not estimated; None: it cannot be built)."""
+    def _config_of(self, params: dict[str, Any], base: Config) -> Config | None:
+        """The config of the point ``params`` (None: verl-sweep cannot build it)."""
         import optuna
 
         try:
             with warnings.catch_warnings():  # a fraction over its ceiling: the estimate says so
                 warnings.simplefilter("ignore", UserWarning)
-                config = merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
+                return merge(base, self.suggest(optuna.trial.FixedTrial(params), base))
         except (KeyError, ValueError):
             return None
-        found = M.estimate(self.model, self.hardware, config)
-        return 0.0 if found is None else found.peak_gb
+
+    def _peak_gb(self, params: dict[str, Any], base: Config) -> float | None:
+        """The point's estimated peak GPU memory (0: not estimated; None: it cannot be built)."""
+        config = self._config_of(params, base)
+        found = None if config is None else M.estimate(self.model, self.hardware, config)
+        return None if config is None else 0.0 if found is None else found.peak_gb
+
+    def fitted(self, params: dict[str, Any], base: Config) -> dict[str, Any] | None:
+        """The point with its memory fraction lowered to where the estimate fits (the sampler's
+        own ceiling, ``fitting_fraction``); None when even the layout's floor does not fit."""
+        config = self._config_of(params, base)
+        if config is None or "gpu_memory_utilization" not in params:
+            return params
+        fit = M.fitting_fraction(self.model, self.hardware, config, base=base)
+        if params["gpu_memory_utilization"] <= fit:
+            return params
+        return {**params, "gpu_memory_utilization": fit} if fit >= self.floors[config[L.ROLLOUT_TP]] else None
 
     @staticmethod
     def _uses_ref(base: Config) -> bool:

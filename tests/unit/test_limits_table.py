@@ -224,7 +224,7 @@ def test_each_rollout_tp_keeps_its_own_memory_floor() -> None:
     """The floor of the worst TP is not every layout's: TP 1 needs a larger fraction than TP 8
     to hold 32B's weights and the budget, and each layout is offered from its own floor."""
     from spaces import bounds as B
-    from spaces.systems import rollout_memory_floors
+    from spaces.memory import rollout_memory_floors
 
     floors = rollout_memory_floors(M32, H8x80, {**OK_GRPO, L.TOKEN_BUDGET: 60_000, L.ROLLOUT_TP: 8, L.GPU_MEMORY: 0.9},
                                    B.GPU_MEMORY_UTILIZATION)
