@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from spaces import bounds as B
 from spaces import limits as L
+from spaces import memory as M
 from spaces.base import Moves, Space, SpaceError, check_options, where_or
 from spaces.batching import reference_fill
 from spaces.facts import Algorithm, HardwareFacts, ModelFacts
@@ -191,7 +192,7 @@ class KLSpace(Space):
         self.in_reward = self.switch_key == L.USE_KL_IN_REWARD
         allowed = self.OPTIONS if self.in_reward else B.BOUND_OPTIONS
         check_options(options, allowed, where)
-        self.algorithm = algorithm
+        self.algorithm, self.model, self.hardware = algorithm, model, hardware
         on_coef = L.setting(base, self.coef_key) if L.setting(base, self.switch_key) else None
         self.bound = B.KL_COEF.including(on_coef).narrowed({k: options[k] for k in B.BOUND_OPTIONS if k in options},
                                                            where=where)
@@ -216,7 +217,8 @@ class KLSpace(Space):
             self.coef_key: trial.suggest_float(self.param, self.bound.low, self.bound.high, log=True),
         }
         if not L.setting(base, self.switch_key):  # switched on: verl then builds a reference policy,
-            config.update(reference_fill({**base, **config}))  # under static batching with a micro-batch
+            config.update(reference_fill({**base, **config}))  # under static batching with a micro-batch,
+            config.update(self._room_for_reference(base, config))  # its memory taken from vLLM's share
         if self.in_reward:
             kind = trial.suggest_categorical("kl_ctrl_type", self.types)
             config[L.KL_CTRL_TYPE] = kind
@@ -226,6 +228,17 @@ class KLSpace(Space):
                     "horizon", int(self.horizon.low), int(self.horizon.high), log=True
                 )
         return config
+
+    def _room_for_reference(self, base: Config, config: Config) -> Config:
+        """vLLM's memory fraction lowered as far as the reference policy needs where the estimate
+        says the GPU is full with it (stage 0 may have taken the memory up to that edge): the
+        reference's memory must come from somewhere, and verl would otherwise run out of it.
+        {} where it fits as it is (or no fraction would)."""
+        fraction = L.setting(base, L.GPU_MEMORY)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            return {}
+        fit = M.fitting_fraction(self.model, self.hardware, {**base, **config}, base=base)
+        return {L.GPU_MEMORY: fit} if 0 < fit < fraction else {}
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
         if not L.setting(base, self.switch_key):
