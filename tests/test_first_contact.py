@@ -43,7 +43,7 @@ def test_run_starts_a_study_on_an_empty_sqlite_file_and_leaves_only_the_database
         tmp_path: Path, runtime: dict[str, str]) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    study, name = tiny_study(home, budgets=(4,))
+    study, name = tiny_study(home, budgets=(4,), final_check=False)
     (home / f"{name}.db").write_bytes(b"")  # made by `touch`, or by another tool's first step
     before = _tree(home)
     result = cli("run", study.name, cwd=home, env=runtime)
@@ -71,7 +71,7 @@ def test_a_study_that_is_not_there_is_one_line(tmp_path: Path, command: str) -> 
 
 
 def _refusals(tmp_path: Path) -> list[tuple[str, list[str], str]]:
-    study, name = tiny_study(tmp_path, budgets=(4,))
+    study, name = tiny_study(tmp_path, budgets=(4,), final_check=False)
     bad = study.read_text().replace("max_trials: 4", "max_trials: -3")
     (tmp_path / "bad.yaml").write_text(bad)
     return [
@@ -143,7 +143,7 @@ def _psql(url: str, *statements: str) -> list[tuple[object, ...]]:
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_postgres_first_run_on_an_empty_database_and_beside_another_applications_tables(tmp_path: Path) -> None:
-    study, name = tiny_study(tmp_path, budgets=(4,))
+    study, name = tiny_study(tmp_path, budgets=(4,), final_check=False)
     empty = require_pg()
     for command in NAMED_COMMANDS:  # nothing there yet
         result = cli(command, name, "--storage", empty, cwd=tmp_path)
@@ -162,7 +162,7 @@ def test_postgres_first_run_on_an_empty_database_and_beside_another_applications
 
 @pytest.mark.postgres
 def test_postgres_database_with_tables_named_like_optunas_is_refused_untouched(tmp_path: Path) -> None:
-    study, _ = tiny_study(tmp_path, budgets=(4,))
+    study, _ = tiny_study(tmp_path, budgets=(4,), final_check=False)
     url = require_pg()
     _psql(url, "CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)",
           "INSERT INTO alembic_version VALUES ('their_head')", "CREATE TABLE trials (id INTEGER)")
@@ -177,7 +177,7 @@ def test_postgres_database_with_tables_named_like_optunas_is_refused_untouched(t
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_postgres_worker_started_first_waits_on_an_empty_database_and_joins(tmp_path: Path) -> None:
-    study, name = tiny_study(tmp_path, budgets=(4,))
+    study, name = tiny_study(tmp_path, budgets=(4,), final_check=False)
     url = require_pg()
     worker = start_cli("worker", name, "--storage", url, "--wait", "120", cwd=tmp_path, log=tmp_path / "worker.log")
     try:
