@@ -97,7 +97,7 @@ class StageLoop:
         spec, console = ctx.spec, ctx.console
         try:
             plan = Stage.of(spec, index)
-            space = plan.build_space(base, build=ctx.build_space)
+            space = plan.build_space(base, build=ctx.build_space).on_real_gpus(ctx.launcher.real_gpus)
         except SpaceError as e:
             if ahead_of is not None:
                 return None

@@ -132,15 +132,16 @@ class TrialRunner:
         return self._allowance_gb
 
     def _memory_problem(self, config: Config) -> str | None:
-        """Why ``config`` must not start, by the memory estimate: beyond what any config of the
-        study may reach (``spaces.memory.fit_limit_gb``) on every launcher, a simulator's too;
-        on real GPUs also over the usable share of the GPU beyond the baseline's own peak."""
+        """Why ``config`` must not start on real GPUs, by the memory estimate: beyond what any
+        config of the study may reach (``spaces.memory.fit_limit_gb``), or over the usable
+        share of the GPU beyond the baseline's own peak. A simulator's own world decides what
+        runs out of memory (the study's baseline is refused on every launcher before)."""
+        if not self.launcher.real_gpus:
+            return None
         model, hardware = self.spec.model, self.spec.hardware
         limit = fit_limit_gb(model, hardware, self.spec.baseline_config())
         problem = over_limit_problem(model, hardware, config, limit_gb=limit)
-        if problem is None and self.launcher.real_gpus:
-            problem = fit_problem(model, hardware, config, allowance_gb=self._memory_allowance())
-        return problem
+        return problem or fit_problem(model, hardware, config, allowance_gb=self._memory_allowance())
 
     def _skip(self, trial: optuna.trial.Trial, skip: Skip) -> bool:
         set_attrs(trial, skipped_attrs(skip.closed_as, skip.reason))

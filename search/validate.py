@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from launchers import LAUNCHERS
 from search.stage import Stage
 from search.study_file import StudySpec
 from search.trackers import tracker_lines
@@ -210,7 +211,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
         where = f"stages[{index}]"
         try:
             plan = Stage.of(spec, index)
-            space = plan.build_space(base)
+            space = plan.build_space(base).on_real_gpus(LAUNCHERS[spec.launcher.kind].real_gpus)
         except SpaceError as e:
             problems.append(str(e))
             continue

@@ -80,6 +80,16 @@ class Space(abc.ABC):
         none by default."""
         return []
 
+    #: whether what the space proposes is fitted to the memory estimate (``fitted``, the systems
+    #: stage's fraction ceiling, the KL's reference policy): on where probes run on real GPUs
+    #: (``on_real_gpus``); a simulator's own world decides what runs out of memory
+    fits_memory: bool = False
+
+    def on_real_gpus(self, real: bool) -> "Space":
+        """This space, fitting what it proposes to the memory estimate when ``real``."""
+        self.fits_memory = real
+        return self
+
     def fitted(self, params: dict[str, Any], base: Config) -> dict[str, Any] | None:
         """The point ``params`` changed, where the space can, so that the memory estimate says it
         fits; None when it cannot fit. Unchanged by default: a stage whose knobs leave memory

@@ -49,6 +49,10 @@ class KLSwitchSpace(Space):
     def __init__(self, kl: KLSpace) -> None:
         self.kl = kl
 
+    def on_real_gpus(self, real: bool) -> Space:
+        self.kl.on_real_gpus(real)
+        return super().on_real_gpus(real)
+
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         if trial.suggest_categorical(self.param, [False, True]):
             return self.kl.suggest(trial, base)
@@ -96,6 +100,11 @@ class PolishSpace(CompositeSpace):
             # The KL stage kept KL off, judged at the lr of its time: a stronger KL pull may
             # only pay with a larger lr (it tolerates more), so the polish may turn it on.
             self.parts.append(KLSwitchSpace(kl))
+
+    def on_real_gpus(self, real: bool) -> Space:
+        for part in self.parts:
+            part.on_real_gpus(real)
+        return super().on_real_gpus(real)
 
     #: the first pass: lr up, with the mini-batch moved either way. Which way lets lr climb
     #: depends on how the loss scales with the mini-batch (averaged over it, a larger one

@@ -235,7 +235,7 @@ class KLSpace(Space):
         reference's memory must come from somewhere, and verl would otherwise run out of it.
         {} where it fits as it is (or no fraction would)."""
         fraction = L.setting(base, L.GPU_MEMORY)
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        if not self.fits_memory or isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
             return {}
         fit = M.fitting_fraction(self.model, self.hardware, {**base, **config}, base=base)
         return {L.GPU_MEMORY: fit} if 0 < fit < fraction else {}

@@ -294,7 +294,7 @@ class SystemsSpace(Space):
         # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
         # (OOMs of this same layout, and the memory estimate) depend on the knobs chosen above.
         low = self.floors[config[L.ROLLOUT_TP]]
-        fit = M.fitting_fraction(self.model, self.hardware, merge(base, config), base=base)
+        fit = M.fitting_fraction(self.model, self.hardware, merge(base, config), base=base) if self.fits_memory else 1.0
         config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", low, max(low, min(self._memory_high(trial), fit)))
         return config
 
@@ -562,7 +562,7 @@ class SystemsSpace(Space):
     def fitted(self, params: dict[str, Any], base: Config) -> dict[str, Any] | None:
         """The point with its memory fraction lowered to where the estimate fits (the sampler's
         own ceiling, ``fitting_fraction``); None when even the layout's floor does not fit."""
-        config = self._config_of(params, base)
+        config = self._config_of(params, base) if self.fits_memory else None
         if config is None or "gpu_memory_utilization" not in params:
             return params
         fit = M.fitting_fraction(self.model, self.hardware, config, base=base)

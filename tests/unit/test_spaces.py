@@ -524,7 +524,8 @@ def test_no_space_proposes_a_config_the_memory_estimate_says_cannot_fit(kind: st
     base = NEAR_THE_EDGE
     found = M.estimate(MODEL_7B, A100x8, base)
     assert found is not None and 70 < found.peak_gb <= A100x8.gpu_memory_gb  # near the edge, inside it
-    space = build_space(kind, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base, options={})
+    space = build_space(kind, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=base,
+                        options={}).on_real_gpus(True)
     configs = extreme_configs(space, base) + [merge(base, c) for c in sample(space, base, n=150, seed=3)]
     for config in configs:
         peak = M.estimate(MODEL_7B, A100x8, config)
@@ -540,7 +541,7 @@ def test_the_systems_memory_fraction_stops_where_the_rollout_would_not_fit() -> 
     from spaces import memory as M
 
     space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=NEAR_THE_EDGE,
-                        options={})
+                        options={}).on_real_gpus(True)
     highs = {}
     for sp in (1, 2):
         params = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": sp,
@@ -554,3 +555,38 @@ def test_the_systems_memory_fraction_stops_where_the_rollout_would_not_fit() -> 
         assert at is not None and above is not None
         assert at.rollout_gb <= 80 < above.rollout_gb, (sp, highs[sp], at.lines)
     assert 0.3 < highs[2] < highs[1] < 0.9
+
+
+def test_on_a_simulator_the_spaces_leave_out_of_memory_to_its_world() -> None:
+    """The memory fitting applies where probes run on real GPUs; a simulator's landscape decides
+    its own OOMs (its worlds are not the estimate's), so there the fraction keeps its range."""
+    edge = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 2, "use_dynamic_bsz": False,
+            "gradient_checkpointing": True, "activation_offload": False, "gpu_memory_utilization": 0.9}
+    for real in (True, False):
+        space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO,
+                            base=NEAR_THE_EDGE, options={}).on_real_gpus(real)
+        fitted = space.fitted(edge, NEAR_THE_EDGE)
+        assert fitted is not None
+        assert (fitted["gpu_memory_utilization"] < 0.9) is real, fitted
+
+
+def test_switching_kl_on_at_the_edge_takes_the_reference_from_vllms_share() -> None:
+    """A reference policy needs memory: where the estimate says the GPU is full with it, the
+    KL candidate comes with vLLM's fraction lowered so that it fits (on real GPUs)."""
+    from spaces import memory as M
+
+    off = {**NEAR_THE_EDGE, L.USE_KL_LOSS: False}
+    edge = M.fitting_fraction(MODEL_7B, A100x8, off, base=off)  # stage 0 may take vLLM's share this far
+    off[L.GPU_MEMORY] = edge
+    assert 79 < M.estimate(MODEL_7B, A100x8, off).peak_gb <= 80  # type: ignore[union-attr]
+    for real in (True, False):
+        space = build_space("kl", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=off,
+                            options={}).on_real_gpus(real)
+        config = merge(off, space.suggest(optuna.trial.FixedTrial({"kl_coef": 0.001}), off))
+        assert config[L.USE_KL_LOSS] is True
+        peak = M.estimate(MODEL_7B, A100x8, config)
+        assert peak is not None
+        if real:
+            assert config[L.GPU_MEMORY] < edge and peak.peak_gb <= 80, peak.lines
+        else:
+            assert config[L.GPU_MEMORY] == edge and peak.peak_gb > 80
