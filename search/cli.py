@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import contextlib
 import os
 import re
 import signal
@@ -335,11 +335,13 @@ def resume(
 
     def action() -> None:
         from search.storage import DriverLock
+        from search.validate import check_memory
 
         url = _url_of(name, storage)
         if _finished_read_only(name, url):
             return
         opened, spec = _open_study(name, storage)
+        check_memory(spec)  # before anything is written or made
         with DriverLock(url):
             kind = _launcher_kind(opened, spec, launcher)
             _drive(spec, opened, _make_launcher(spec, kind), kind=kind, joined=f"resuming study {spec.name}")
@@ -362,6 +364,7 @@ def worker(
 
     def action() -> None:
         from search.errors import StudyNotFoundError
+        from search.validate import check_memory
 
         deadline = time.monotonic() + wait
         while True:
@@ -378,6 +381,7 @@ def worker(
                 "trial (two workers could take the same one). Put the study in PostgreSQL (README: cluster "
                 "guide), or run one driver with a larger launcher.max_concurrent on this machine."
             )
+        check_memory(spec)  # before anything is written or made
         kind = _launcher_kind(opened, spec, launcher)
         _drive(spec, opened, _make_launcher(spec, kind), kind=kind, joined=f"worker joined study {spec.name}",
                leave_at_end=True)
