@@ -87,6 +87,9 @@ def _refusals(tmp_path: Path) -> list[tuple[str, list[str], str]]:
          r"no study database at"),
         ("report of no study to a file", ["report", name, "--storage", "sqlite:///x.db", "-o", "out/r.html"],
          r"no study database at"),
+        ("init of a command without a model", ["init", "-o", "studies/x.yaml", "--gpu-memory-gb", "80", "--", "python3",
+                                               "-m", "verl.trainer.main_ppo", "data.train_batch_size=8"],
+         r"must set actor_rollout_ref.model.path"),
     ]
 
 
