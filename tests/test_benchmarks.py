@@ -229,24 +229,33 @@ def test_a_hyperband_peer_repeats_itself_with_the_same_seed() -> None:
     assert (again["points"], again["gpu_h"], again["n_probes"]) == (first["points"], first["gpu_h"], first["n_probes"])
 
 
+def _peer_on_default_world(method: str, tmp_path: Path, *, budget_gpu_h: float) -> tuple[Any, Any, Any]:
+    """One run of a peer on the `default` world's quick study, on the replay launcher:
+    (spec, launcher, trace). A peer of the bench extra that is missing skips (in CI, fails)."""
+    from benchmarks import methods as M
+    from benchmarks.peers import run_peer
+    from benchmarks.run import installed, rep_spec
+
+    if not installed(method):
+        pytest.skip(f"{method} comes with the bench extra (bash scripts/setup.sh --bench)")
+    spec = rep_spec("default", 0, quick=True)
+    launcher = M.replay_launcher(tmp_path, "default")
+    trace = run_peer(spec, launcher, method, budget_gpu_h=budget_gpu_h, seed=1000)
+    launcher.close()
+    return spec, launcher, trace
+
+
 @pytest.mark.parametrize("method", ["random", "tpe", "gp", "bohb", "smac", "dehb"])
 def test_each_peer_searches_on_a_shipped_world_until_the_budget(method: str, tmp_path: Path) -> None:
     """A smoke run of each peer of benchmarks/peers.py (SMAC3 and DEHB are the bench extra's:
     in CI a missing one fails, see tests/strict_skips.py): a handful of probes on the
     `default` world, configs of its own choosing, its incumbent one it ran, stopped at the
     budget. The prior peers' run is the test below."""
-    from benchmarks import methods as M
-    from benchmarks.peers import PEERS, run_peer
-    from benchmarks.run import installed, rep_spec
+    from benchmarks.peers import PEERS
     from spaces.overrides import to_overrides
 
     assert method in PEERS
-    if not installed(method):
-        pytest.skip(f"{method} comes with the bench extra (bash scripts/setup.sh --bench)")
-    spec = rep_spec("default", 0, quick=True)
-    launcher = M.replay_launcher(tmp_path, "default")
-    trace = run_peer(spec, launcher, method, budget_gpu_h=800.0, seed=1000)
-    launcher.close()
+    _, _, trace = _peer_on_default_world(method, tmp_path, budget_gpu_h=800.0)
 
     def without_seed(overrides: list[str]) -> tuple[str, ...]:
         return tuple(sorted(o for o in overrides if not o.startswith("data.seed=")))
@@ -262,17 +271,9 @@ def test_each_peer_searches_on_a_shipped_world_until_the_budget(method: str, tmp
 def test_the_prior_peers_start_from_the_study_baseline_and_spend_the_budget(method: str, tmp_path: Path) -> None:
     """PriorBand, Syne Tune and the joint Optuna study get verl-sweep's head start: their first
     probe is the study's baseline, run to full length; they stop at the GPU-hour budget."""
-    from benchmarks import methods as M
-    from benchmarks.peers import run_peer
-    from benchmarks.run import installed, rep_spec
     from spaces.overrides import parse_overrides
 
-    if not installed(method):
-        pytest.skip(f"{method} comes with the bench extra (bash scripts/setup.sh --bench)")
-    spec = rep_spec("default", 0, quick=True)
-    launcher = M.replay_launcher(tmp_path, "default")
-    trace = run_peer(spec, launcher, method, budget_gpu_h=400.0, seed=1000)
-    launcher.close()
+    spec, launcher, trace = _peer_on_default_world(method, tmp_path, budget_gpu_h=400.0)
     specs = sorted(tmp_path.rglob("spec.json"), key=lambda p: json.loads(p.read_text())["run_id"])
     first = parse_overrides(json.loads(specs[0].read_text())["overrides"])
     base = spec.baseline_config()
