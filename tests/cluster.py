@@ -117,8 +117,8 @@ def wait_for_root(storage: str, name: str, timeout_s: float = 180) -> None:
             with unpooled_storage(storage) as opened:
                 optuna.load_study(study_name=name, storage=opened)
             return
-        except (KeyError, sqlalchemy.exc.ProgrammingError):
-            time.sleep(0.2)
+        except (KeyError, sqlalchemy.exc.ProgrammingError, optuna.exceptions.StorageInternalError):
+            time.sleep(0.2)  # no study yet, or no table yet (Optuna wraps the missing table)
     raise AssertionError(f"study {name} was never created")
 
 

@@ -115,17 +115,20 @@ def _no_bug(result: Result) -> None:
 
 def _check_outcome(content: bytes, directory: Path) -> None:
     """`verl-sweep run` on the file, while this test drives its database (the lock `run`
-    takes just before it stores the study): a bad file exits 2 with one line and leaves
-    nothing behind; a file that passes every check reaches the lock, is refused there in one
-    line, and its database holds no study. Either way nothing runs, so a valid file costs
-    only verl's checks."""
+    takes just before it stores the study; the database is an empty file, which `run` takes
+    for a new one): a bad file exits 2 with one line and leaves nothing behind, the database
+    untouched; a file that passes every check reaches the lock, is refused there in one line,
+    takes back the runs directory it made, and its database holds no study. Either way nothing
+    runs, so a valid file costs only verl's checks."""
     import optuna
 
     from search.storage import DriverLock
 
     path = directory / "study.yaml"
     path.write_bytes(content)
-    url = f"sqlite:///{directory / 'fuzz.db'}"
+    database = directory / "fuzz.db"
+    database.write_bytes(b"")  # the lock is keyed on the database file
+    url = f"sqlite:///{database}"
     started = time.monotonic()
     with DriverLock(url):
         result = _in(directory, "run", str(path), "--storage", url)
@@ -136,11 +139,12 @@ def _check_outcome(content: bytes, directory: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), lines  # what `run` prints: one line
     assert len(lines[0]) < 1000 and "Traceback" not in lines[0], lines
     assert elapsed < MAX_SECONDS, f"{elapsed:.1f} s for {content[:300]!r}"
+    left = sorted(p.name for p in directory.iterdir() if p not in (path, database))
+    assert not left, f"a refused file left {left}"  # no runs directory, nothing beside the database
     if "one driver per SQLite study database" in lines[0]:  # a valid file: every check passed
         assert optuna.get_all_study_names(storage=url) == [], "a study was stored"
     else:
-        left = sorted(p.name for p in directory.iterdir() if p not in (path, directory / "fuzz.db.driver.lock"))
-        assert not left, f"a refused file left {left}"  # no database, no runs directory
+        assert database.read_bytes() == b"", "a refused file wrote to the database"
 
 
 @pytest.mark.timeout(600)
