@@ -36,8 +36,10 @@ GRACE_PERIOD_S = 120
 #: the schemes a study database may have (SQLAlchemy's, with an optional +driver)
 _SCHEMES = ("sqlite", "postgresql")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-#: the tables every Optuna storage has; a database without them holds no study
-_OPTUNA_TABLES = {"studies", "version_info", "trials"}
+#: the tables every Optuna storage has; a database without them holds no study. Alembic's
+#: version table comes last (Optuna stamps it once its tables exist), in one transaction on
+#: PostgreSQL: a database that has it is ready, and an opener then writes nothing of its own
+_OPTUNA_TABLES = {"studies", "version_info", "trials", "alembic_version"}
 #: seconds after which open_storage starts no new attempt at a server that does not answer
 #: (each attempt waits up to the driver's connect_timeout, 10 s): a dead address fails in
 #: about 20 s (it took 32.6 s with three attempts)
@@ -495,6 +497,10 @@ def holds_studies(url: str) -> bool:
     tables = _server_tables(url)
     if _OPTUNA_TABLES <= tables:
         return True
+    if _OPTUNA_TABLES - {"alembic_version"} <= tables:
+        # Another process is making Optuna's schema right now (its version stamp comes last):
+        # opening it too would stamp the version a second time, and one of the two would fail.
+        return False
     clash = sorted(tables & _optuna_table_names())
     if clash:
         raise BadInputError(f"the database {mask_url(url)} must hold Optuna's tables or none of them, but it has "

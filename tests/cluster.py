@@ -108,17 +108,21 @@ def wait_for_root(storage: str, name: str, timeout_s: float = 180) -> None:
     start took over a minute."""
     import optuna
 
-    import sqlalchemy
+    from search.storage import holds_studies
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         # Before `run` creates the schema on an empty database there is no table to read.
-        try:
-            with unpooled_storage(storage) as opened:
-                optuna.load_study(study_name=name, storage=opened)
-            return
-        except (KeyError, sqlalchemy.exc.ProgrammingError, optuna.exceptions.StorageInternalError):
-            time.sleep(0.2)  # no study yet, or no table yet (Optuna wraps the missing table)
+        # Opening the storage while `run` makes the schema would stamp Optuna's version twice:
+        # first the read-only look that a worker takes too.
+        if holds_studies(storage):
+            try:
+                with unpooled_storage(storage) as opened:
+                    optuna.load_study(study_name=name, storage=opened)
+                return
+            except KeyError:
+                pass
+        time.sleep(0.2)
     raise AssertionError(f"study {name} was never created")
 
 
