@@ -43,12 +43,14 @@ def _status(tmp_path: Path) -> dict[str, Any]:
 
 
 def _counted(stage: dict[str, Any]) -> list[dict[str, Any]]:
-    """The trials in a stage's budget: not re-runs, not failures queued again, and not the
-    incumbent runs carried from the stage before on seeds beyond the incumbent's own."""
+    """The trials in a stage's budget (``policy.counted``): not re-runs, not failures queued
+    again, and no incumbent run on a seed beyond the incumbent's own (carried from the stage
+    before, or run to pair a leader's confirmations: how many of those a stage runs depends on
+    timing)."""
     data = demo_data()
     own = data["seeds"][: data["probe"]["incumbent_repeats"]]
     return [t for t in stage["trials"] if not t["requeued"] and t["role"] != "rerun"
-            and not (t["carried_from"] and t["seed"] not in own)]
+            and not (t["role"] == "incumbent" and t["seed"] not in own)]
 
 
 def _leftover_processes(marker: str) -> list[psutil.Process]:
