@@ -295,10 +295,10 @@ def run(
         url = storage or spec.storage_url()
         if _finished_read_only(spec.name, url):
             return
-        preflight(url)  # a server that does not answer is found here, before anything is made
+        holds = preflight(url)  # a server that does not answer is found here, before anything is made
         from search.study_root import check_name_clash
 
-        check_name_clash(url, spec)  # before verl's checks, which take seconds
+        check_name_clash(url, spec, holds=holds)  # before verl's checks, which take seconds
         # Exactly validate's checks, before a database exists: a definition verl would refuse
         # must not be stored (its stored definition would then refuse the corrected file).
         problems, _ = _check_study(spec)

@@ -385,25 +385,18 @@ def removed_if_refused(runs_dir: Path, database: Path | None) -> Iterator[None]:
     """Undo what a ``run`` makes before its study is stored, if it fails there: the runs
     directory and the folders above it that it made (while still empty), and a database
     file it made that holds no study (another process's study in it stays)."""
-    made_dirs = []
-    folder = runs_dir
-    while not folder.exists() and folder != folder.parent:
-        made_dirs.append(folder)
-        folder = folder.parent
+    def missing(folder: Path) -> list[Path]:  # the folder and those above it not there yet, deepest first
+        return [] if folder.exists() or folder == folder.parent else [folder, *missing(folder.parent)]
+
     new_database = database is not None and not database.exists()
-    made_for_database = []
-    if database is not None:
-        folder = database.parent
-        while not folder.exists() and folder != folder.parent:
-            made_for_database.append(folder)
-            folder = folder.parent
+    made_dirs = missing(runs_dir) + (missing(database.parent) if database is not None else [])
     try:
         yield
     except BaseException:
         if new_database and database is not None and database.is_file() and not _stores_a_study(database):
             for path in (database, Path(f"{database}-journal"), Path(f"{database}-wal"), Path(f"{database}-shm")):
                 path.unlink(missing_ok=True)
-        for folder in [*made_dirs, *made_for_database]:  # deepest first
+        for folder in made_dirs:
             with contextlib.suppress(OSError):  # not empty (or gone): kept
                 folder.rmdir()
         raise

@@ -70,13 +70,14 @@ def _refuse_other_definition(spec: StudySpec, changed: list[str]) -> None:
         )
 
 
-def check_name_clash(url: str, spec: StudySpec) -> None:
+def check_name_clash(url: str, spec: StudySpec, *, holds: bool | None = None) -> None:
     """What ``save_spec`` would refuse (another definition under this name), found read-only
     and before verl's checks (seconds): a database that holds no study yet (none there, an
-    empty file, a server database without Optuna's tables) has no clash."""
+    empty file, a server database without Optuna's tables) has no clash. ``holds``: what
+    ``holds_studies`` said of it already (``run``'s preflight), so the server is asked once."""
     from search.storage import holds_studies, open_storage
 
-    if not holds_studies(url):
+    if not (holds_studies(url) if holds is None else holds):
         return
     storage = open_storage(url, create=False, readonly=True)
     try:
