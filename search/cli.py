@@ -578,7 +578,14 @@ def _tolerant_streams() -> None:
                 pass
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
 def main() -> None:
+    # First: a SIGTERM while a command starts (imports, the database's first look) stops it as
+    # one in the driver does, exit 130, never a bare kill; the driver installs its own.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     _tolerant_streams()
     app()

@@ -169,18 +169,21 @@ def test_driver_killed_while_jobs_run_reattaches_on_resume(ray_address: str, tmp
     data["final_check"] = False  # the re-attach is the subject: six more Ray jobs would prove nothing here
     study = write_study(tmp_path, data, "rayre.yaml")
     url = f"sqlite:///{tmp_path}/rayre.db"
-    driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "driver.log"
+    with log.open("wb") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
+                                  stdout=out, stderr=subprocess.STDOUT)
     running: list[str] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(running) < 2:
+    # Generous: on CI's two cores beside the worker fault tests, each Ray job's start is slow.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(running) < 2 and driver.poll() is None:
         time.sleep(0.5)
         try:
             trials = optuna.load_study(study_name="rayre.lr", storage=url).get_trials(deepcopy=False)
         except (KeyError, Exception):  # noqa: BLE001 - the database may not exist yet
             continue
         running = [t.user_attrs["run_id"] for t in trials if t.state.name == "RUNNING" and "run_id" in t.user_attrs]
-    assert len(running) >= 2, "the driver never had two jobs running"
+    assert len(running) >= 2, f"the driver never had two jobs running; its output:\n{log.read_text()[-3000:]}"
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(timeout=10)
     client = JobSubmissionClient(ray_address)

@@ -127,6 +127,7 @@ def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
     procs = [start_cli("run", str(study), cwd=tmp_path, log=logs / "w00.log")]
     wait_for_root(url, name)
     procs += [start_cli("worker", name, "--storage", url, cwd=tmp_path, log=logs / f"w{i:02d}.log") for i in range(1, 6)]
+    born = {p.pid: time.monotonic() for p in procs}
     faults = collections.Counter()
     completed_seen: dict[int, float | None] = {}
     # Each fault strikes when the study has completed this many trials (about 33 in all), not
@@ -147,6 +148,9 @@ def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
                 victim.send_signal(signal.SIGKILL)
                 faults["SIGKILL"] += 1
             else:
+                # Not in its first second: a process signalled while the interpreter itself
+                # starts, before any of verl-sweep's code runs, cannot stop cleanly.
+                time.sleep(max(0.0, born[victim.pid] + 1.5 - time.monotonic()))
                 victim.send_signal(signal.SIGTERM)
                 started = time.monotonic()
                 code = victim.wait(timeout=30)
@@ -154,6 +158,7 @@ def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
                 faults["SIGTERM"] += 1
                 faults["SIGTERM exit s"] = round(time.monotonic() - started, 1)
             procs.append(start_cli("worker", name, "--storage", url, cwd=tmp_path, log=logs / f"r{round_:02d}.log"))
+            born[procs[-1].pid] = time.monotonic()
         for p in procs:
             if p.poll() is None:
                 p.wait(timeout=900)
