@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "data"
 
 from curves import Curve, run  # noqa: E402
 
-from objectives.score import ESTIMATORS, eta, score_reward_rate  # noqa: E402
+from verl_sweep.objectives.score import ESTIMATORS, eta, score_reward_rate  # noqa: E402
 
 PAIRS = {
     "slow-vs-slow (early, near linear)": (Curve(t_mid_s=9000), Curve(t_mid_s=11000)),

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "data"
 
 from curves import Curve, run  # noqa: E402
 
-from objectives.score import ScoreError, score_reward_rate  # noqa: E402
+from verl_sweep.objectives.score import ScoreError, score_reward_rate  # noqa: E402
 
 STEPS = 500
 

@@ -52,7 +52,7 @@ def _knobs(config: dict[str, Any]) -> str:
 
 
 def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:
-    from launchers.simulator import load_landscape
+    from verl_sweep.launchers.simulator import load_landscape
 
     spec = rep_spec(landscape_name, rep)
     landscape = load_landscape(landscape_name)

@@ -23,13 +23,13 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Mapping
 
-from search.study_file import StudySpec
-from spaces import limits as L
-from spaces.base import Space
-from spaces.facts import Algorithm
-from spaces.overrides import Config
-from spaces import systems as S
-from spaces.stages import KLSpace, LamSpace, LRSpace, MiniBatchSpace, SystemsSpace, TokenBudgetSpace
+from verl_sweep.search.spec.study_file import StudySpec
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.base import Space
+from verl_sweep.spaces.facts import Algorithm
+from verl_sweep.spaces.overrides import Config
+from verl_sweep.spaces import systems as S
+from verl_sweep.spaces.stages import KLSpace, LamSpace, LRSpace, MiniBatchSpace, SystemsSpace, TokenBudgetSpace
 
 if TYPE_CHECKING:
     import optuna
@@ -223,7 +223,7 @@ class FairJointSpace(Space):
                 return None
             if p.kind == "float":  # within rounding of a bound: exactly on it
                 values[name] = min(p.high, max(p.low, float(value)))
-        from spaces.overrides import merge
+        from verl_sweep.spaces.overrides import merge
 
         rebuilt = merge(self.base, self.to_config(values))
         for key in set(rebuilt) | set(config):

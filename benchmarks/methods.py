@@ -1,6 +1,6 @@
 """The search methods the benchmark compares, each on its own ReplayLauncher.
 
-- ``verl-sweep``: :class:`search.driver.StudyRunner` as shipped, on the demo study's stages.
+- ``verl-sweep``: :class:`verl_sweep.search.engine.driver.StudyRunner` as shipped, on the demo study's stages.
 - the HPO peers (random, TPE, GP, BOHB-style, SMAC3, DEHB) are in :mod:`benchmarks.peers`,
   over :class:`benchmarks.joint.FairJointSpace` (the joint space these methods used before
   it was widened always turned KL on and capped the token budget below the chain's bound).
@@ -19,14 +19,14 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Collection
 
-from launchers.replay import ReplayLauncher
-from objectives.probe import Probe, ProbeSettings, ProbeState
-from objectives.score import Score, eta as eta_of
-from search.console import Console
-from search.driver import StageResult, StudyRunner
-from search.events import StudyListener
-from search.study_file import StudySpec
-from spaces.overrides import Config, merge, to_overrides
+from verl_sweep.launchers.replay import ReplayLauncher
+from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
+from verl_sweep.objectives.score import Score, eta as eta_of
+from verl_sweep.search.views.console import Console
+from verl_sweep.search.engine.driver import StageResult, StudyRunner
+from verl_sweep.search.engine.events import StudyListener
+from verl_sweep.search.spec.study_file import StudySpec
+from verl_sweep.spaces.overrides import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def finish_trace(trace: Trace, launcher: ReplayLauncher, probe_steps: int, start
 
 
 class StageTrace(StudyListener):
-    """Follows a study (``search.events``): each decision and each told trial, with the
+    """Follows a study (``verl_sweep.search.engine.events``): each decision and each told trial, with the
     GPU-hours the launcher had spent by then."""
 
     def __init__(self, launcher: ReplayLauncher) -> None:
@@ -91,15 +91,15 @@ class StageTrace(StudyListener):
 
     def trial_finished(self, study: Any, number: int, role: Any, overrides: dict[str, Any], **details: Any) -> None:
         self.trials.append((gpu_hours(self.launcher), role, merge(self.base, overrides), details.get("eta")))
-        if details.get("state") == "pruned":  # the driver's run id (search.trials.TrialRunner._start_asked)
+        if details.get("state") == "pruned":  # the driver's run id (verl_sweep.search.engine.trials.TrialRunner._start_asked)
             self.stopped_early.add(f"{study.study_name}.t{number:04d}")
 
 
 def _storage() -> Any:
-    from search._optuna_forks import storage_class
+    from verl_sweep.search.database._optuna_forks import storage_class
 
     # One private in-memory database per run: the driver needs an RDB storage (heartbeats);
-    # the storage class users get (search/storage.py), so the benchmark times what they run.
+    # the storage class users get (search/database/storage.py), so the benchmark times what they run.
     return storage_class()("sqlite:///:memory:", heartbeat_interval=60, grace_period=120)
 
 
@@ -144,7 +144,7 @@ class ManualProcedure:
         """One probe to step N; its score, or None when it failed or was stopped."""
         self.n += 1
         config = merge(config, {"data.seed": self.seed + self.n})
-        from launchers.base import RunSpec
+        from verl_sweep.launchers.base import RunSpec
 
         run = RunSpec(run_id=f"manual.p{self.n:03d}", overrides=tuple(to_overrides(config)), n_gpus=self.spec.hardware.n_gpus)
         settings = ProbeSettings(steps=self.spec.probe.steps, warmup_steps=self.spec.probe.warmup_steps,
@@ -159,7 +159,7 @@ class ManualProcedure:
         return outcome.score if outcome.state is ProbeState.COMPLETE else None
 
     def run(self) -> Trace:
-        from spaces import limits as L
+        from verl_sweep.spaces import limits as L
 
         current = self.spec.baseline_config()
         self.points = [(0.0, dict(current))]
@@ -234,7 +234,7 @@ class ManualProcedure:
     def tokens(self, current: Config, score: Score) -> tuple[Config, Score]:
         """The source's formula (GPU GB × 0.65 × 1024² ÷ (hidden/8)), rounded down to
         thousands; −10% after each OOM; kept if η > 1.02."""
-        from spaces import limits as L
+        from verl_sweep.spaces import limits as L
 
         value = int(self.spec.hardware.gpu_memory_gb * 0.65 * 1024**2 / (self.spec.model.hidden_size / 8) // 1000 * 1000)
         for _ in range(self.MAX_MOVES):
@@ -260,7 +260,7 @@ def replay_launcher(root: Path, landscape: str) -> ReplayLauncher:
 
 
 def _num(config: Config, key: str, default: float) -> float:
-    from spaces import limits as L
+    from verl_sweep.spaces import limits as L
 
     value = L.setting(config, key)
     return float(default if value is None else value)

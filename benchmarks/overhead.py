@@ -32,12 +32,12 @@ def measure_handoff(*, n_trials: int = 8) -> dict[str, Any]:
     """Real probes through the driver: slot hand-off times from the run directories."""
     import yaml
 
-    from launchers.sim import SimLauncher
-    from search.console import Console
-    from search.driver import StudyRunner
-    from search.storage import open_storage
-    from search.study_file import parse_study
-    from spaces import build_space
+    from verl_sweep.launchers.sim import SimLauncher
+    from verl_sweep.search.views.console import Console
+    from verl_sweep.search.engine.driver import StudyRunner
+    from verl_sweep.search.database.storage import open_storage
+    from verl_sweep.search.spec.study_file import parse_study
+    from verl_sweep.spaces import build_space
 
     data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
     data.update(name="handoff", probe={**data["probe"], "steps": 40})
@@ -134,8 +134,8 @@ def _verl_sweep_study(storage: Any, n: int) -> tuple[str, Any]:
     import optuna
     import yaml
 
-    from search.driver import save_spec
-    from search.study_file import parse_study
+    from verl_sweep.search.engine.driver import save_spec
+    from verl_sweep.search.spec.study_file import parse_study
 
     data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
     name = f"benchoverhead{uuid.uuid4().hex[:8]}"
@@ -160,8 +160,8 @@ def _optuna_storage(storage: Any) -> Any:
 def _sampler(name: str) -> Any:
     import optuna
 
-    from search.sampler import build_sampler
-    from search.study_file import StageSettings
+    from verl_sweep.search.method.sampler import build_sampler
+    from verl_sweep.search.spec.study_file import StageSettings
 
     if name.startswith("tpe"):  # as the driver builds it: a stage's default, or multivariate (systems)
         stage = StageSettings.model_validate({"name": "x", "space": "lr", "budget": {"max_trials": 10},
@@ -193,7 +193,7 @@ def measure_backend(url: str, cycles: dict[int, int], *, status_at: int | None =
     trials in Optuna's in-memory storage, which is the sampler's own cost with no database."""
     import optuna
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(url)
     backend = url.split(":")[0].split("+")[0]

@@ -33,11 +33,11 @@ from typing import Any, Callable
 
 from benchmarks.joint import FairJointSpace
 from benchmarks.methods import POLL_S, Trace, finish_trace, gpu_hours, _startup
-from launchers.base import RunSpec
-from launchers.replay import ReplayLauncher
-from objectives.probe import Probe, ProbeSettings, ProbeState
-from search.study_file import StudySpec
-from spaces.overrides import Config, merge, to_overrides
+from verl_sweep.launchers.base import RunSpec
+from verl_sweep.launchers.replay import ReplayLauncher
+from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
+from verl_sweep.search.spec.study_file import StudySpec
+from verl_sweep.spaces.overrides import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Evaluator:
 # -- Optuna peers ------------------------------------------------------------------------------
 
 
-def _cpu_gp_sampler(**kwargs: Any) -> Any:
+def cpu_gp_sampler(**kwargs: Any) -> Any:
     """Optuna's GPSampler, as is, minus one wrapper. Optuna 5.0 runs its fit and acquisition
     search inside ``with torch.device("cpu")`` (its issue #6113: a user's CUDA default
     device); here the default device is the CPU already, and that context's TorchFunctionMode
@@ -139,7 +139,7 @@ def _cpu_gp_sampler(**kwargs: Any) -> Any:
     return CpuGPSampler(**kwargs)
 
 
-def _run_optuna(ev: Evaluator, method: str, seed: int) -> None:
+def run_optuna(ev: Evaluator, method: str, seed: int) -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -150,7 +150,7 @@ def _run_optuna(ev: Evaluator, method: str, seed: int) -> None:
     elif method == "tpe":
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
     elif method == "gp":
-        sampler = _cpu_gp_sampler(seed=seed, n_startup_trials=8)
+        sampler = cpu_gp_sampler(seed=seed, n_startup_trials=8)
     elif method == "bohb":
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
         pruner = optuna.pruners.HyperbandPruner(min_resource=MIN_STEPS, max_resource=steps, reduction_factor=3)
@@ -243,18 +243,5 @@ def _run_dehb(ev: Evaluator, seed: int) -> None:
                 ev.choose(ev.space.from_config_space(dict(incumbent)))
 
 
-def run_peer(spec: StudySpec, launcher: ReplayLauncher, method: str, *, budget_gpu_h: float, seed: int) -> Trace:
-    """One peer, once, until ``budget_gpu_h`` GPU-hours are spent; its trace."""
-    space = FairJointSpace(spec)
-    ev = Evaluator(spec, launcher, space, budget_gpu_h=budget_gpu_h, name=method)
-    from benchmarks.prior_peers import RUNNERS
-
-    if method in RUNNERS:
-        RUNNERS[method](ev, seed)
-    elif method == "smac":
-        _run_smac(ev, seed)
-    elif method == "dehb":
-        _run_dehb(ev, seed)
-    else:
-        _run_optuna(ev, method, seed)
-    return ev.trace()
+#: the peers of this module by name (Optuna's samplers are the rest: ``run_optuna``)
+RUNNERS = {"smac": _run_smac, "dehb": _run_dehb}

@@ -30,7 +30,7 @@ import logging
 from typing import Any, Callable, Literal
 
 from benchmarks.joint import FairJointSpace, Param, _cs_value as _cs
-from benchmarks.peers import MIN_STEPS, BudgetSpent, Evaluator, _cpu_gp_sampler
+from benchmarks.peers import MIN_STEPS, BudgetSpent, Evaluator, cpu_gp_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _run_optuna_gp(ev: Evaluator, seed: int) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     steps = ev.spec.probe.steps
     study = optuna.create_study(study_name=f"optuna-gp-{seed}", direction="maximize",
-                                sampler=_cpu_gp_sampler(seed=seed, n_startup_trials=8),
+                                sampler=cpu_gp_sampler(seed=seed, n_startup_trials=8),
                                 pruner=optuna.pruners.HyperbandPruner(min_resource=MIN_STEPS, max_resource=steps,
                                                                       reduction_factor=3))  # fmt: skip
     baseline = ev.space.params_for(ev.base)

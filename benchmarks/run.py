@@ -88,7 +88,7 @@ def split_landscapes(split: str) -> list[str]:
     (``tune,report``: the shipped worlds of the timed benchmark; ``blind``: the files of
     benchmarks/blind not yet used to change the method; ``retired``: those that were, now in
     the tune split)."""
-    from launchers.simulator import shipped_landscapes
+    from verl_sweep.launchers.simulator import shipped_landscapes
 
     shipped = shipped_landscapes()
     shipped_splits = ("tune", "report", "heldout")
@@ -124,8 +124,8 @@ def demo_spec(landscape: str, *, quick: bool = False) -> Any:
     as in the default PPO stages)."""
     import yaml
 
-    from launchers.simulator import load_landscape
-    from search.study_file import parse_study
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.search.spec.study_file import parse_study
 
     data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
     data["name"] = "bench"
@@ -186,11 +186,11 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     run on the noise-free model (each stage's space on the chain's base, ``n_random`` points
     a stage). Judged at :func:`true_steps`. Cached in ``CACHE`` (or read from the shipped
     ``SHIPPED``) by the landscape file's and the study's content."""
-    from launchers.simulator import load_landscape
-    from spaces.overrides import merge
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.spaces.overrides import merge
 
     from benchmarks.joint import FairJointSpace
-    from spaces.registry import build_space
+    from verl_sweep.spaces.registry import build_space
 
     landscape = load_landscape(landscape_name)
     key = hashlib.sha1(json.dumps([BEST_VERSION, landscape.data, _study_for_key(spec), n_random], sort_keys=True,
@@ -294,10 +294,10 @@ def run_one(task: tuple[str, str, int, bool, float]) -> dict[str, Any]:
     landscape_name, method, rep, quick, budget_gpu_h = task
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    from launchers.simulator import load_landscape
+    from verl_sweep.launchers.simulator import load_landscape
 
     from benchmarks import methods as M
-    from benchmarks.peers import run_peer
+    from benchmarks.peer_run import run_peer
 
     spec = rep_spec(landscape_name, rep, quick=quick)
     landscape = load_landscape(landscape_name)
@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.from_results:
         return _resummarize(args.from_results, args.out)
-    from launchers.simulator import load_landscape
+    from verl_sweep.launchers.simulator import load_landscape
 
     asked = args.methods.split(",") if args.methods else [m for m in METHODS if installed(m)]
     unknown = sorted(set(asked) - set(METHODS))

@@ -78,7 +78,7 @@ def run_processes(work: Path, study_file: Path, name: str, storage: str, n_worke
                   timeout_s: float) -> dict[int, tuple[float, float, int | None, Path]]:
     """Start the driver, then the workers; returns pid → (start time, exit time, exit code,
     log file). A worker leaves when the last stage has nothing left for it."""
-    cmd = [sys.executable, "-m", "search.cli"]
+    cmd = [sys.executable, "-m", "verl_sweep.search.commands.cli"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs: list[tuple[subprocess.Popen[bytes], float, Path]] = []
 

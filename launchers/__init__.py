@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launchers.base import (
+from verl_sweep.launchers.base import (
     Launcher,
     LauncherError,
     NoCapacityError,
@@ -18,10 +18,10 @@ from launchers.base import (
     RunState,
     RunStatus,
 )
-from launchers.local import LocalLauncher
-from launchers.ray_jobs import RayJobLauncher
-from launchers.sim import SimLauncher
-from launchers.replay import ReplayLauncher
+from verl_sweep.launchers.local import LocalLauncher
+from verl_sweep.launchers.ray_jobs import RayJobLauncher
+from verl_sweep.launchers.sim import SimLauncher
+from verl_sweep.launchers.replay import ReplayLauncher
 
 #: every launcher, by its kind (its ``name``: the one place a kind is spelled), as a study
 #: file's ``launcher.kind`` and ``--launcher`` name it

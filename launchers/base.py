@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from launchers.run_dir import RunDir
+from verl_sweep.launchers.run_dir import RunDir
 
 if TYPE_CHECKING:
-    from launchers.options import Option
+    from verl_sweep.launchers.options import Option
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class RunHandle:
 
     @property
     def files(self) -> RunDir:
-        """The run directory's files (``launchers.run_dir``); its metrics may be elsewhere
+        """The run directory's files (``verl_sweep.launchers.run_dir``); its metrics may be elsewhere
         (``metrics_path``: a Ray job writes them on shared storage)."""
         return RunDir(self.run_dir)
 
@@ -146,7 +146,7 @@ class Launcher(abc.ABC):
     """
 
     name: str = "base"
-    #: the options a study file may set under ``launcher.options`` (``launchers.options``):
+    #: the options a study file may set under ``launcher.options`` (``verl_sweep.launchers.options``):
     #: the keyword arguments of the constructor, but the clock
     OPTIONS: tuple[Option, ...] = ()
     #: can be built on any machine (no GPU, no cluster): ``validate`` builds it to check the options
@@ -238,5 +238,5 @@ class Launcher(abc.ABC):
 
     def _files(self, run_id: str) -> RunDir:
         """The run's directory under ``root_dir`` (created) with the files every launcher's runs
-        have (``launchers.run_dir``)."""
+        have (``verl_sweep.launchers.run_dir``)."""
         return RunDir.make(self.root_dir, run_id)

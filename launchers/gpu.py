@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from launchers.base import Clock, LauncherError
+from verl_sweep.launchers.base import Clock, LauncherError
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Contract:
   probes (a small model leaves most of a GPU idle: the tiny H200 study runs 4 at once), so
   (G // g) × probes_per_gpu slots; ``start`` raises ``NoCapacityError`` when every slot is
   busy. A slot frees as soon as ``poll`` sees the exit or ``cancel`` kills it.
-- Each run gets its run directory (``launchers.run_dir``: spec, stdout, stderr, metrics, GPU
+- Each run gets its run directory (``verl_sweep.launchers.run_dir``: spec, stdout, stderr, metrics, GPU
   samples on real GPUs) and ``process.json``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins
   (``run_dir.probe_pins``, appended after the caller's overrides, which lose any pinned key); a
   private Ray.
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from launchers import gpu as gpu_mod
-from launchers import process as proc_mod
-from launchers.base import (
+from verl_sweep.launchers import gpu as gpu_mod
+from verl_sweep.launchers import process as proc_mod
+from verl_sweep.launchers.base import (
     Clock,
     Launcher,
     LauncherError,
@@ -39,8 +39,8 @@ from launchers.base import (
     RunStatus,
     probe_environment,
 )
-from launchers.options import Option
-from launchers.run_dir import RunDir, error_lines, merge_overrides, override_key, probe_pins, stderr_tail, tail
+from verl_sweep.launchers.options import Option
+from verl_sweep.launchers.run_dir import RunDir, error_lines, merge_overrides, override_key, probe_pins, stderr_tail, tail
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Like Hydra's launcher configs: every launcher lists the options a study file may
 the file leaves it out). ``resolve`` turns a study's options into the launcher's constructor
 arguments, refusing an unknown option or a value of the wrong type in one line that names
 what the launcher takes. The study file, the CLI and ``validate`` all go through it
-(``search.launch``); nobody reads a constructor's signature.
+(``verl_sweep.search.commands.launch``); nobody reads a constructor's signature.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Sequence
 
 import psutil
 
-from launchers.base import LauncherError
+from verl_sweep.launchers.base import LauncherError
 
 logger = logging.getLogger(__name__)
 

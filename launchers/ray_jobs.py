@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from launchers.base import (
+from verl_sweep.launchers.base import (
     Clock,
     Launcher,
     LauncherError,
@@ -36,8 +36,8 @@ from launchers.base import (
     RunStatus,
     probe_environment,
 )
-from launchers.options import Option
-from launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
+from verl_sweep.launchers.options import Option
+from verl_sweep.launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """ReplayLauncher: simulated verl probes on a virtual clock, with no process at all.
 
 Like Syne Tune's simulator backend: the same ``start / poll / cancel`` contract and the same
-run directory files as :class:`launchers.sim.SimLauncher` (``spec.json``, ``metrics.jsonl`` in
+run directory files as :class:`verl_sweep.launchers.sim.SimLauncher` (``spec.json``, ``metrics.jsonl`` in
 verl's format, ``stdout.log`` with verl's console lines, ``stderr.log`` with verl's failure
 texts, ``gpu_samples.jsonl``), but each run's lines are written from
 :meth:`Landscape.simulate` — the very model the simulator process runs — as the launcher's
@@ -12,7 +12,7 @@ poll without calling ``wait`` (generic polling loops, the launcher contract) see
 
 Overrides are parsed and checked exactly as the simulator process does
 (``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers. The
-trackers a baseline names (W&B, TensorBoard: ``launchers.simulator.tracking``) are not written:
+trackers a baseline names (W&B, TensorBoard: ``verl_sweep.launchers.simulator.tracking``) are not written:
 a replay is a benchmark's thousands of runs in one process, not a study a person follows.
 """
 
@@ -26,9 +26,9 @@ import random
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
 
-from launchers.base import Launcher, LauncherError, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus
-from launchers.options import Option
-from launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
+from verl_sweep.launchers.base import Launcher, LauncherError, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus
+from verl_sweep.launchers.options import Option
+from verl_sweep.launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class ReplayLauncher(Launcher):
             raise LauncherError(f"gpus_per_probe must be >= 1, but got {gpus_per_probe}.")
         if poll_advance_s < 0:
             raise LauncherError(f"poll_advance_s must be >= 0, but got {poll_advance_s}. It is virtual seconds per poll.")
-        from launchers.simulator import LandscapeError, load_landscape
+        from verl_sweep.launchers.simulator import LandscapeError, load_landscape
 
         try:  # before the runs directory exists: a bad landscape is bad input
             world = load_landscape(landscape)
@@ -279,7 +279,7 @@ class ReplayLauncher(Launcher):
         (a 20 ms YAML read) is remembered per set of keys."""
         import os
 
-        from launchers.simulator.config import ConfigError, check_config, check_keys
+        from verl_sweep.launchers.simulator.config import ConfigError, check_config, check_keys
 
         keys = frozenset(config)
         if keys not in self._key_checks:
@@ -304,11 +304,11 @@ class ReplayLauncher(Launcher):
     def _events(
         self, argv: list[str], handle: RunHandle, *, started_at: float, skip_steps: int, files: dict[str, Any]
     ) -> Iterator[tuple[float, str, Any]]:
-        """What ``python -m launchers.simulator argv`` does, as timed events; writing happens
+        """What ``python -m verl_sweep.launchers.simulator argv`` does, as timed events; writing happens
         as each event is taken (so lines appear when the clock passes them)."""
-        from launchers.simulator.trace import console_line, gpu_sample, json_line, real_record
-        from launchers.simulator.config import ConfigError, get, logger_path, parse_overrides
-        from launchers.simulator.landscape import LandscapeError
+        from verl_sweep.launchers.simulator.trace import console_line, gpu_sample, json_line, real_record
+        from verl_sweep.launchers.simulator.config import ConfigError, get, logger_path, parse_overrides
+        from verl_sweep.launchers.simulator.landscape import LandscapeError
 
         out, err = files["stdout"], files["stderr"]
         prefix = f"(TaskRunnerV1 pid=replay-{handle.run_id})"

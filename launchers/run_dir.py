@@ -7,14 +7,14 @@
   and its errors
 - ``metrics.jsonl``: verl's file logger (``$VERL_FILE_LOGGER_PATH``), one line per step
 - ``tensorboard/``: verl's tensorboard logger (``$TENSORBOARD_DIR``), unless the baseline asks
-  for TensorBoard: then the user's tree holds it (``launchers.trackers``)
+  for TensorBoard: then the user's tree holds it (``verl_sweep.launchers.trackers``)
 - ``gpu_samples.jsonl``: NVML samples of the run's GPUs
 - ``worker_errors.log``: error lines kept from the run's own Ray workers when it failed
 - ``hydra/``: Hydra's run directory
 
 The pins (``probe_pins``) make a probe clean (docs/method.md §3), point verl's file logger into
 this directory and name the probe in the user's trackers; a caller's override of a pinned key is dropped (``merge_overrides``). Readers
-(``objectives.sources``, ``search.status``, the report) find a run's files through
+(``verl_sweep.objectives.sources``, ``verl_sweep.search.views.status``, the report) find a run's files through
 ``RunDir`` too.
 """
 
@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
-from launchers.trackers import ENV_OVERRIDE, ProbeTracking
+from verl_sweep.launchers.trackers import ENV_OVERRIDE, ProbeTracking
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ _CARRIED = frozenset({"trainer.logger"})
 
 
 class _Spec(Protocol):
-    """What ``spec.json`` records of a ``launchers.base.RunSpec``."""
+    """What ``spec.json`` records of a ``verl_sweep.launchers.base.RunSpec``."""
 
     @property
     def run_id(self) -> str: ...
@@ -127,7 +127,7 @@ def probe_pins(spec: _Spec, run_dir: RunDir, *, metrics_path: Path | None = None
     validation before training, no checkpoints, its own experiment name and Hydra directory,
     the baseline's loggers with verl's console and file loggers, the file logger's path
     (``metrics_path``: where the run can write it, by default the run directory's), and the
-    names the user's trackers give it (``launchers.trackers``: W&B's group and job type, the
+    names the user's trackers give it (``verl_sweep.launchers.trackers``: W&B's group and job type, the
     TensorBoard directory, by default the run directory's)."""
     metrics = metrics_path or run_dir.metrics
     tracking = ProbeTracking.plan(spec.run_id, spec.overrides, spec.metadata)

@@ -1,6 +1,6 @@
 """SimLauncher: the LocalLauncher mechanics around the verl simulator process.
 
-Contract: each probe runs ``python -m launchers.simulator <overrides>`` with fake GPU ids,
+Contract: each probe runs ``python -m verl_sweep.launchers.simulator <overrides>`` with fake GPU ids,
 ``VERL_SIM_TIME_SCALE``, ``VERL_SIM_LANDSCAPE`` and ``VERL_SIM_GPU_SAMPLES_PATH`` set; no
 NVML preflight or sampling. ``clock`` reads SIMULATED seconds (real elapsed seconds since the
 launcher was made × ``time_scale``), so the scorer, the budgets and the simulator share one
@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from launchers.base import Clock, LauncherError, RunSpec
-from launchers.local import LocalLauncher
-from launchers.options import Option
-from launchers.run_dir import RunDir
-from launchers.simulator.landscape import LandscapeError, load_landscape
+from verl_sweep.launchers.base import Clock, LauncherError, RunSpec
+from verl_sweep.launchers.local import LocalLauncher
+from verl_sweep.launchers.options import Option
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.launchers.simulator.landscape import LandscapeError, load_landscape
 
-SIMULATOR_COMMAND: tuple[str, ...] = (sys.executable, "-m", "launchers.simulator")
+SIMULATOR_COMMAND: tuple[str, ...] = (sys.executable, "-m", "verl_sweep.launchers.simulator")
 
 
 class SimClock:

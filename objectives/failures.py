@@ -18,7 +18,7 @@ import re
 import signal
 from pathlib import Path
 
-from launchers.run_dir import error_lines, tail
+from verl_sweep.launchers.run_dir import error_lines, tail
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from objectives.metrics import GRAD_KEY, KL_KEYS, LOSS_KEYS, REWARD_KEY, StepMetrics
+from verl_sweep.objectives.metrics import GRAD_KEY, KL_KEYS, LOSS_KEYS, REWARD_KEY, StepMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -186,7 +186,7 @@ class Batch:
 
 
 class MetricSource(abc.ABC):
-    """One place a run's per-step metrics can be read from, incrementally (``objectives.sources``:
+    """One place a run's per-step metrics can be read from, incrementally (``verl_sweep.objectives.sources``:
     verl's file logger, its tensorboard events, its console). ``MetricsFollower`` reads the
     most trusted source that has something to read."""
 
@@ -207,7 +207,7 @@ class MetricSource(abc.ABC):
 class MetricsFollower:
     """Reads a run's metrics incrementally while verl writes them.
 
-    ``sources`` are the places to read them, most trusted first (``objectives.sources.
+    ``sources`` are the places to read them, most trusted first (``verl_sweep.objectives.sources.
     run_sources``): the first one that has something to read is followed; when a more
     trusted one appears later it takes over and the series read so far is discarded.
     Callers (the probe's polling loop) call ``read_new()`` every few seconds and use

@@ -13,12 +13,12 @@ import logging
 import time
 from typing import Any
 
-from launchers.base import Launcher, RunHandle, RunSpec, RunStatus
-from objectives.failures import FailureKind, diagnose, failure_text
-from objectives.health import HealthVerdict, screen
-from objectives.metrics import STEP_TIME_KEY, MetricsFollower, StepMetrics
-from objectives.sources import run_sources
-from objectives.score import (
+from verl_sweep.launchers.base import Launcher, RunHandle, RunSpec, RunStatus
+from verl_sweep.objectives.failures import FailureKind, diagnose, failure_text
+from verl_sweep.objectives.health import HealthVerdict, screen
+from verl_sweep.objectives.metrics import STEP_TIME_KEY, MetricsFollower, StepMetrics
+from verl_sweep.objectives.sources import run_sources
+from verl_sweep.objectives.score import (
     MIN_RUNNING_STEPS,
     MIN_SCORED_STEPS,
     Metric,
@@ -28,7 +28,7 @@ from objectives.score import (
     score_throughput,
     throughput_settled,
 )
-from objectives.utilisation import read_samples, summarise
+from verl_sweep.objectives.utilisation import read_samples, summarise
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class ProbeState(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
     steps: int
-    #: what the probe is scored on (``search.stage.Stage`` says, from what the knobs move)
+    #: what the probe is scored on (``verl_sweep.search.method.stage.Stage`` says, from what the knobs move)
     metric: Metric = Metric.REWARD_RATE
     warmup_steps: int = 0
     hang_timeout_s: float = 1800.0
@@ -79,7 +79,7 @@ class ProbeOutcome:
     #: GPU-seconds the probe held (start to end, × GPUs), on the launcher's clock
     gpu_time_s: float = 0.0
     stderr_tail: str = ""
-    #: GPU utilisation summary and diagnosis (objectives.utilisation), when samples exist
+    #: GPU utilisation summary and diagnosis (verl_sweep.objectives.utilisation), when samples exist
     gpu: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:

@@ -51,9 +51,9 @@ from typing import Sequence
 
 import numpy as np
 
-from objectives.metrics import REWARD_KEY, STEP_TIME_KEY, THROUGHPUT_KEY, TOKENS_KEY, StepMetrics
-from objectives.shape import late_gain
-from objectives.trend import block_indices, boot_weights, fit_curve, fit_poly, fit_windows
+from verl_sweep.objectives.metrics import REWARD_KEY, STEP_TIME_KEY, THROUGHPUT_KEY, TOKENS_KEY, StepMetrics
+from verl_sweep.objectives.shape import late_gain
+from verl_sweep.objectives.trend import block_indices, boot_weights, fit_curve, fit_poly, fit_windows
 
 logger = logging.getLogger(__name__)
 

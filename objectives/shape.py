@@ -2,7 +2,7 @@
 
 ``late_gain`` tells a curve still accelerating at the probe's end (a slow start, where a short
 probe's rate judges early speed, not the run) from one that bends inside it
-(``search.policy.slow_start`` reads it).
+(``verl_sweep.search.method.policy.slow_start`` reads it).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from launchers.run_dir import RunDir
-from objectives.metrics import (
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.objectives.metrics import (
     Batch,
     MetricSource,
     MetricsFollower,
@@ -209,7 +209,7 @@ SOURCES: tuple[Callable[[RunDir, Path], MetricSource], ...] = (
 
 
 def run_sources(run_dir: Path, *, metrics_path: Path | None = None) -> list[MetricSource]:
-    """The metric sources of a run (``launchers.run_dir``), most trusted first; its metrics
+    """The metric sources of a run (``verl_sweep.launchers.run_dir``), most trusted first; its metrics
     (and tensorboard events) may be elsewhere (``metrics_path``: a Ray job's shared storage)."""
     files = RunDir(Path(run_dir))
     return [make(files, metrics_path or files.metrics) for make in SOURCES]

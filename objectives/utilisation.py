@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from objectives.metrics import STEP_TIME_KEY, StepMetrics
+from verl_sweep.objectives.metrics import STEP_TIME_KEY, StepMetrics
 
 IDLE_UTIL_PCT = 10.0
 #: the method's guard: free GPU memory must stay above this

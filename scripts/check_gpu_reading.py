@@ -1,4 +1,4 @@
-"""Check launchers.gpu on a real GPU: does NVML see the load a torch workload puts on GPU 0?
+"""Check verl_sweep.launchers.gpu on a real GPU: does NVML see the load a torch workload puts on GPU 0?
 
 Runs ~10 s of bf16 matmuls on GPU 0 holding ~``--alloc-gb`` GB, with a GpuSampler writing
 gpu_samples.jsonl, then prints what ``read_gpus`` and the sampler read (free memory and
@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launchers import gpu as gpu_mod  # noqa: E402
-from launchers.base import LauncherError  # noqa: E402
+from verl_sweep.launchers import gpu as gpu_mod  # noqa: E402
+from verl_sweep.launchers.base import LauncherError  # noqa: E402
 
 
 def main() -> int:

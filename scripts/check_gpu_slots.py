@@ -26,10 +26,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launchers import gpu as gpu_mod  # noqa: E402
-from launchers.base import LauncherError, NoCapacityError, RunSpec, RunStatus  # noqa: E402
-from launchers.local import LocalLauncher  # noqa: E402
-from launchers.run_dir import METRICS_OVERRIDE  # noqa: E402
+from verl_sweep.launchers import gpu as gpu_mod  # noqa: E402
+from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec, RunStatus  # noqa: E402
+from verl_sweep.launchers.local import LocalLauncher  # noqa: E402
+from verl_sweep.launchers.run_dir import METRICS_OVERRIDE  # noqa: E402
 
 
 def probe(argv: list[str]) -> int:

@@ -12,7 +12,7 @@ python3 scripts/check_gpu_slots.py --gpus-per-probe "$per" --n-probes "$n" --pro
 python3 - "$out" <<'PY' 2>&1 | tee "$out/utilisation.txt"
 import glob, json, sys
 from pathlib import Path
-from objectives.utilisation import read_samples, summarise
+from verl_sweep.objectives.utilisation import read_samples, summarise
 for path in sorted(glob.glob("/tmp/**/gpu_samples.jsonl", recursive=True)):
     s = summarise(read_samples(Path(path)))
     if s:

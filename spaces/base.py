@@ -6,14 +6,14 @@ import abc
 import enum
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Sequence
 
-from spaces.overrides import Config
+from verl_sweep.spaces.overrides import Config
 
 if TYPE_CHECKING:
     import optuna
 
 
 class Moves(enum.Enum):
-    """What a space's knobs move: the stage built on it (``search.stage.Stage``) derives from
+    """What a space's knobs move: the stage built on it (``verl_sweep.search.method.stage.Stage``) derives from
     this its probe length and warm-up, what it scores and whether it may be stretched."""
 
     #: throughput only (the layout, the token budget): short probes scored on tokens per second
@@ -43,9 +43,9 @@ class Space(abc.ABC):
     #: (above 1 + tolerance, interval reaching it), moved onto its own base (the polish stage)
     takes_earlier_leaders: bool = False
     #: the space keeps every later suggestion below a value that ran out of memory (a bound
-    #: learned from OOMs, ``spaces.oom``), so the stage's sampler need not learn them too
+    #: learned from OOMs, ``verl_sweep.spaces.oom``), so the stage's sampler need not learn them too
     oom_clamped: bool = False
-    #: what its knobs move; read by ``search.stage.Stage`` alone
+    #: what its knobs move; read by ``verl_sweep.search.method.stage.Stage`` alone
     moves: ClassVar[Moves] = Moves.LEARNING
     #: points the space proposes after its starting points (``follow_up_points``), one as
     #: another ends, with at most ``follow_ups_per_round`` of them in flight; 0: none

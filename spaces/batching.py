@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from spaces.facts import Algorithm, HardwareFacts
-from spaces.limits import (MICRO_BATCH, MINI_BATCH, ROLLOUT_N, USE_DYNAMIC_BSZ, USE_KL_IN_REWARD, USE_KL_LOSS,
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts
+from verl_sweep.spaces.limits import (MICRO_BATCH, MINI_BATCH, ROLLOUT_N, USE_DYNAMIC_BSZ, USE_KL_IN_REWARD, USE_KL_LOSS,
                            _int_setting, data_parallel_ranks, setting)
-from spaces.overrides import get
+from verl_sweep.spaces.overrides import get
 
 ROLLOUT_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
 REF_LOG_PROB_MICRO = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"

@@ -2,7 +2,7 @@
 
 A study file may *narrow* a bound (``low``/``high``); widening it past the safe bound needs
 ``unsafe: true`` on that parameter and is logged as a warning. Everything else is a
-:class:`~spaces.base.SpaceError` naming the field, the value and the rule.
+:class:`~verl_sweep.spaces.base.SpaceError` naming the field, the value and the rule.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import math
 from typing import Any, Mapping
 
-from spaces.base import SpaceError
+from verl_sweep.spaces.base import SpaceError
 
 logger = logging.getLogger(__name__)
 

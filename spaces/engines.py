@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from spaces.overrides import get
+from verl_sweep.spaces.overrides import get
 
 MODEL_ENGINE = "model_engine"
 STRATEGY = "actor_rollout_ref.actor.strategy"

@@ -23,7 +23,7 @@ class Algorithm(str, enum.Enum):
 
 class ModelFacts(BaseModel):
     """What the bounds need to know about the model. ``config_json`` names a local HF
-    config.json; the study loader (``search/study_file.py``) reads it and fills in the sizes it
+    config.json; the study loader (``search/spec/study_file.py``) reads it and fills in the sizes it
     has before this model validates them, so they are held to the same types and bounds."""
 
     # Strict: YAML and JSON type their values, so `true` or "4096" is no integer here.
@@ -45,7 +45,7 @@ class ModelFacts(BaseModel):
     kv_lora_dim: StrictInt | None = Field(default=None, ge=1, le=100_000)
     max_prompt_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
     max_response_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
-    #: the shape the memory pre-flight computes with (``spaces.memory``); a config.json fills
+    #: the shape the memory pre-flight computes with (``verl_sweep.spaces.memory``); a config.json fills
     #: them in, and without them they are inferred from the parameter count
     num_hidden_layers: StrictInt | None = Field(default=None, ge=1, le=100_000)
     num_key_value_heads: StrictInt | None = Field(default=None, ge=1, le=10_000)

@@ -11,10 +11,10 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-from spaces import engines as E
-from spaces.base import SpaceError
-from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.overrides import get
+from verl_sweep.spaces import engines as E
+from verl_sweep.spaces.base import SpaceError
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces.overrides import get
 
 # verl 0.9.1 config paths (docs/method.md §3)
 TRAIN_BATCH = "data.train_batch_size"

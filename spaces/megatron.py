@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
-from spaces import bounds as B
-from spaces import engines as E
-from spaces import limits as L
-from spaces.base import Moves, Space, SpaceError, check_options, where_or
-from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.memory import rollout_memory_floors
-from spaces.overrides import Config, get
-from spaces.systems import rollout_expert_parallel
+from verl_sweep.spaces import bounds as B
+from verl_sweep.spaces import engines as E
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces.memory import rollout_memory_floors
+from verl_sweep.spaces.overrides import Config, get
+from verl_sweep.spaces.systems import rollout_expert_parallel
 
 if TYPE_CHECKING:
     import optuna
@@ -171,7 +171,7 @@ def systems_space(*, model: ModelFacts, hardware: HardwareFacts, algorithm: Algo
                   options: Mapping[str, Any], where: str = "") -> Space:
     """The systems stage for the base's engine: FSDP's or Megatron's; veomni and torchtitan
     lay out their own meshes, which stage 0 cannot search yet (SpaceError)."""
-    from spaces.systems import SystemsSpace
+    from verl_sweep.spaces.systems import SystemsSpace
 
     kind = E.engine(base)
     facts: dict[str, Any] = {"model": model, "hardware": hardware, "algorithm": algorithm}

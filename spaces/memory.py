@@ -24,9 +24,9 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-from spaces import limits as L
-from spaces.bounds import ParamBound
-from spaces.facts import HardwareFacts, ModelFacts
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.bounds import ParamBound
+from verl_sweep.spaces.facts import HardwareFacts, ModelFacts
 
 GB = 1024**3
 #: a CUDA context and the allocator's slack, per process on a GPU (the trainer's and vLLM's)

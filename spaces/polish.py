@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from spaces import limits as L
-from spaces.base import Space, check_options, where_or
-from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.overrides import Config
-from spaces.stages import KLSpace, LRSpace, MiniBatchSpace
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.base import Space, check_options, where_or
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces.overrides import Config
+from verl_sweep.spaces.stages import KLSpace, LRSpace, MiniBatchSpace
 
 if TYPE_CHECKING:
     import optuna

@@ -1,9 +1,9 @@
 """The one-knob stage spaces of the method (docs/method.md §1-2); the polish is
-:mod:`spaces.polish`, the systems stage :mod:`spaces.systems` (and :mod:`spaces.megatron`),
-and :mod:`spaces.registry` registers them all by name. A space's ``suggest`` only returns values verl accepts: conditional parameters are asked only
+:mod:`verl_sweep.spaces.polish`, the systems stage :mod:`verl_sweep.spaces.systems` (and :mod:`verl_sweep.spaces.megatron`),
+and :mod:`verl_sweep.spaces.registry` registers them all by name. A space's ``suggest`` only returns values verl accepts: conditional parameters are asked only
 when they apply, so nothing is sampled and then rejected.
 
-Learning from OOM: see :mod:`spaces.oom`; the systems stage is :mod:`spaces.systems`.
+Learning from OOM: see :mod:`verl_sweep.spaces.oom`; the systems stage is :mod:`verl_sweep.spaces.systems`.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Mapping
 
-from spaces import bounds as B
-from spaces import limits as L
-from spaces import memory as M
-from spaces.base import Moves, Space, SpaceError, check_options, where_or
-from spaces.batching import reference_fill
-from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
-from spaces.overrides import Config, get
-from spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
+from verl_sweep.spaces import bounds as B
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces import memory as M
+from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
+from verl_sweep.spaces.batching import reference_fill
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
+from verl_sweep.spaces.overrides import Config, get
+from verl_sweep.spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
 
 if TYPE_CHECKING:
     import optuna
@@ -173,7 +173,7 @@ class MiniBatchSpace(Space):
 
 
 #: trial params of a KL pull (``KLSpace``, ``KLSwitchSpace``): a run that changes them starts
-#: slower and may end higher, so an early running rate misjudges it (``search.pruning``)
+#: slower and may end higher, so an early running rate misjudges it (``verl_sweep.search.method.pruning``)
 KL_PARAMS = frozenset({"kl_coef", "use_kl", "kl_ctrl_type", "target_kl", "horizon"})
 
 

@@ -7,15 +7,15 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from spaces import bounds as B
-from spaces import engines as E
-from spaces import limits as L
-from spaces import memory as M
-from spaces.base import Moves, Space, SpaceError, check_options, where_or
-from spaces.batching import static_batching_fill
-from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.oom import hardware_tag, oom_ceiling, study_trials
-from spaces.overrides import Config, get, merge
+from verl_sweep.spaces import bounds as B
+from verl_sweep.spaces import engines as E
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces import memory as M
+from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
+from verl_sweep.spaces.batching import static_batching_fill
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces.oom import hardware_tag, oom_ceiling, study_trials
+from verl_sweep.spaces.overrides import Config, get, merge
 
 if TYPE_CHECKING:
     import optuna
@@ -367,7 +367,7 @@ class SystemsSpace(Space):
         the incumbent's layout and memory fraction: gradient checkpointing on, CUDA graphs on,
         vLLM's batch as large as can matter, and the largest micro-batches (static), then the
         largest token limits (dynamic batching), whose estimated peak stays within
-        ``FIT_HEADROOM`` of the usable memory (``spaces.memory``).
+        ``FIT_HEADROOM`` of the usable memory (``verl_sweep.spaces.memory``).
 
         Only where the layout has one choice (one GPU): there the batching is the whole
         search; where layouts differ, the sampler's own first draws over them do better."""

@@ -1,7 +1,7 @@
 """Parallel-layout templates (docs/method.md §2) as base configs, by model size and GPU count.
 
 ``template_for(model, hardware, algorithm)`` returns a :class:`Template`: flat verl overrides
-plus the reasons, already checked by :func:`spaces.limits.check_config` (a template that
+plus the reasons, already checked by :func:`verl_sweep.spaces.limits.check_config` (a template that
 breaks a rule is a bug, so building it raises SpaceError). The study's own base config is
 merged *over* a template: the user's settings win.
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from spaces import limits as L
-from spaces.base import SpaceError
-from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.overrides import Config
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.base import SpaceError
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces.overrides import Config
 
 MODEL_ENGINE = "model_engine"
 MEGATRON_TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"

@@ -81,7 +81,7 @@ def tiny_study(tmp_path: Path, *, budgets: tuple[int, ...] = (8, 8), steps: int 
 
 def start_cli(*args: str, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("wb")
-    return subprocess.Popen([sys.executable, "-m", "search.cli", *args], cwd=cwd, stdout=handle,
+    return subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", *args], cwd=cwd, stdout=handle,
                             stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -108,7 +108,7 @@ def wait_for_root(storage: str, name: str, timeout_s: float = 180) -> None:
     start took over a minute."""
     import optuna
 
-    from search.storage import holds_studies
+    from verl_sweep.search.database.storage import holds_studies
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

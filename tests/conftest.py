@@ -32,7 +32,7 @@ def write_study(directory: Path, data: dict[str, Any], name: str = "study.yaml")
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the verl-sweep CLI as a user would (a separate process)."""
     return subprocess.run(
-        [sys.executable, "-m", "search.cli", *args],
+        [sys.executable, "-m", "verl_sweep.search.commands.cli", *args],
         cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})},
     )

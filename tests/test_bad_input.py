@@ -195,8 +195,8 @@ def test_the_name_clash_is_found_before_verls_checks(study_db: Path) -> None:
 def test_run_takes_new_launcher_settings_but_not_a_new_landscape(tmp_path: Path) -> None:
     """More slots or another time scale after a stop: the same study goes on, and resume and
     workers get the new settings; another landscape would mix two experiments: refused."""
-    from search.driver import load_spec
-    from search.storage import open_storage
+    from verl_sweep.search.engine.driver import load_spec
+    from verl_sweep.search.database.storage import open_storage
 
     path = write_study(tmp_path, _tiny(), "tiny.yaml")
     assert cli("run", str(path), cwd=tmp_path).returncode == 0
@@ -255,13 +255,13 @@ def test_a_worker_with_wait_joins_a_study_created_after_it_started(tmp_path: Pat
     import sys
     import time
 
-    from search.driver import save_spec
-    from search.storage import open_storage
-    from search.study_file import parse_study
+    from verl_sweep.search.engine.driver import save_spec
+    from verl_sweep.search.database.storage import open_storage
+    from verl_sweep.search.spec.study_file import parse_study
 
     url = f"sqlite:///{tmp_path}/later.db"
     storage = open_storage(url)
-    worker = subprocess.Popen([sys.executable, "-m", "search.cli", "worker", "tiny", "--storage", url, "--wait", "60"],
+    worker = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "worker", "tiny", "--storage", url, "--wait", "60"],
                               stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     assert worker.poll() is None, worker.communicate()[1]  # still waiting for the study
@@ -273,7 +273,7 @@ def test_a_worker_with_wait_joins_a_study_created_after_it_started(tmp_path: Pat
 
 def test_override_values_cannot_smuggle_keys_or_shell(tmp_path: Path) -> None:
     """Values are quoted for Hydra and passed as argv items: no extra key, no shell."""
-    from spaces.overrides import parse_override, to_overrides
+    from verl_sweep.spaces.overrides import parse_override, to_overrides
 
     hostile = "x,+trainer.evil=1; touch /tmp/verl-sweep-pwned2 $(id) `id`"
     [item] = to_overrides({"trainer.project_name": hostile})
@@ -324,7 +324,7 @@ def test_a_baseline_outside_the_safe_bounds_is_searched_with_the_baseline(tmp_pa
 
 
 def test_a_mistyped_study_name_gets_the_closest_names_not_a_wall_of_them() -> None:
-    from search.study_root import _known_studies_hint
+    from verl_sweep.search.database.study_root import _known_studies_hint
 
     assert _known_studies_hint("x", []) == " This database has no studies."
     assert _known_studies_hint("tinny", ["demo", "tiny"]) == " Did you mean 'tiny'? Studies here: demo, tiny."
@@ -352,9 +352,9 @@ def test_the_budget_of_a_stage_not_finished_is_taken_from_the_file(tmp_path: Pat
     budget: the stage runs as many trials as the file now says."""
     import optuna
 
-    from search.driver import save_spec
-    from search.storage import open_storage
-    from search.study_file import parse_study
+    from verl_sweep.search.engine.driver import save_spec
+    from verl_sweep.search.database.storage import open_storage
+    from verl_sweep.search.spec.study_file import parse_study
 
     save_spec(open_storage(f"sqlite:///{tmp_path}/tiny.db"), parse_study(_tiny()))
     data = _tiny()
@@ -383,7 +383,7 @@ def _one_line(result: Any, message: str, *, code: int = 2) -> str:
 
 
 def _needs_verl() -> None:
-    from spaces import verl_check
+    from verl_sweep.spaces import verl_check
 
     if not verl_check.verl_available():
         pytest.skip("needs verl")
@@ -657,8 +657,8 @@ def test_read_only_commands_never_write_a_schema(study_db: Path, tmp_path: Path)
 def test_a_flag_that_switches_the_launcher_drops_the_other_kinds_options(study_db: Path, tmp_path: Path, capsys: Any) -> None:
     """Class 7: `--launcher local` on a sim study leaves the sim options out, saying which,
     instead of Python's "unexpected keyword argument 'time_scale'"."""
-    from search.launch import launcher_options
-    from search.study_file import parse_study
+    from verl_sweep.search.commands.launch import launcher_options
+    from verl_sweep.search.spec.study_file import parse_study
 
     spec = parse_study(_tiny())
     assert launcher_options(spec, "local", on_dropped=print) == {}
@@ -716,7 +716,7 @@ def test_two_runs_creating_one_new_database_do_not_race(tmp_path: Path) -> None:
     """Class 4: the schema of a new SQLite file is created under a lock (it failed 1 in 8)."""
     import threading
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     for round_ in range(8):
         url = f"sqlite:///{tmp_path}/race{round_}.db"
@@ -816,9 +816,9 @@ def test_a_baseline_beyond_its_gpus_memory_is_refused_before_any_probe(tmp_path:
     """On the simulator too: `validate` and `run` refuse the file, and `resume` a study an
     earlier verl-sweep stored with it (its stored definition is what resume reads), each in one
     line that names the phase and the estimate, exit 2, and no probe starts."""
-    from search.driver import save_spec
-    from search.storage import open_storage
-    from search.study_file import load_study
+    from verl_sweep.search.engine.driver import save_spec
+    from verl_sweep.search.database.storage import open_storage
+    from verl_sweep.search.spec.study_file import load_study
 
     path = write_study(tmp_path, data, "tiny.yaml")
     message = (r"^error: baseline: estimated peak GPU memory must fit the GPU's \d+ GB, but " + phase
@@ -847,13 +847,13 @@ def test_the_driver_refuses_a_stored_baseline_beyond_its_gpus_before_any_probe(t
     run folder is made."""
     import optuna
 
-    from launchers.sim import SimLauncher
-    from search.console import Console
-    from search.driver import StudyRunner, save_spec
-    from search.errors import BadInputError
-    from search.storage import open_storage
-    from search.study_file import load_study
-    from search.validate import memory_refusal
+    from verl_sweep.launchers.sim import SimLauncher
+    from verl_sweep.search.views.console import Console
+    from verl_sweep.search.engine.driver import StudyRunner, save_spec
+    from verl_sweep.search.spec.errors import BadInputError
+    from verl_sweep.search.database.storage import open_storage
+    from verl_sweep.search.spec.study_file import load_study
+    from verl_sweep.search.method.preflight import memory_refusal
 
     spec = load_study(write_study(tmp_path, _too_big(1), "tiny.yaml"))
     refusal = memory_refusal(spec)

@@ -93,7 +93,7 @@ def mutated_studies(draw: Any) -> bytes:
 def _in(directory: Path, *args: str) -> Result:
     """A verl-sweep command, in this process (a subprocess would import verl for each file),
     run from ``directory``: the relative paths a mutated file names land in it."""
-    from search.cli import app
+    from verl_sweep.search.commands.cli import app
 
     here, handlers = os.getcwd(), list(logging.root.handlers)
     os.chdir(directory)
@@ -122,7 +122,7 @@ def _check_outcome(content: bytes, directory: Path) -> None:
     runs, so a valid file costs only verl's checks."""
     import optuna
 
-    from search.storage import DriverLock
+    from verl_sweep.search.database.storage import DriverLock
 
     path = directory / "study.yaml"
     path.write_bytes(content)
@@ -176,7 +176,7 @@ def mutated_baselines(draw: Any) -> bytes:
 @given(mutated_baselines())
 def test_mutated_baselines_through_verl(content: bytes) -> None:
     """`validate`, verl's compose and validation included: exit 0, or exit 2 with short lines."""
-    from spaces import verl_check
+    from verl_sweep.spaces import verl_check
 
     if not verl_check.verl_available():  # imports verl, before the clock starts
         pytest.skip("needs verl")

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.run import acceptance, eta_at, format_table, gpu_h_ratio, hours_to_reach, median_interval, summarize
 from cluster import require_pg
-from launchers.simulator import shipped_landscapes
+from verl_sweep.launchers.simulator import shipped_landscapes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ def test_overhead_fill_writes_trials_that_optuna_reads_and_samples_from(tmp_path
     import optuna
 
     from benchmarks.overhead import _distributions, _fill, _sampler, _verl_sweep_study
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     url = f"sqlite:///{tmp_path}/fill.db" if backend == "sqlite" else require_pg()
     storage = open_storage(url)
@@ -147,8 +147,8 @@ def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_pa
 
     from benchmarks import run as R
     from benchmarks.joint import FairJointSpace
-    from launchers.simulator import load_landscape
-    from spaces.overrides import merge
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.spaces.overrides import merge
 
     monkeypatch.setattr(R, "CACHE", tmp_path)
     monkeypatch.setattr(R, "SHIPPED", tmp_path)  # computed here, never a kept reference
@@ -187,7 +187,7 @@ def _same_config(a: dict, b: dict) -> None:
 def test_joint_space_turns_kl_off_and_reaches_the_chains_token_bound() -> None:
     from benchmarks.joint import FairJointSpace
     from benchmarks.run import demo_spec
-    from spaces import limits as L
+    from verl_sweep.spaces import limits as L
 
     space = FairJointSpace(demo_spec("default"))
     assert space.by_name["use_kl"].choices == (False, True)
@@ -201,7 +201,7 @@ def test_the_gp_peer_suggests_what_optunas_gp_sampler_suggests() -> None:
     seed must give the same suggestions, on a mixed space like the peers' joint space."""
     import optuna
 
-    from benchmarks.peers import _cpu_gp_sampler
+    from benchmarks.peers import cpu_gp_sampler
 
     def suggestions(sampler: optuna.samplers.BaseSampler) -> list[dict]:
         study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -214,7 +214,7 @@ def test_the_gp_peer_suggests_what_optunas_gp_sampler_suggests() -> None:
         return [t.params for t in study.trials]
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    ours = suggestions(_cpu_gp_sampler(seed=3, n_startup_trials=4))
+    ours = suggestions(cpu_gp_sampler(seed=3, n_startup_trials=4))
     assert ours == suggestions(optuna.samplers.GPSampler(seed=3, n_startup_trials=4))
     assert len({json.dumps(p, sort_keys=True) for p in ours}) > 4  # the GP itself suggested
 
@@ -233,7 +233,7 @@ def _peer_on_default_world(method: str, tmp_path: Path, *, budget_gpu_h: float) 
     """One run of a peer on the `default` world's quick study, on the replay launcher:
     (spec, launcher, trace). A peer of the bench extra that is missing skips (in CI, fails)."""
     from benchmarks import methods as M
-    from benchmarks.peers import run_peer
+    from benchmarks.peer_run import run_peer
     from benchmarks.run import installed, rep_spec
 
     if not installed(method):
@@ -252,7 +252,7 @@ def test_each_peer_searches_on_a_shipped_world_until_the_budget(method: str, tmp
     `default` world, configs of its own choosing, its incumbent one it ran, stopped at the
     budget. The prior peers' run is the test below."""
     from benchmarks.peers import PEERS
-    from spaces.overrides import to_overrides
+    from verl_sweep.spaces.overrides import to_overrides
 
     assert method in PEERS
     _, _, trace = _peer_on_default_world(method, tmp_path, budget_gpu_h=800.0)
@@ -271,7 +271,7 @@ def test_each_peer_searches_on_a_shipped_world_until_the_budget(method: str, tmp
 def test_the_prior_peers_start_from_the_study_baseline_and_spend_the_budget(method: str, tmp_path: Path) -> None:
     """PriorBand, Syne Tune and the joint Optuna study get verl-sweep's head start: their first
     probe is the study's baseline, run to full length; they stop at the GPU-hour budget."""
-    from spaces.overrides import parse_overrides
+    from verl_sweep.spaces.overrides import parse_overrides
 
     spec, launcher, trace = _peer_on_default_world(method, tmp_path, budget_gpu_h=400.0)
     specs = sorted(tmp_path.rglob("spec.json"), key=lambda p: json.loads(p.read_text())["run_id"])
@@ -288,7 +288,7 @@ def test_the_polish_follows_a_coupling_in_the_other_direction() -> None:
     mini-batch down and lr up from the chain's winner (the old polish assumed the other way and
     kept the one-knob answer, 0 of 4 runs within 95% of the best)."""
     from benchmarks.run import run_one
-    from spaces import limits as L
+    from verl_sweep.spaces import limits as L
 
     run = run_one(("couple_down", "verl-sweep", 1, False, 0.0))
     chain, final = run["points"][-2], run["points"][-1]
@@ -301,9 +301,9 @@ def default_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """One verl-sweep study on the `default` world (replay launcher): its spec and storage."""
     from benchmarks import methods as M
     from benchmarks.run import rep_spec
-    from search._optuna_forks import storage_class
-    from search.console import Console
-    from search.driver import StudyRunner
+    from verl_sweep.search.database._optuna_forks import storage_class
+    from verl_sweep.search.views.console import Console
+    from verl_sweep.search.engine.driver import StudyRunner
 
     tmp_path = tmp_path_factory.mktemp("default-study")
     spec = rep_spec("default", 0, quick=False)
@@ -320,7 +320,7 @@ def test_the_polish_runs_its_own_points_and_no_sampler_draws(default_study: tupl
     ~half its GPU-hours (default world: 606 → 144 GPU-h, the same choice)."""
     import optuna
 
-    from search.records import Role, records
+    from verl_sweep.search.database.records import Role, records
 
     spec, storage = default_study
     polish = optuna.load_study(study_name=f"{spec.name}.polish", storage=storage)
@@ -336,8 +336,8 @@ def test_the_systems_stage_ends_with_a_local_search_inside_its_budget(default_st
     inside its budget."""
     import optuna
 
-    from search.policy import structured_points
-    from search.records import Role, records
+    from verl_sweep.search.method.policy import structured_points
+    from verl_sweep.search.database.records import Role, records
 
     spec, storage = default_study
     stage = spec.stages[0]
@@ -370,7 +370,7 @@ def test_median_curve_reaches_the_median_final_by_its_end() -> None:
 
 def test_every_shipped_landscape_builds_its_study_and_names_its_split() -> None:
     from benchmarks.run import TUNE_SPLIT, demo_spec
-    from launchers.simulator import load_landscape, shipped_landscapes
+    from verl_sweep.launchers.simulator import load_landscape, shipped_landscapes
 
     names = shipped_landscapes()
     shipped_tune = set(TUNE_SPLIT) & set(names)  # the rest of the tune split are former blind worlds
@@ -387,7 +387,7 @@ def test_every_shipped_landscape_builds_its_study_and_names_its_split() -> None:
 
 def test_the_blind_worlds_build_their_study_and_are_not_shipped() -> None:
     from benchmarks.run import BLIND_DIR, TUNE_SPLIT, demo_spec, split_of
-    from launchers.simulator import load_landscape, shipped_landscapes
+    from verl_sweep.launchers.simulator import load_landscape, shipped_landscapes
 
     paths = sorted(BLIND_DIR.glob("*.yaml"))
     assert len(paths) >= 3

@@ -49,7 +49,7 @@ def small_demo(directory: Path, *, systems: int = 10, others: int = 3, time_scal
 def start(args: list[str], cwd: Path, log: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     out, err = cwd / f"{log}.out", cwd / f"{log}.err"
     # unbuffered: wait_for must see each line when printed, not when the study ends
-    proc = subprocess.Popen([sys.executable, "-m", "search.cli", *args], cwd=cwd,
+    proc = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", *args], cwd=cwd,
                             stdout=out.open("wb"), stderr=err.open("wb"),
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return proc, out, err
@@ -187,7 +187,7 @@ def test_a_finished_study_in_a_read_only_file_is_reported_finished(finished: Pat
         as_reader = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
 
         def verl_sweep(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([*as_reader, sys.executable, "-m", "search.cli", *args], cwd=directory,
+            return subprocess.run([*as_reader, sys.executable, "-m", "verl_sweep.search.commands.cli", *args], cwd=directory,
                                   capture_output=True, text=True, timeout=120,
                                   env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(directory)})
 

@@ -99,7 +99,7 @@ def test_status_json_reports_every_stage(finished_demo: Path) -> None:
 @pytest.mark.verl
 def test_status_table_fits_80_columns_and_breaks_no_number(finished_demo: Path) -> None:
     """In a narrow terminal every η, interval and one-word winner in the table stays whole."""
-    from search.console import MAX_ONE_WORD_WINNER, format_params
+    from verl_sweep.search.views.console import MAX_ONE_WORD_WINNER, format_params
 
     stages = _status(finished_demo)["stages"]
     result = cli("status", "demo", "--storage", f"sqlite:///{finished_demo}/demo.db", cwd=finished_demo,
@@ -138,7 +138,7 @@ print(json.dumps(OmegaConf.to_container(cfg, resolve=False)))
     composed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert composed.returncode == 0, composed.stderr[-2000:]
     cfg = json.loads(composed.stdout.strip().splitlines()[-1])
-    from search.export import rounded
+    from verl_sweep.search.views.export import rounded
 
     for key, value in final.items():
         node: Any = cfg
@@ -192,7 +192,7 @@ def _trials_db(db: Path) -> dict[str, list[dict[str, Any]]]:
 def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
     study = _fast_demo(tmp_path, time_scale=10000)
     db = tmp_path / "demo.db"
-    driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
+    driver = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", str(study)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240

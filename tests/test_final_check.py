@@ -20,7 +20,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import cli, demo_data, session_dir, write_study
-from search.errors import BadInputError
+from verl_sweep.search.spec.errors import BadInputError
 
 
 def small_study(tmp_path: Path, name: str = "small", change: Callable[[dict[str, Any]], None] | None = None) -> Path:
@@ -186,8 +186,8 @@ def test_a_speed_only_study_runs_and_its_final_check_compares_throughput(tmp_pat
         data["probe"] = {"speed_steps": 5}
 
     path = small_study(tmp_path, "speed", speed_only)
-    from search.plan import final_check_plan
-    from search.study_file import load_study
+    from verl_sweep.search.views.plan import final_check_plan
+    from verl_sweep.search.spec.study_file import load_study
 
     plan = final_check_plan(load_study(path))
     assert plan is not None and (plan.space, plan.probes, plan.steps) == (
@@ -209,8 +209,8 @@ def test_a_speed_only_study_runs_and_its_final_check_compares_throughput(tmp_pat
 
 
 def test_the_final_check_is_skipped_when_the_final_config_is_the_baseline() -> None:
-    from search.final_check import skip_reason
-    from search.study_file import StudySpec
+    from verl_sweep.search.engine.final_check import skip_reason
+    from verl_sweep.search.spec.study_file import StudySpec
 
     spec = StudySpec.model_validate({k: v for k, v in demo_data().items() if k != "stages"})
     assert skip_reason(spec, spec.baseline_config()) == "the final config is the baseline (no stage found a better one)"
@@ -218,7 +218,7 @@ def test_the_final_check_is_skipped_when_the_final_config_is_the_baseline() -> N
 
 
 def test_study_file_final_check_field() -> None:
-    from search.study_file import StudySpec, parse_study
+    from verl_sweep.search.spec.study_file import StudySpec, parse_study
 
     base = {k: v for k, v in demo_data().items() if k != "stages"}
     assert StudySpec.model_validate({**base, "final_check": False}).final_check.runs == 0
@@ -241,7 +241,7 @@ def _final_trials(db: Path, name: str) -> list[tuple[int, str]]:
 def test_sigkill_in_the_final_check_then_resume(tmp_path: Path) -> None:
     path = small_study(tmp_path, "killed")
     db = tmp_path / "killed.db"
-    driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path)], cwd=tmp_path,
+    driver = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", str(path)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300

@@ -108,7 +108,7 @@ def test_a_refused_command_creates_no_file(tmp_path: Path, runtime: dict[str, st
 def test_a_run_refused_after_it_made_its_folders_takes_them_back(tmp_path: Path) -> None:
     """What `run` makes before its study is stored goes again when it fails there; a database
     another process stored a study in meanwhile stays."""
-    from search.storage import open_storage, removed_if_refused
+    from verl_sweep.search.database.storage import open_storage, removed_if_refused
 
     runs = tmp_path / "runs" / "s"
     database = tmp_path / "db" / "s.db"

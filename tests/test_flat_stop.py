@@ -10,11 +10,11 @@ import optuna
 
 from benchmarks import methods as M
 from benchmarks.run import demo_spec
-from search.console import Console
-from search.driver import StudyRunner
-from search.records import FLAT_BAND, Decision, StageResult
-from search.study_root import save_spec, stored_stage_result
-from spaces import build_space
+from verl_sweep.search.views.console import Console
+from verl_sweep.search.engine.driver import StudyRunner
+from verl_sweep.search.database.records import FLAT_BAND, Decision, StageResult
+from verl_sweep.search.database.study_root import save_spec, stored_stage_result
+from verl_sweep.spaces import build_space
 
 
 def _spec(stop_when_flat: int) -> object:
@@ -94,7 +94,7 @@ def test_off_by_default_every_stage_runs(tmp_path: Path) -> None:
 
 
 def test_a_definition_stored_before_stop_when_flat_existed_is_the_same_study(tmp_path: Path) -> None:
-    from search.records import SPEC_ATTR
+    from verl_sweep.search.database.records import SPEC_ATTR
 
     spec = _spec(stop_when_flat=0)
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/old.db")

@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from conftest import REPO, cli
-from search.errors import BadInputError
-from search.init import build_study, render
-from search.launch_script import LaunchCommand, read_command
-from search.study_file import load_study
-from search.validate import validate_study
+from verl_sweep.search.spec.errors import BadInputError
+from verl_sweep.search.commands.init import build_study, render
+from verl_sweep.search.commands.launch_script import LaunchCommand, read_command
+from verl_sweep.search.spec.study_file import load_study
+from verl_sweep.search.commands.validate import validate_study
 
 CONFIGS = REPO / "tests" / "data" / "model-configs"
 MAIN = ["python3", "-m", "verl.trainer.main_ppo"]
@@ -153,7 +153,7 @@ def test_the_stages_fit_the_config(tmp_path: Path) -> None:
 def test_the_kl_stage_tunes_the_key_in_use(tmp_path: Path) -> None:
     """A GRPO-style run with the KL in the reward (not the KL loss): the KL stage moves
     algorithm.kl_ctrl.kl_coef, with its controller."""
-    from spaces import build_space
+    from verl_sweep.spaces import build_space
 
     data, _ = build(tmp_path, grpo_overrides(str(model_dir(tmp_path)), **{
         "actor_rollout_ref.actor.use_kl_loss": "False", "algorithm.use_kl_in_reward": "True",
@@ -294,7 +294,7 @@ def test_the_study_file_says_what_init_could_not_resolve(tmp_path: Path) -> None
 
 def test_the_corpus_facts_parse() -> None:
     """Every model stand-in gives the shape the bounds need (tests/data/model-configs)."""
-    from spaces.model_config import facts_from_config
+    from verl_sweep.spaces.model_config import facts_from_config
 
     for path in CONFIGS.glob("*.json"):
         facts = facts_from_config(json.loads(path.read_text()))

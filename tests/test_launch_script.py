@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from search.errors import BadInputError
-from search.launch_script import read_command, read_script
+from verl_sweep.search.spec.errors import BadInputError
+from verl_sweep.search.commands.launch_script import read_command, read_script
 
 
 def _script(tmp_path: Path, text: str, name: str = "run.sh") -> Path:

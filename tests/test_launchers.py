@@ -13,13 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launchers import LAUNCHERS, make_launcher
-from launchers import gpu as gpu_mod
-from launchers import process as proc_mod
-from launchers.base import LauncherError, RunSpec, RunStatus
-from launchers.local import KV_CACHE_KEY, LocalLauncher, private_ray_dir
-from launchers.run_dir import merge_overrides
-from launchers.sim import SimClock, SimLauncher
+from verl_sweep.launchers import LAUNCHERS, make_launcher
+from verl_sweep.launchers import gpu as gpu_mod
+from verl_sweep.launchers import process as proc_mod
+from verl_sweep.launchers.base import LauncherError, RunSpec, RunStatus
+from verl_sweep.launchers.local import KV_CACHE_KEY, LocalLauncher, private_ray_dir
+from verl_sweep.launchers.run_dir import merge_overrides
+from verl_sweep.launchers.sim import SimClock, SimLauncher
 from launcher_contract import (
     FAKE_PROBE,
     ContractKit,
@@ -167,9 +167,9 @@ def test_probes_sharing_a_gpu_get_a_fixed_kv_cache(tmp_path: Path, probes_per_gp
 
 
 def test_verl_composes_the_fixed_kv_cache_override() -> None:
-    from spaces.verl_check import validate_with_verl
+    from verl_sweep.spaces.verl_check import validate_with_verl
 
-    from search.study_file import load_study
+    from verl_sweep.search.spec.study_file import load_study
 
     config = load_study(Path(__file__).parent.parent / "studies" / "tiny-h200.yaml").baseline_config()
     assert validate_with_verl({**config, f"+{KV_CACHE_KEY}": int(143_771 * 2**20 * 0.05)}) == []
@@ -200,8 +200,8 @@ def test_kill_leftovers_of_a_dead_driver(tmp_path: Path) -> None:
     # A driver in its own process starts a probe and dies by SIGKILL; the probe lives on.
     code = (
         "import sys, time\n"
-        "from launchers.local import LocalLauncher\n"
-        "from launchers.base import RunSpec\n"
+        "from verl_sweep.launchers.local import LocalLauncher\n"
+        "from verl_sweep.launchers.base import RunSpec\n"
         f"l = LocalLauncher(sys.argv[1], gpu_ids=[0, 1], command={FAKE_PROBE!r})\n"
         "l.start(RunSpec(run_id='orphan', overrides=('actor_rollout_ref.rollout.name=vllm', 'trainer.total_training_steps=100000')))\n"
         "print('started', flush=True); time.sleep(60)\n"
@@ -230,8 +230,8 @@ def test_start_refuses_a_run_that_is_still_running(tmp_path: Path) -> None:
 def test_reattach_from_another_driver_process_reports_unknown_exit(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from launchers.local import LocalLauncher\n"
-        "from launchers.base import RunSpec\n"
+        "from verl_sweep.launchers.local import LocalLauncher\n"
+        "from verl_sweep.launchers.base import RunSpec\n"
         f"l = LocalLauncher(sys.argv[1], gpu_ids=[0, 1], command={FAKE_PROBE!r})\n"
         "l.start(RunSpec(run_id='other', overrides=('actor_rollout_ref.rollout.name=vllm', 'trainer.total_training_steps=25')))\n"
     )
@@ -399,8 +399,8 @@ def test_sampler_records_the_probes_gpus_while_it_runs(fake_nvml: FakeNvml, tmp_
 @pytest.mark.parametrize("kind", ["sim", "replay"])
 def test_a_study_launcher_gets_the_study_files_max_concurrent(tmp_path: Path, kind: str) -> None:
     from conftest import demo_data
-    from search.launch import build_launcher
-    from search.study_file import parse_study
+    from verl_sweep.search.commands.launch import build_launcher
+    from verl_sweep.search.spec.study_file import parse_study
 
     data = demo_data()
     data["launcher"] = {"kind": kind, "max_concurrent": 3, "options": {}}
@@ -413,8 +413,8 @@ def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(t
     """On the H200, a memory fraction of 1.0 left only "Engine core initialization failed" in
     the probe's stderr; vLLM's reason was in a Ray worker's log in the private Ray dir. The
     launcher keeps those lines, and the probe classifies the failure by them."""
-    from objectives.failures import FailureKind
-    from objectives.probe import Probe, ProbeSettings, ProbeState
+    from verl_sweep.objectives.failures import FailureKind
+    from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
 
     reason = ("Free memory on device cuda:0 (139.42/139.81 GiB) on startup is less than desired GPU memory "
               "utilization (1.0, 139.81 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.")
@@ -438,8 +438,8 @@ def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(t
 def test_a_fake_gpu_launcher_gives_a_probe_the_study_nodes_gpus(tmp_path: Path, kind: str) -> None:
     """`--launcher sim` on a 1-GPU study ran its probes on 8 fake GPUs (trainer.n_gpus_per_node=8)."""
     from conftest import demo_data, write_study
-    from search.launch import launcher_options
-    from search.study_file import load_study
+    from verl_sweep.search.commands.launch import launcher_options
+    from verl_sweep.search.spec.study_file import load_study
 
     data = demo_data()
     data["hardware"] = {**data["hardware"], "gpus_per_node": 2}

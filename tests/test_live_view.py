@@ -90,7 +90,7 @@ def shared_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if not done.exists():
             small_demo(base)
             started = time.monotonic()
-            code, transcript = run_under_pty([sys.executable, "-m", "search.cli", "run", "demo.yaml"], base)
+            code, transcript = run_under_pty([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", "demo.yaml"], base)
             (base / "transcript.bin").write_bytes(transcript)
             (base / "elapsed_s").write_text(f"{time.monotonic() - started:.1f}")
             done.write_text(str(code))
@@ -151,7 +151,7 @@ def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
 
     import optuna
 
-    from search.console import Console
+    from verl_sweep.search.views.console import Console
 
     out = io.StringIO()
     console = Console(out)
@@ -175,7 +175,7 @@ def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
 
 
 def test_parameter_names_are_as_short_as_tells_them_apart() -> None:
-    from search.console import format_params
+    from verl_sweep.search.views.console import format_params
 
     assert format_params({}) == "baseline"
     assert format_params({"actor_rollout_ref.actor.optim.lr": 1e-6, "data.seed": 3}) == "lr=1e-06, seed=3"

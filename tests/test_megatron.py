@@ -10,13 +10,13 @@ from typing import Any
 import optuna
 import pytest
 
-from search.study_file import parse_study
-from search.validate import sample_configs, validate_study
-from spaces import build_space
-from spaces import limits as L
-from spaces.engines import MEGATRON_CP, MEGATRON_PP, MEGATRON_TP
-from spaces.megatron import MegatronSystemsSpace, layout_problem
-from spaces.verl_check import VerlValidator, verl_available
+from verl_sweep.search.spec.study_file import parse_study
+from verl_sweep.search.commands.validate import sample_configs, validate_study
+from verl_sweep.spaces import build_space
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.engines import MEGATRON_CP, MEGATRON_PP, MEGATRON_TP
+from verl_sweep.spaces.megatron import MegatronSystemsSpace, layout_problem
+from verl_sweep.spaces.verl_check import VerlValidator, verl_available
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(600)]
@@ -88,7 +88,7 @@ def test_a_megatron_export_composes_with_hydra(tmp_path: Any) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from search.export import to_yaml
+    from verl_sweep.search.views.export import to_yaml
 
     if not verl_available():
         pytest.skip("verl is not installed")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from objectives.metrics import MetricsFollower, read_all, write_lines
-from objectives.sources import ConsoleSource, FileLoggerSource, TensorBoardSource, read_run, run_sources
+from verl_sweep.objectives.metrics import MetricsFollower, read_all, write_lines
+from verl_sweep.objectives.sources import ConsoleSource, FileLoggerSource, TensorBoardSource, read_run, run_sources
 
 pytestmark = pytest.mark.verl
 

@@ -1,4 +1,4 @@
-"""The forks of Optuna's private code (``search/_optuna_forks``) apply on the installed Optuna
+"""The forks of Optuna's private code (``search/database/_optuna_forks``) apply on the installed Optuna
 (CI runs the pinned release and the newest in range: a release that changed the code they rely
 on fails here the day it ships), pass Optuna's own behavioural suites for storages and
 samplers, and stand aside, in one log line, on an Optuna whose private code changed."""
@@ -16,9 +16,9 @@ from optuna.testing.pytest_samplers import BasicSamplerTestCase, RelativeSampler
 from optuna.testing.pytest_storages import StorageTestCase
 
 from conftest import REPO
-from search import _optuna_forks
-from search._optuna_forks.rdb import SweepStorage
-from search._optuna_forks.tpe import ReadOnceTPESampler
+from verl_sweep.search.database import _optuna_forks
+from verl_sweep.search.database._optuna_forks.rdb import SweepStorage
+from verl_sweep.search.database._optuna_forks.tpe import ReadOnceTPESampler
 
 
 
@@ -74,18 +74,18 @@ def test_changed_private_code_gets_stock_optuna_and_one_log_line(tmp_path: Path)
         "from optuna.samplers._tpe import sampler\n"
         "del sampler._split_trials\n"  # as a release that renamed it
         "from search import _optuna_forks\n"
-        "from search.storage import open_storage\n"
+        "from verl_sweep.search.database.storage import open_storage\n"
         "sampler = _optuna_forks.tpe_sampler(seed=0)\n"
         f"storage = open_storage('sqlite:///{tmp_path}/study.db')\n"  # in memory is refused
-        "from search.sampler import tpe_class\n"
+        "from verl_sweep.search.method.sampler import tpe_class\n"
         "print(type(sampler).__name__, type(storage).__name__, tpe_class().__name__)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["TPESampler", "RDBStorage", "TPESampler"]
     # One line for the forks and the stages' TPE that learns from OOMs (which overrides private
-    # TPE code too, fenced the same way); nothing from search.sampler.
+    # TPE code too, fenced the same way); nothing from verl_sweep.search.method.sampler.
     lines = [line for line in result.stderr.splitlines() if line.startswith("search.")]
-    assert lines == ["search._optuna_forks: Optuna 5.9.0 changed private code that verl-sweep's TPE and storage "
+    assert lines == ["verl_sweep.search.database._optuna_forks: Optuna 5.9.0 changed private code that verl-sweep's TPE and storage "
                      "speed-ups rely on (_split_trials is gone): using stock Optuna's (slower asks on large "
                      "studies, TPE not learning from runs that ran out of memory). Install optuna==5.0.0 for them."]

@@ -15,9 +15,9 @@ from typing import Iterator
 import pytest
 
 from launcher_contract import ContractKit, LauncherContract, metric_steps, ok_spec, probe_command, wait_for
-from launchers import process as proc_mod
-from launchers.base import LauncherError, RunStatus
-from launchers.ray_jobs import RayJobLauncher
+from verl_sweep.launchers import process as proc_mod
+from verl_sweep.launchers.base import LauncherError, RunStatus
+from verl_sweep.launchers.ray_jobs import RayJobLauncher
 
 pytestmark = pytest.mark.slow
 
@@ -171,7 +171,7 @@ def test_driver_killed_while_jobs_run_reattaches_on_resume(ray_address: str, tmp
     url = f"sqlite:///{tmp_path}/rayre.db"
     log = tmp_path / "driver.log"
     with log.open("wb") as out:
-        driver = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(study)], cwd=tmp_path,
+        driver = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", str(study)], cwd=tmp_path,
                                   stdout=out, stderr=subprocess.STDOUT)
     running: list[str] = []
     # Generous: on CI's two cores beside the worker fault tests, each Ray job's start is slow.

@@ -122,8 +122,8 @@ def test_the_cluster_commands_parse() -> None:
     tests/test_workers.py runs `run` and `worker` on one study in PostgreSQL)."""
     from typer.main import get_command
 
-    from search.cli import app
-    from search.storage import check_url
+    from verl_sweep.search.commands.cli import app
+    from verl_sweep.search.database.storage import check_url
 
     commands = get_command(app).commands  # type: ignore[attr-defined]
     lines = _block_after("## On a cluster")

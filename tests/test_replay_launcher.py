@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from launcher_contract import ContractKit, LauncherContract, finished, long_spec, metric_steps, ok_spec, running_with_metrics, wait_for
-from launchers import make_launcher
-from launchers.base import LauncherError, NoCapacityError, RunSpec, RunStatus
-from launchers.run_dir import RunDir, merge_overrides, probe_pins
-from launchers.replay import ReplayLauncher
+from verl_sweep.launchers import make_launcher
+from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec, RunStatus
+from verl_sweep.launchers.run_dir import RunDir, merge_overrides, probe_pins
+from verl_sweep.launchers.replay import ReplayLauncher
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def test_registered_by_name(tmp_path: Path) -> None:
 
 
 def _config_of(handle) -> dict:  # type: ignore[no-untyped-def]
-    from launchers.simulator import parse_overrides
+    from verl_sweep.launchers.simulator import parse_overrides
 
     return parse_overrides(json.loads((handle.run_dir / "spec.json").read_text())["argv"])
 
@@ -143,7 +143,7 @@ def _process_run(tmp_path: Path, overrides: list[str], run_id: str, landscape: s
     argv = merge_overrides(overrides, [*probe_pins(RunSpec(run_id, tuple(overrides)), RunDir(run_dir)), "trainer.n_gpus_per_node=8"])
     env = {**os.environ, "VERL_SIM_TIME_SCALE": "1e9", "VERL_SIM_LANDSCAPE": landscape,
            "VERL_SIM_GPU_SAMPLES_PATH": str(run_dir / "gpu_samples.jsonl"), "VERL_SIM_PDEATHSIG": "0"}
-    proc = subprocess.run([sys.executable, "-m", "launchers.simulator", *argv], env=env, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "verl_sweep.launchers.simulator", *argv], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     (run_dir / "stderr.log").write_text(proc.stderr)
     (run_dir / "rc").write_text(str(proc.returncode))

@@ -67,7 +67,7 @@ def _marker(dom: str) -> tuple[int, int, list[str]]:
 
 @pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_report_is_one_self_contained_file(report: Path) -> None:
-    from search.report import figure_count
+    from verl_sweep.search.views.report import figure_count
 
     text = report.read_text()
     assert text.count("* plotly.js v") == 1, "plotly.js must be inlined exactly once"
@@ -108,7 +108,7 @@ def test_report_shows_every_stage_winner_curve_and_the_export(report: Path, demo
 
 @pytest.mark.slow  # the shared demo study takes ~40 s to run once
 def test_every_plot_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
-    from search.report import figure_count
+    from verl_sweep.search.views.report import figure_count
 
     result = _run_chromium(report, tmp_path / "profile", "--dump-dom")
     expected, rendered, errors = _marker(result.stdout)
@@ -193,9 +193,9 @@ def test_report_of_a_study_with_no_finished_stage(demo_dir: Path, tmp_path: Path
     shutil.copy(demo_dir / "demo.db", tmp_path / "demo.db")
     with sqlite3.connect(tmp_path / "demo.db") as db:
         db.execute("DELETE FROM study_user_attributes WHERE key = 'result'")
-    from search.driver import load_spec
-    from search.report import build_report, figure_count
-    from search.storage import open_storage
+    from verl_sweep.search.engine.driver import load_spec
+    from verl_sweep.search.views.report import build_report, figure_count
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(f"sqlite:///{tmp_path}/demo.db", create=False)
     text = build_report(storage, load_spec(storage, "demo"))
@@ -211,10 +211,10 @@ def _synthetic_study(tmp_path: Path) -> tuple[Any, Any]:
     from optuna.distributions import FloatDistribution
     from optuna.trial import TrialState, create_trial
 
-    from objectives.metrics import write_lines
-    from search.driver import save_spec
-    from search.storage import open_storage
-    from search.study_file import load_study
+    from verl_sweep.objectives.metrics import write_lines
+    from verl_sweep.search.engine.driver import save_spec
+    from verl_sweep.search.database.storage import open_storage
+    from verl_sweep.search.spec.study_file import load_study
 
     spec = load_study(Path(__file__).resolve().parent.parent / "studies" / "demo.yaml")
     storage = open_storage(f"sqlite:///{tmp_path}/synthetic.db")
@@ -254,7 +254,7 @@ def _synthetic_study(tmp_path: Path) -> tuple[Any, Any]:
 def test_report_of_a_synthetic_study_has_importance_curves_and_gpu_table(tmp_path: Path) -> None:
     """Fast (no study run): importance with two varied parameters, winner and incumbent reward
     curves, the GPU table from the run directories' samples, later stages noted as not started."""
-    from search.report import build_report, figure_count
+    from verl_sweep.search.views.report import build_report, figure_count
 
     storage, spec = _synthetic_study(tmp_path)
     text = build_report(storage, spec)
@@ -278,7 +278,7 @@ def test_status_counts_trials_given_back_unstarted_as_skipped_not_failed(tmp_pat
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from search.status import study_status
+    from verl_sweep.search.views.status import study_status
 
     storage, spec = _synthetic_study(tmp_path)
     study = optuna.load_study(study_name=f"{spec.name}.{spec.stages[0].name}", storage=storage)
@@ -302,7 +302,7 @@ def test_status_puts_a_requeue_reason_on_the_trial_requeued_and_rates_incumbents
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from search.status import study_status
+    from verl_sweep.search.views.status import study_status
 
     storage, spec = _synthetic_study(tmp_path)
     stage = spec.stages[1]
@@ -324,8 +324,8 @@ def test_status_puts_a_requeue_reason_on_the_trial_requeued_and_rates_incumbents
 
 
 def test_an_export_of_an_unfinished_study_says_so_in_the_file(tmp_path: Path) -> None:
-    from search import export
-    from search.status import finished_results
+    from verl_sweep.search.views import export
+    from verl_sweep.search.views.status import finished_results
 
     storage, spec = _synthetic_study(tmp_path)  # only the first stage has a result
     results = finished_results(storage, spec)
@@ -343,7 +343,7 @@ def test_status_names_the_process_of_a_running_trial_and_whether_it_is_gone(tmp_
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from search.status import study_status
+    from verl_sweep.search.views.status import study_status
 
     storage, spec = _synthetic_study(tmp_path)
     study = optuna.load_study(study_name=f"{spec.name}.{spec.stages[0].name}", storage=storage)
@@ -361,7 +361,7 @@ def test_status_names_the_process_of_a_running_trial_and_whether_it_is_gone(tmp_
 
 @pytest.mark.slow  # the shared demo study
 def test_status_text_gives_each_gpu_finding_once_per_stage(demo_dir: Path) -> None:
-    from objectives.utilisation import findings
+    from verl_sweep.objectives.utilisation import findings
 
     text = cli("status", "demo", "--trials", cwd=demo_dir).stdout  # every trial, with its GPU findings
     stages = json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]
@@ -385,7 +385,7 @@ def test_status_text_gives_each_gpu_finding_once_per_stage(demo_dir: Path) -> No
 
 @pytest.mark.slow  # the shared demo study
 def test_status_table_names_a_long_winner_by_its_trial(demo_dir: Path) -> None:
-    from search.console import MAX_ONE_WORD_WINNER, format_params
+    from verl_sweep.search.views.console import MAX_ONE_WORD_WINNER, format_params
 
     text = cli("status", "demo", cwd=demo_dir, env={"COLUMNS": "200"}).stdout
     stages = json.loads(cli("status", "demo", "--json", cwd=demo_dir).stdout)["stages"]

@@ -14,18 +14,18 @@ import optuna
 import psutil
 from optuna.trial import TrialState
 
-from launchers import make_launcher
-from launchers import process as proc_mod
-from launchers.base import RunSpec
-from search.console import Console
-from search.driver import StudyRunner
-from search.stage import Stage
-from search.records import CloseReason, records
-from search.stage_study import TRIALS_REFRESH_S, StageStudy
-from search.storage import open_storage
-from search.study_file import load_study
-from spaces import build_space
-from spaces.overrides import merge
+from verl_sweep.launchers import make_launcher
+from verl_sweep.launchers import process as proc_mod
+from verl_sweep.launchers.base import RunSpec
+from verl_sweep.search.views.console import Console
+from verl_sweep.search.engine.driver import StudyRunner
+from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.database.records import CloseReason, records
+from verl_sweep.search.engine.stage_study import TRIALS_REFRESH_S, StageStudy
+from verl_sweep.search.database.storage import open_storage
+from verl_sweep.search.spec.study_file import load_study
+from verl_sweep.spaces import build_space
+from verl_sweep.spaces.overrides import merge
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,7 +165,7 @@ def test_a_trial_closed_by_another_process_before_its_tell_is_dropped_not_a_cras
     exit 1; it must be the UpdateFinishedTrialError that the runner drops the result on."""
     import pytest
 
-    from search.trials import tell
+    from verl_sweep.search.engine.trials import tell
 
     url = f"sqlite:///{tmp_path}/closed.db"
     mine = optuna.create_study(study_name="s", storage=open_storage(url))

@@ -13,9 +13,9 @@ import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.samplers._tpe import _truncnorm
 
-from search._optuna_forks.tpe import ReadOnceTPESampler
-from search.sampler import build_sampler
-from search.study_file import StageSettings
+from verl_sweep.search.database._optuna_forks.tpe import ReadOnceTPESampler
+from verl_sweep.search.method.sampler import build_sampler
+from verl_sweep.search.spec.study_file import StageSettings
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 OPTUNA_LOG_NDTR = np.frompyfunc(_truncnorm._log_ndtr_single, 1, 1)

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent / "data"))
 
 from curves import Curve, run  # noqa: E402
 
-from objectives.metrics import StepMetrics, read_all  # noqa: E402
-from objectives.score import (  # noqa: E402
+from verl_sweep.objectives.metrics import StepMetrics, read_all  # noqa: E402
+from verl_sweep.objectives.score import (  # noqa: E402
     Score,
     ScoreError,
     combine,
@@ -202,7 +202,7 @@ def test_eta_coverage_synthetic() -> None:
 def test_eta_coverage_on_simulator(mini_batch: int) -> None:
     """Acceptance: 20 repeated evaluations of one config on the simulator (noise on), candidate
     one run vs the baseline's two repeats: the 90% interval holds the true η ≥ 16 times."""
-    simulator = pytest.importorskip("launchers.simulator")
+    simulator = pytest.importorskip("verl_sweep.launchers.simulator")
     landscape = simulator.load_landscape("default")
     base = dict(landscape.baseline)
     config = {**base, "actor_rollout_ref.actor.ppo_mini_batch_size": mini_batch}

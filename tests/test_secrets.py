@@ -22,7 +22,7 @@ DUMP_ENV_THEN_SIMULATE = (
     "import json, os, runpy, sys; "
     "run_dir = os.path.dirname(os.environ['VERL_SIM_GPU_SAMPLES_PATH']); "
     "open(os.path.join(run_dir, 'env.json'), 'w').write(json.dumps(dict(os.environ))); "
-    "runpy.run_module('launchers.simulator', run_name='__main__', alter_sys=True)"
+    "runpy.run_module('verl_sweep.launchers.simulator', run_name='__main__', alter_sys=True)"
 )
 
 
@@ -69,7 +69,7 @@ def test_no_password_in_any_output_stored_attribute_run_directory_or_probe_envir
 
 
 def test_masking_covers_the_whole_password() -> None:
-    from search.storage import mask_url
+    from verl_sweep.search.database.storage import mask_url
 
     assert mask_url("postgresql://u:p@ss/w:rd@db:5432/x") == "postgresql://u:***@db:5432/x"
     assert mask_url("postgresql://me@corp:secret@db/x") == "postgresql://me@corp:***@db/x"
@@ -80,7 +80,7 @@ def test_masking_covers_the_whole_password() -> None:
 
 def test_every_launcher_strips_the_storage_variable_from_probes() -> None:
     """The one place every launcher builds a probe's environment from."""
-    from launchers.base import PRIVATE_ENV, probe_environment
+    from verl_sweep.launchers.base import PRIVATE_ENV, probe_environment
 
     assert "VERL_SWEEP_STORAGE" in PRIVATE_ENV
     env = probe_environment({"VERL_SWEEP_STORAGE": SECRET_URL, "PATH": "/bin"}, {"A": "1"}, {"VERL_SWEEP_STORAGE": "x"})

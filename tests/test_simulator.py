@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launchers.simulator import ConfigError, check_config, load_landscape, parse_overrides, shipped_landscapes
-from launchers.simulator.config import verl_config_path
+from verl_sweep.launchers.simulator import ConfigError, check_config, load_landscape, parse_overrides, shipped_landscapes
+from verl_sweep.launchers.simulator.config import verl_config_path
 
 BASE = [
     "algorithm.adv_estimator=grpo",
@@ -43,7 +43,7 @@ def _run(
     ]
     full_env = {**os.environ, "VERL_SIM_TIME_SCALE": scale, **(env or {})}
     proc = subprocess.run(
-        [sys.executable, "-m", "launchers.simulator", *argv],
+        [sys.executable, "-m", "verl_sweep.launchers.simulator", *argv],
         capture_output=True, text=True, env=full_env, timeout=timeout,
     )  # fmt: skip
     return proc, metrics
@@ -147,7 +147,7 @@ def test_real_time_follows_the_scale(tmp_path: Path) -> None:
 def test_clock_work_between_steps_does_not_stretch_simulated_time() -> None:
     # A fake real clock: each step's writing costs 0.5 ms of real time. With sleeps measured
     # from "now" that would add 50% to every 1 ms step; with deadlines the work is absorbed.
-    from launchers.simulator.__main__ import _Clock
+    from verl_sweep.launchers.simulator.__main__ import _Clock
 
     real = [0.0]
     clock = _Clock(1000.0, os.getppid(), monotonic=lambda: real[0], sleep=lambda s: real.__setitem__(0, real[0] + s))
@@ -236,7 +236,7 @@ def _wait_for(path: Path, timeout: float = 10.0) -> None:
 def test_sigterm_exits_promptly(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launchers.simulator", *BASE,
+        [sys.executable, "-m", "verl_sweep.launchers.simulator", *BASE,
          f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}"],
         env={**os.environ, "VERL_SIM_TIME_SCALE": "3000"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -255,7 +255,7 @@ def test_exits_when_parent_is_killed(tmp_path: Path, pdeathsig: str) -> None:
     pid_file = tmp_path / "child.pid"
     driver = (
         "import subprocess, sys, os\n"
-        f"p = subprocess.Popen([sys.executable, '-m', 'launchers.simulator', *{BASE!r}, "
+        f"p = subprocess.Popen([sys.executable, '-m', 'verl_sweep.launchers.simulator', *{BASE!r}, "
         f"'+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}'], stdout=subprocess.DEVNULL)\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "p.wait()\n"
@@ -333,7 +333,7 @@ def test_simulator_record_has_real_verls_shape(tmp_path: Path) -> None:
     """Field for field with a real verl 0.9.1 run (tests/data/real-verl-0.9.1/): the same
     metric keys in the file, the same console shape with plain floats, no step 0 without
     validation, and a start-up phase before step 1 that is not in any step's time."""
-    from objectives.metrics import parse_console_line, read_all
+    from verl_sweep.objectives.metrics import parse_console_line, read_all
 
     real_dir = Path(__file__).parent / "data" / "real-verl-0.9.1"
     real = read_all(real_dir / "probe_baseline.metrics.jsonl")

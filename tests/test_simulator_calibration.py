@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 import pytest
 
-from launchers.simulator import Landscape, load_landscape, shipped_landscapes
+from verl_sweep.launchers.simulator import Landscape, load_landscape, shipped_landscapes
 
 SEEDS = range(10)
 TOLERANCE = 0.05
@@ -165,7 +165,7 @@ def test_process_throughput_matches_the_model(land: Landscape, tmp_path: Path) -
         argv += [f"{BUDGET}={budget}", "trainer.total_training_steps=20", "trainer.logger=[console,file]",
                  "trainer.val_before_train=false",
                  f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}"]  # fmt: skip
-        proc = subprocess.run([sys.executable, "-m", "launchers.simulator", *argv], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "verl_sweep.launchers.simulator", *argv], capture_output=True, text=True,
                               env={**os.environ, "VERL_SIM_TIME_SCALE": "1000000"}, timeout=60)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         rows = [json.loads(line)["data"] for line in metrics.read_text().splitlines()]
@@ -200,8 +200,8 @@ def test_other_landscapes_have_other_optima(name: str) -> None:
 def test_the_tiny_h200_world_matches_the_real_baseline_probes() -> None:
     """scripts/real_verl/tiny_h200.landscape.yaml against what real verl did with the tiny
     study's baseline on the H200 (tests/data/real-verl-0.9.1: two 11-step probes, seeds 1, 2)."""
-    from objectives.metrics import read_all
-    from search.study_file import load_study
+    from verl_sweep.objectives.metrics import read_all
+    from verl_sweep.search.spec.study_file import load_study
 
     root = Path(__file__).parent.parent
     land = load_landscape(root / "scripts" / "real_verl" / "tiny_h200.landscape.yaml")
@@ -226,8 +226,8 @@ H200_05B = Path(__file__).parent / "data" / "real-verl-0.9.1" / "h200-0.5b"
 def _h200_05b() -> tuple[Landscape, dict[str, dict[str, Any]], dict[str, list[Mapping[str, Any]]]]:
     """scripts/real_verl/h200_05b.landscape.yaml, the configs the two real probes ran (their
     spec.json) and their per-step metrics (tests/data/real-verl-0.9.1/h200-0.5b)."""
-    from launchers.simulator.config import parse_overrides
-    from objectives.metrics import read_all
+    from verl_sweep.launchers.simulator.config import parse_overrides
+    from verl_sweep.objectives.metrics import read_all
 
     land = load_landscape(Path(__file__).parent.parent / "scripts" / "real_verl" / "h200_05b.landscape.yaml")
     names = ("baseline", "template")
@@ -246,7 +246,7 @@ def test_the_h200_05b_world_matches_the_real_baseline_probe() -> None:
     Qwen2.5-0.5B quickstart settings) against the real probe's steps after step 1."""
     import statistics
 
-    from search.study_file import load_study
+    from verl_sweep.search.spec.study_file import load_study
 
     land, configs, steps = _h200_05b()
     real = steps["baseline"][1:]

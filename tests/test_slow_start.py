@@ -15,15 +15,15 @@ import pytest
 
 from benchmarks import methods as M
 from benchmarks.run import demo_spec
-from objectives.shape import late_gain
-from search.console import Console
-from search.driver import StudyRunner
-from search.policy import SLOW_START_LATE_GAIN
-from search.records import Decision
-from search.records import stage_study_name
-from search.study_root import save_spec, stored_stage_result
-from search.stage_study import StageStudyAttrs
-from spaces import build_space
+from verl_sweep.objectives.shape import late_gain
+from verl_sweep.search.views.console import Console
+from verl_sweep.search.engine.driver import StudyRunner
+from verl_sweep.search.method.policy import SLOW_START_LATE_GAIN
+from verl_sweep.search.database.records import Decision
+from verl_sweep.search.database.records import stage_study_name
+from verl_sweep.search.database.study_root import save_spec, stored_stage_result
+from verl_sweep.search.engine.stage_study import StageStudyAttrs
+from verl_sweep.spaces import build_space
 
 
 def _logistic(t_mid: float, steepness: float, n: int = 500, *, noise: float = 0.0, seed: int = 0) -> np.ndarray:

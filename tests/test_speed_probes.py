@@ -13,14 +13,14 @@ from typing import Any
 import optuna
 import pytest
 
-from launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
-from objectives.metrics import StepMetrics
-from objectives.score import Metric, throughput_settled
-from spaces import build_space
-from spaces import limits as L
-from spaces import systems as S
-from spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from spaces.overrides import merge
+from verl_sweep.launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
+from verl_sweep.objectives.metrics import StepMetrics
+from verl_sweep.objectives.score import Metric, throughput_settled
+from verl_sweep.spaces import build_space
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces import systems as S
+from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces.overrides import merge
 
 DATA = Path(__file__).parent / "data" / "real-verl-0.9.1"
 H200 = HardwareFacts(gpus_per_node=1, gpu_memory_gb=141)
@@ -84,7 +84,7 @@ def test_a_real_speed_probe_ends_where_its_throughput_settled(tmp_path: Path, to
     """The tiny H200 recording's tokens/s after step 1: 1619, 1713 (5.6% apart), 1350, 1553,
     1528 (1.6% apart): a 10% tolerance ends the probe at step 3, 2% at step 6, and none runs
     every step."""
-    from objectives.probe import Probe, ProbeSettings, ProbeState
+    from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
 
     launcher = _OneLineAPoll(tmp_path, DATA / "probe_speed.metrics.jsonl")
     settings = ProbeSettings(steps=6, metric=Metric.THROUGHPUT, health_screen=False, warmup_steps=1,
@@ -175,8 +175,8 @@ def test_a_base_with_no_micro_batch_keeps_it_unset() -> None:
 
 def test_the_shipped_h200_study_validates_with_verl() -> None:
     pytest.importorskip("verl")
-    from search.study_file import load_study
-    from search.validate import validate_study
+    from verl_sweep.search.spec.study_file import load_study
+    from verl_sweep.search.commands.validate import validate_study
 
     spec = load_study(Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml")
     problems, lines = validate_study(spec)
@@ -185,7 +185,7 @@ def test_the_shipped_h200_study_validates_with_verl() -> None:
 
 
 def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
-    from spaces import memory as M
+    from verl_sweep.spaces import memory as M
 
     space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
                         options=VLLM_KNOBS)
@@ -213,7 +213,7 @@ def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
 def _recorded_config(name: str) -> dict[str, Any]:
     import json
 
-    from spaces.overrides import parse_overrides
+    from verl_sweep.spaces.overrides import parse_overrides
 
     overrides = json.loads((DATA / "h200-0.5b" / f"{name}.spec.json").read_text())["overrides"]
     return dict(parse_overrides([o for o in overrides if "=" in o]))
@@ -223,8 +223,8 @@ def _recorded_config(name: str) -> dict[str, Any]:
 def test_the_memory_estimate_holds_the_h200_peaks_within_a_quarter(name: str) -> None:
     """NVML's peak of each recorded probe (1 s samples, the probe alone on the GPU) against the
     pre-flight's estimate of its config: within ±25% (measured: −0.9% and −0.5%)."""
-    from objectives.utilisation import read_samples, summarise
-    from spaces import memory as M
+    from verl_sweep.objectives.utilisation import read_samples, summarise
+    from verl_sweep.spaces import memory as M
 
     config = _recorded_config(name)
     measured = summarise(read_samples(DATA / "h200-0.5b" / f"{name}.gpu_samples.jsonl"))
@@ -238,8 +238,8 @@ def test_validate_refuses_a_baseline_that_cannot_fit_with_the_arithmetic(tmp_pat
     """A 7B model on a 1 GB GPU was accepted and run; now `validate` says why it cannot fit."""
     import yaml
 
-    from search.study_file import load_study
-    from search.validate import validate_study
+    from verl_sweep.search.spec.study_file import load_study
+    from verl_sweep.search.commands.validate import validate_study
 
     data = yaml.safe_load((Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml").read_text())
     data["model"].update(n_params_b=7.0, hidden_size=3584, num_attention_heads=28, num_hidden_layers=28,
@@ -260,9 +260,9 @@ def test_the_h200_speed_probes_replay_to_the_scores_the_study_stored(tmp_path: P
     with the study's settings: each ends where it ended on the device (the baseline's steps 2
     and 3 agree within 1.9%; the template's 3 and 4 within 2.6%, after a 21% jump) with the
     tokens/s the database holds."""
-    from objectives.probe import Probe, ProbeState
-    from search.stage import Stage
-    from search.study_file import load_study
+    from verl_sweep.objectives.probe import Probe, ProbeState
+    from verl_sweep.search.method.stage import Stage
+    from verl_sweep.search.spec.study_file import load_study
 
     spec = load_study(Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml")
     launcher = _OneLineAPoll(tmp_path, DATA / "h200-0.5b" / f"{name}.metrics.jsonl")
@@ -306,7 +306,7 @@ def test_on_a_node_with_layouts_the_batching_is_swept_when_listed() -> None:
 
 @pytest.mark.parametrize("bad", [{L.GPU_MEMORY: None}, {L.GPU_MEMORY: "0.5"}, {L.MICRO_BATCH: "4"}, {L.STRATEGY: 3}])
 def test_the_memory_estimate_leaves_a_malformed_config_to_the_rules(bad: dict[str, Any]) -> None:
-    from spaces import memory as M
+    from verl_sweep.spaces import memory as M
 
     config = {**QUICKSTART, **bad}
     assert M.estimate(QWEN_05B, H200, config) is None and M.fit_problem(QWEN_05B, H200, config) is None

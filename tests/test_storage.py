@@ -40,7 +40,7 @@ def _new_study(storage: object) -> str:
 def test_postgres_calls_reuse_one_connection() -> None:
     from sqlalchemy import event
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(require_pg())
     name = _new_study(storage)
@@ -56,8 +56,8 @@ def test_postgres_calls_reuse_one_connection() -> None:
 def test_postgres_pool_pings_only_a_connection_that_lay_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from search import pg_pool
-    from search.storage import open_storage
+    from verl_sweep.search.database import pg_pool
+    from verl_sweep.search.database.storage import open_storage
 
     pings: list[object] = []
     real_ping = pg_pool._ping
@@ -77,7 +77,7 @@ def test_postgres_pool_pings_only_a_connection_that_lay_idle(monkeypatch: pytest
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_postgres_restart_between_calls_is_invisible() -> None:
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     url = require_pg()
     restart = require_pg_restart()
@@ -135,7 +135,7 @@ def _trials_of_every_kind(storage: Any) -> list[int]:
 def test_sweep_storage_reads_every_trial_as_optuna_s_storage_does(backend: str, tmp_path: Path) -> None:
     from optuna.trial import TrialState
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(_url(backend, tmp_path))
     assert type(storage).__name__ == "SweepStorage"
@@ -168,7 +168,7 @@ def test_sweep_storage_writes_parameters_as_optuna_s_storage_does(backend: str, 
     from optuna.distributions import FloatDistribution, IntDistribution
     from sqlalchemy import event
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(_url(backend, tmp_path))
     study = optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
@@ -206,7 +206,7 @@ def test_sweep_storage_writes_trials_as_optuna_s_storage_does(backend: str, tmp_
     from optuna.storages._rdb import models
     from sqlalchemy import event, select
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(_url(backend, tmp_path))
     optuna_s = _optuna_storage(storage)
@@ -257,7 +257,7 @@ def test_sweep_storage_numbers_trials_created_at_once_without_gaps_or_repeats(ba
     row lock hands out the numbers one at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(_url(backend, tmp_path))
     name = _new_study(storage)
@@ -276,7 +276,7 @@ def test_sweep_storage_halves_the_statements_of_an_ask_and_tell(backend: str, tm
     from optuna.distributions import FloatDistribution
     from sqlalchemy import event
 
-    from search.storage import open_storage
+    from verl_sweep.search.database.storage import open_storage
 
     storage = open_storage(_url(backend, tmp_path))
     name = _new_study(storage)

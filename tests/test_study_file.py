@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from conftest import cli, demo_data, write_study
-from search.errors import BadInputError
-from search.study_file import default_stages, load_study
-from spaces.facts import Algorithm
+from verl_sweep.search.spec.errors import BadInputError
+from verl_sweep.search.spec.study_file import default_stages, load_study
+from verl_sweep.spaces.facts import Algorithm
 
 
 def _with(change: Any) -> dict[str, Any]:
@@ -99,11 +99,11 @@ def test_two_runs_creating_one_study_at_once_both_proceed(tmp_path: Path) -> Non
 
     import optuna
 
-    from search.records import SPEC_ATTR
-    from search.study_file import spec_to_dict
-    from search.study_root import load_spec, save_spec
-    from search.errors import BadInputError as Bad
-    from search.storage import open_storage
+    from verl_sweep.search.database.records import SPEC_ATTR
+    from verl_sweep.search.spec.study_file import spec_to_dict
+    from verl_sweep.search.database.study_root import load_spec, save_spec
+    from verl_sweep.search.spec.errors import BadInputError as Bad
+    from verl_sweep.search.database.storage import open_storage
 
     spec = load_study(write_study(tmp_path, demo_data()))
     storage = open_storage(f"sqlite:///{tmp_path}/race.db")

@@ -82,10 +82,10 @@ def test_pruning_saves_gpu_time_and_keeps_the_winner(pruned: dict[str, Any], tmp
 
 
 def test_stage_0_finds_a_layout_at_least_as_fast_as_the_template(pruned: dict[str, Any]) -> None:
-    from launchers.simulator import load_landscape
-    from search.study_file import load_study
-    from spaces import check_config, template_for
-    from spaces.overrides import merge
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.search.spec.study_file import load_study
+    from verl_sweep.spaces import check_config, template_for
+    from verl_sweep.spaces.overrides import merge
 
     spec = load_study(Path(__file__).resolve().parent.parent / "studies" / "demo.yaml")
     systems = pruned["stages"][0]
@@ -121,7 +121,7 @@ def test_every_probe_reports_utilisation_and_diagnosis(pruned: dict[str, Any]) -
 
 
 def test_diverging_candidates_are_stopped_with_a_reason(tmp_path: Path) -> None:
-    from launchers.simulator import load_landscape
+    from verl_sweep.launchers.simulator import load_landscape
 
     def reckless_lr(data: dict[str, Any]) -> None:
         data["stages"] = [{"name": "lr", "space": "lr", "params": {"high": 2e-4, "unsafe": True},

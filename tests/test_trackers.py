@@ -21,11 +21,11 @@ import optuna
 import pytest
 
 from conftest import REPO, cli, demo_data, write_study
-from launchers.base import RunSpec
-from launchers.run_dir import RunDir, probe_pins
-from launchers.trackers import ProbeTracking
-from search.records import TrialRecord
-from search.trackers import tracker_lines
+from verl_sweep.launchers.base import RunSpec
+from verl_sweep.launchers.run_dir import RunDir, probe_pins
+from verl_sweep.launchers.trackers import ProbeTracking
+from verl_sweep.search.database.records import TrialRecord
+from verl_sweep.search.views.trackers import tracker_lines
 
 STUDY, STAGES, PROJECT = "trk", ("kl", "lr"), "my-project"
 API_KEY = "wk-sentinel-7c1e0d9b5a3f" + "0" * 18  # a W&B key's length; never to be written anywhere
@@ -193,8 +193,8 @@ def test_validate_says_where_the_probes_show_up(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_probe_trackers_false_keeps_the_probes_out_of_the_users_trackers(tmp_path: Path) -> None:
-    from launchers.trackers import NO_TRACKERS
-    from search.study_file import StudySpec
+    from verl_sweep.launchers.trackers import NO_TRACKERS
+    from verl_sweep.search.spec.study_file import StudySpec
 
     data = _study()
     data["probe"]["trackers"] = False
@@ -212,7 +212,7 @@ _VERL = ("import os, sys, json; from verl.utils.tracking import Tracking; a = js
          "os.environ.update(a['env']); t = Tracking(project_name=a['project'], experiment_name=a['name'], "
          "default_backend=['console', 'wandb', 'tensorboard'], config={'trainer': {}}); "
          "t.log({'training/global_step': 1}, step=1); t.finish()")
-_SIMULATED = ("import os, sys, json; from launchers.simulator.tracking import Tracking; a = json.loads(sys.argv[1]); "
+_SIMULATED = ("import os, sys, json; from verl_sweep.launchers.simulator.tracking import Tracking; a = json.loads(sys.argv[1]); "
               "t = Tracking(a['config']); t.log({'training/global_step': 1}, 1); t.finish()")
 
 
@@ -220,8 +220,8 @@ _SIMULATED = ("import os, sys, json; from launchers.simulator.tracking import Tr
 def test_verl_itself_names_a_probe_as_the_simulator_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("verl.utils.tracking")
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))  # the user's root: <root>/<study>/<stage>/<run id>
-    from launchers.simulator.config import parse_overrides
-    from launchers.trackers import ENV_OVERRIDE
+    from verl_sweep.launchers.simulator.config import parse_overrides
+    from verl_sweep.launchers.trackers import ENV_OVERRIDE
 
     spec = RunSpec("s.lr.t0001", ("trainer.logger=[console,wandb,tensorboard]", "trainer.project_name=p"),
                    metadata={"study": "s", "stage": "lr", "trial": "1"})
@@ -244,8 +244,8 @@ def test_verl_itself_names_a_probe_as_the_simulator_does(tmp_path: Path, monkeyp
 
 def test_a_tracker_that_fails_is_warned_about_once_and_then_left_alone(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from search.records import Role, set_attrs, started_attrs
-    from search.trackers import TrackerListener
+    from verl_sweep.search.database.records import Role, set_attrs, started_attrs
+    from verl_sweep.search.views.trackers import TrackerListener
 
     (tmp_path / "tb").write_text("a file where the TensorBoard root should be")
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
@@ -259,7 +259,7 @@ def test_a_tracker_that_fails_is_warned_about_once_and_then_left_alone(
         trial = study.ask()
         set_attrs(trial, started_attrs(role=Role.CANDIDATE, seed=1, overrides={}, run_id=run_id, run_dir=str(files.path)))
         study.tell(trial, 1.0)
-        with caplog.at_level("WARNING", logger="search.trackers"):
+        with caplog.at_level("WARNING", logger="verl_sweep.search.views.trackers"):
             listener.trial_finished(study, number, Role.CANDIDATE, {}, eta=1.0)
-    warned = [r.getMessage() for r in caplog.records if r.name == "search.trackers"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "verl_sweep.search.views.trackers"]
     assert len(warned) == 1 and warned[0].startswith("tensorboard did not take trial 0's outcome (NotADirectoryError")

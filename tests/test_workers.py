@@ -36,7 +36,7 @@ def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]
     # outside the budget.
     import optuna
 
-    from search.records import SPEC_ATTR
+    from verl_sweep.search.database.records import SPEC_ATTR
 
     with unpooled_storage(url) as opened:
         spec = optuna.load_study(study_name=name, storage=opened).user_attrs[SPEC_ATTR]

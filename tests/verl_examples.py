@@ -80,11 +80,11 @@ def init_and_validate(script: str, hub: Path, out_dir: Path, *, root: Path = EXA
     """``verl-sweep init -o … --gpu-memory-gb 80 SCRIPT`` then ``verl-sweep validate`` on the
     study, through the same functions the CLI calls (``root``: the folder ``script`` is in;
     ``environment`` and ``model_config``: the user's, else this corpus's)."""
-    from search.errors import BadInputError
-    from search.init import build_study, render
-    from search.launch_script import read_script
-    from search.study_file import load_study
-    from search.validate import validate_study
+    from verl_sweep.search.spec.errors import BadInputError
+    from verl_sweep.search.commands.init import build_study, render
+    from verl_sweep.search.commands.launch_script import read_script
+    from verl_sweep.search.spec.study_file import load_study
+    from verl_sweep.search.commands.validate import validate_study
 
     env = ENVIRONMENT.get(script, {}) if environment is None else environment
     with _environment({"HF_HUB_CACHE": str(hub), **env}):

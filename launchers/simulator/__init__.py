@@ -1,13 +1,13 @@
 """A simulated verl: a process started like ``verl.trainer.main_ppo`` and its Python model.
 
-``python -m launchers.simulator <overrides>`` runs the process; tests and benchmarks use the
+``python -m verl_sweep.launchers.simulator <overrides>`` runs the process; tests and benchmarks use the
 same model in-process through :func:`load_landscape` / :class:`Landscape`.
 """
 
 from __future__ import annotations
 
-from launchers.simulator.config import ConfigError, check_config, parse_overrides
-from launchers.simulator.landscape import (
+from verl_sweep.launchers.simulator.config import ConfigError, check_config, parse_overrides
+from verl_sweep.launchers.simulator.landscape import (
     Expectation,
     Failure,
     Landscape,

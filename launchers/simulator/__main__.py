@@ -1,4 +1,4 @@
-"""``python -m launchers.simulator <verl overrides...>``: a process that behaves like verl.
+"""``python -m verl_sweep.launchers.simulator <verl overrides...>``: a process that behaves like verl.
 
 Started exactly like ``python -m verl.trainer.main_ppo``; writes verl's metrics file and
 console lines on a simulated clock (env ``VERL_SIM_TIME_SCALE`` simulated seconds per real
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-from launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
-from launchers.simulator.trace import console_line, full_record, gpu_sample, json_line, real_record
-from launchers.simulator.tracking import Tracking
+from verl_sweep.launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
+from verl_sweep.launchers.simulator.trace import console_line, full_record, gpu_sample, json_line, real_record
+from verl_sweep.launchers.simulator.tracking import Tracking
 
 _PARENT_POLL_S = 0.1
 
@@ -118,7 +118,7 @@ def run(argv: list[str]) -> int:
         )
         return 1  # unreachable; keeps type checkers calm
 
-    from launchers.simulator.landscape import LandscapeError, load_landscape
+    from verl_sweep.launchers.simulator.landscape import LandscapeError, load_landscape
 
     try:
         landscape = load_landscape(os.environ.get("VERL_SIM_LANDSCAPE") or "default")

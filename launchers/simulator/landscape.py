@@ -2,7 +2,7 @@
 
 One YAML file (``landscapes/<name>.yaml``) holds the facts and the parameters; this module
 turns a flat verl config into (a) a noise-free expectation and (b) a seeded step-by-step
-trace. The simulated process (``python -m launchers.simulator``) and the in-process API used
+trace. The simulated process (``python -m verl_sweep.launchers.simulator``) and the in-process API used
 by tests and benchmarks share :meth:`Landscape.simulate`, so they cannot drift apart.
 
 The model, in short (every constant lives in the landscape file):
@@ -36,8 +36,8 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from launchers.simulator.config import ConfigError, DEFAULTS, get
-from launchers.simulator.outcomes import Expectation, Failure, LandscapeError, StepRecord
+from verl_sweep.launchers.simulator.config import ConfigError, DEFAULTS, get
+from verl_sweep.launchers.simulator.outcomes import Expectation, Failure, LandscapeError, StepRecord
 
 __all__ = ["Expectation", "Failure", "Landscape", "LandscapeError", "StepRecord", "load_landscape", "shipped_landscapes"]
 
@@ -90,7 +90,7 @@ class Landscape:
         """The noise-free behaviour of ``config`` (flat verl keys; missing → verl defaults).
 
         Raises ``ConfigError`` for values the model cannot read (verl's own checks are in
-        ``launchers.simulator.config.check_config``).
+        ``verl_sweep.launchers.simulator.config.check_config``).
         """
         g = lambda key: _value(config, key)  # noqa: E731
         model, rw, mb, kl, lrs, lam = (self._s(s) for s in ("model", "reward", "mini_batch", "kl", "lr", "lam"))
@@ -567,7 +567,7 @@ def shipped_landscapes() -> list[str]:
 def load_landscape(name_or_path: str | Path = "default", *, _seen: tuple[Path, ...] = ()) -> Landscape:
     """A shipped landscape by name, or a YAML file by path (read through the one user-file
     reader: a FIFO, a device, a binary or huge file is a LandscapeError, never a hang)."""
-    from launchers.user_files import UserFileError, load_yaml
+    from verl_sweep.launchers.user_files import UserFileError, load_yaml
 
     path = Path(name_or_path)
     if not path.suffix and not path.exists():

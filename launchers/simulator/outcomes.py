@@ -1,5 +1,5 @@
 """What a landscape says about one config: its noise-free expectation, how it fails, and
-the records of its simulated steps (the types :mod:`launchers.simulator.landscape` returns)."""
+the records of its simulated steps (the types :mod:`verl_sweep.launchers.simulator.landscape` returns)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping
 
-from launchers.simulator.config import get
+from verl_sweep.launchers.simulator.config import get
 
 
 @functools.lru_cache(maxsize=1)

@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any, Mapping
 
-from launchers.simulator.config import DEFAULTS, get
+from verl_sweep.launchers.simulator.config import DEFAULTS, get
 
 ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars."
 

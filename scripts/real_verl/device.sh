@@ -25,7 +25,7 @@ mkdir -p "$R/parts" "$EV" "$R/study"
 export PYTHONPATH=$R/site:$REPO PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 RAY_DISABLE_DOCKER_CPU_WARNING=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-VS_PY='import sys; sys.argv[0] = "verl-sweep"; from search.cli import main; main()'
+VS_PY='import sys; sys.argv[0] = "verl-sweep"; from verl_sweep.search.commands.cli import main; main()'
 vs() { python3 -c "$VS_PY" "$@"; }
 stamp() { date -u +%FT%T.%3NZ; }
 marked() {  # every live process that carries a run marker or is a Ray process

@@ -13,7 +13,7 @@ import time
 import psutil
 import pynvml
 
-MARKER_ENV = "VERL_SWEEP_RUN_DIR"  # launchers.process.MARKER_ENV
+MARKER_ENV = "VERL_SWEEP_RUN_DIR"  # verl_sweep.launchers.process.MARKER_ENV
 
 
 def run_of(pid: int) -> str:

@@ -1,6 +1,6 @@
 """Provoke real verl failures on the GPU through the project's own probe path, and record how
 they were classified: each case is a probe of the tiny study's baseline with one override
-changed, started by the LocalLauncher and followed by objectives.probe.Probe.
+changed, started by the LocalLauncher and followed by verl_sweep.objectives.probe.Probe.
 
 usage: python scripts/real_verl/provoke.py STUDY.yaml RUNS_DIR OUT.json [CASE...]   (default: all)
 PROVOKE_DELAY_S=S waits S seconds first: a probe that dies while a neighbour on the GPU is in
@@ -15,12 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from launchers.base import RunSpec
-from launchers.local import LocalLauncher
-from objectives.failures import tail
-from objectives.probe import Probe, ProbeSettings
-from search.study_file import load_study
-from spaces.overrides import merge, to_overrides
+from verl_sweep.launchers.base import RunSpec
+from verl_sweep.launchers.local import LocalLauncher
+from verl_sweep.objectives.failures import tail
+from verl_sweep.objectives.probe import Probe, ProbeSettings
+from verl_sweep.search.spec.study_file import load_study
+from verl_sweep.spaces.overrides import merge, to_overrides
 
 #: name -> (override that breaks the baseline, what it provokes)
 CASES = {

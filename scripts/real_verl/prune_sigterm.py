@@ -26,7 +26,7 @@ import psutil
 import yaml
 
 NAME = "tiny-h200-prune"
-MARKER_ENV = "VERL_SWEEP_RUN_DIR"  # launchers.process.MARKER_ENV
+MARKER_ENV = "VERL_SWEEP_RUN_DIR"  # verl_sweep.launchers.process.MARKER_ENV
 PRUNED = re.compile(r"pruned at step \d+")
 CALIBRATED_WORLD = Path(__file__).with_name("tiny_h200.landscape.yaml")
 NO_PRUNE_AFTER_S = float(os.environ.get("SIGTERM_AFTER_S", "480"))  # SIGTERM then, pruned or not
@@ -95,7 +95,7 @@ def main() -> None:
     study = derive_study(base, workdir, launcher_kind)
     run_root = workdir / "runs" / NAME
     log = workdir / "driver.log"
-    code = 'import sys; sys.argv[0] = "verl-sweep"; from search.cli import main; main()'
+    code = 'import sys; sys.argv[0] = "verl-sweep"; from verl_sweep.search.commands.cli import main; main()'
     t0 = time.time()
     with open(log, "w") as out:
         driver = subprocess.Popen([sys.executable, "-c", code, "run", str(study), "--storage",

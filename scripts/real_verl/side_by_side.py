@@ -27,15 +27,15 @@ from typing import Any
 
 import optuna
 
-from launchers.base import RunSpec
-from launchers.local import LocalLauncher
-from objectives.probe import Probe, ProbeSettings, ProbeState
-from objectives.score import Metric
-from objectives.utilisation import read_samples
-from search.study_file import StudySpec, load_study
-from spaces import build_space
-from spaces.overrides import merge, parse_overrides, to_overrides
-from spaces.templates import template_for
+from verl_sweep.launchers.base import RunSpec
+from verl_sweep.launchers.local import LocalLauncher
+from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
+from verl_sweep.objectives.score import Metric
+from verl_sweep.objectives.utilisation import read_samples
+from verl_sweep.search.spec.study_file import StudySpec, load_study
+from verl_sweep.spaces import build_space
+from verl_sweep.spaces.overrides import merge, parse_overrides, to_overrides
+from verl_sweep.spaces.templates import template_for
 
 PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor")
 DEFAULT_RUN_S = 900.0

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from objectives.metrics import StepMetrics
+from verl_sweep.objectives.metrics import StepMetrics
 
 
 @dataclasses.dataclass(frozen=True)

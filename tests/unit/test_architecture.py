@@ -13,13 +13,15 @@ import pytest
 
 from conftest import REPO
 
-OURS = {"search", "spaces", "objectives", "launchers"}
+OURS = {"search", "spaces", "objectives", "launchers"}  # folders; installed as verl_sweep.<folder>
 ALLOWED = {
     "spaces": {"spaces"},
     "launchers": {"launchers"},
     "objectives": {"objectives", "spaces", "launchers.base", "launchers.run_dir"},
     "search": OURS,
 }
+#: search/'s layers, top to bottom: a module imports its own layer's and the layers below it
+LAYERS = ("commands", "views", "engine", "method", "database", "spec")
 
 
 def _imports(path: Path) -> set[str]:
@@ -33,23 +35,52 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def _ours(name: str) -> str | None:
+    """``verl_sweep.search.engine.driver`` -> ``search.engine.driver``; None for another package's."""
+    head, _, rest = name.partition(".")
+    return rest or None if head == "verl_sweep" else None
+
+
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_import_directions(package: str) -> None:
     allowed = ALLOWED[package]
     bad = []
     for path in sorted((REPO / package).rglob("*.py")):
-        for name in _imports(path):
-            top = name.split(".")[0]
-            if top not in OURS:
-                continue
-            if not any(name == a or name.startswith(a + ".") or a == top and "." not in a for a in allowed):
+        for name in filter(None, map(_ours, _imports(path))):
+            if not any(name == a or name.startswith(a + ".") for a in allowed):
                 bad.append(f"{path.relative_to(REPO)} imports {name}")
+    assert bad == []
+
+
+def test_search_layers_import_down_only() -> None:
+    """Each folder of search/ is a layer (its __init__ says what it is for); a module imports
+    its own layer and those below it, never one above."""
+    assert sorted(p.name for p in (REPO / "search").iterdir() if (p / "__init__.py").is_file()) == sorted(LAYERS)
+    bad = []
+    for layer in LAYERS:
+        purpose = ast.get_docstring(ast.parse((REPO / "search" / layer / "__init__.py").read_text())) or ""
+        assert purpose and "\n" not in purpose, f"search/{layer}/__init__.py: its purpose in one line"
+        for path in sorted((REPO / "search" / layer).rglob("*.py")):
+            for name in filter(None, map(_ours, _imports(path))):
+                parts = name.split(".")
+                if parts[0] == "search" and len(parts) > 1 and LAYERS.index(parts[1]) < LAYERS.index(layer):
+                    bad.append(f"{path.relative_to(REPO)} ({layer}) imports {name} ({parts[1]})")
+    assert bad == []
+
+
+def test_only_the_one_import_name_is_used() -> None:
+    """Every import of our code goes through verl_sweep: the folders' own names are not installed."""
+    bad = []
+    for folder in (*OURS, "benchmarks", "tests", "scripts"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            bad += [f"{path.relative_to(REPO)} imports {name}" for name in _imports(path) if name.split(".")[0] in OURS]
     assert bad == []
 
 
 def test_packages_import_without_heavy_dependencies() -> None:
     code = (
-        "import sys, search.cli, search.driver, launchers, spaces, objectives.probe\n"
+        "import sys, verl_sweep.search.commands.cli, verl_sweep.search.engine.driver, verl_sweep.launchers, verl_sweep.spaces, "
+        "verl_sweep.objectives.probe\n"
         "heavy = [m for m in ('ray', 'torch', 'verl', 'hydra') if m in sys.modules]\n"
         "print(heavy)\n"
     )
@@ -62,10 +93,11 @@ def _module_graph() -> dict[str, set[str]]:
     """Our modules and the modules of ours each imports (anywhere in it, lazily too). ``from
     package import name`` imports the submodule when ``name`` is one, else the package."""
     modules: dict[str, Path] = {}
-    for package in OURS:
+    for package in (*OURS, "benchmarks"):
         for path in (REPO / package).rglob("*.py"):
             parts = path.relative_to(REPO).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+            prefix = ("verl_sweep",) if package in OURS else ()
+            modules[".".join(prefix + (parts[:-1] if parts[-1] == "__init__" else parts))] = path
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps: set[str] = set()
@@ -114,21 +146,22 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_no_import_circles() -> None:
-    # base.py no longer kills process trees (LocalLauncher.cleanup_leftover does): the
-    # launchers.base <-> launchers.process circle is gone too.
-    assert _circles(_module_graph()) == []
+    """Nowhere in our packages or the benchmarks (their modules count as ours here)."""
+    graph = _module_graph()
+    assert "benchmarks.peers" in graph and "verl_sweep.search.engine.driver" in graph
+    assert _circles(graph) == []
 
 
 def test_modules_stay_short() -> None:
     lengths = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for package in OURS
                for p in (REPO / package).rglob("*.py")}
     assert {name: n for name, n in lengths.items() if n > 600} == {}
-    assert lengths["search/driver.py"] <= 450
+    assert lengths["search/engine/driver.py"] <= 450
 
 
 def test_only_the_records_know_the_trial_attribute_names() -> None:
     """Role names are the ``Role`` enum's, and ``user_attrs`` keys are spelled in one module."""
-    from search.records import Role
+    from verl_sweep.search.database.records import Role
 
     bad = []
     for package in ("search", "objectives"):
@@ -162,7 +195,7 @@ def _sources() -> dict[str, ast.AST]:
 
 
 def test_what_a_stage_moves_is_read_in_one_module() -> None:
-    """A space says what its knobs move (``Space.moves``); only ``search.stage.Stage`` reads it
+    """A space says what its knobs move (``Space.moves``); only ``verl_sweep.search.method.stage.Stage`` reads it
     and derives the probe length, warm-up, scorer and pruning from it (the spaces declare it)."""
     readers = set()
     for path, tree in _sources().items():
@@ -171,15 +204,15 @@ def test_what_a_stage_moves_is_read_in_one_module() -> None:
                 readers.add(path)
             if isinstance(node, ast.Name) and node.id == "speed_only":
                 readers.add(path)
-    assert readers == {"search/stage.py"}
+    assert readers == {"search/method/stage.py"}
 
 
 def test_no_stage_decision_is_read_from_its_text() -> None:
     """Decisions are data (``records.Decision``): only the reader of what earlier releases
-    stored (``search/compat.py``) may look at the text of a decision or a close reason."""
+    stored (``search/database/compat.py``) may look at the text of a decision or a close reason."""
     bad = []
     for path, tree in _sources().items():
-        if path == "search/compat.py":
+        if path == "search/database/compat.py":
             continue
         for node in ast.walk(tree):
             searched = None  # the text a call or comparison looks into
@@ -199,7 +232,7 @@ def test_no_stage_decision_is_read_from_its_text() -> None:
 def test_launcher_kinds_are_spelled_once() -> None:
     """A launcher kind is its class's ``name`` (``launchers.LAUNCHERS`` is built from them): no
     other code of ours names one, so a new launcher is registered in one place."""
-    from launchers import LAUNCHERS
+    from verl_sweep.launchers import LAUNCHERS
 
     spelled = []
     for path, tree in _sources().items():

@@ -8,7 +8,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from search.cli import app
+from verl_sweep.search.commands.cli import app
 
 COMMANDS = sorted(get_command(app).commands)  # type: ignore[attr-defined]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from search.console import WIDTH, Console, changed_params, cut, short_name
-from search.progress import StageCount, StudyProgress
+from verl_sweep.search.views.console import WIDTH, Console, changed_params, cut, short_name
+from verl_sweep.search.views.progress import StageCount, StudyProgress
 
 SYSTEMS = {  # a systems trial: 18 keys, as the demo's winner changes them
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 4,
@@ -119,10 +119,10 @@ def test_the_study_progress_line_counts_on_after_a_resume() -> None:
 
 
 def test_a_pinned_override_is_warned_once_a_study(caplog: pytest.LogCaptureFixture) -> None:
-    from launchers.run_dir import merge_overrides
+    from verl_sweep.launchers.run_dir import merge_overrides
 
     pins = ["trainer.save_freq=-1", "trainer.logger=[console,file]"]
-    with caplog.at_level(logging.WARNING, logger="launchers.run_dir"):
+    with caplog.at_level(logging.WARNING, logger="verl_sweep.launchers.run_dir"):
         for _ in range(48):  # 48 probes
             merged = merge_overrides(["trainer.save_freq=20", "trainer.logger=[console,wandb]", "a.b=1"], pins)
             assert merged == ["a.b=1", *pins]
@@ -132,7 +132,7 @@ def test_a_pinned_override_is_warned_once_a_study(caplog: pytest.LogCaptureFixtu
 
 
 def test_exported_numbers_are_rounded_to_what_verl_needs() -> None:
-    from search.export import rounded
+    from verl_sweep.search.views.export import rounded
 
     assert rounded(0.8924589599619382) == 0.8925
     assert rounded(3.1622776e-06) == 3.162e-06
@@ -143,8 +143,8 @@ def test_exported_numbers_are_rounded_to_what_verl_needs() -> None:
 
 def test_one_driver_per_sqlite_file_and_a_dead_drivers_lock_is_taken_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from search.errors import BadInputError
-    from search.storage import DriverLock
+    from verl_sweep.search.spec.errors import BadInputError
+    from verl_sweep.search.database.storage import DriverLock
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
@@ -160,7 +160,7 @@ def test_one_driver_per_sqlite_file_and_a_dead_drivers_lock_is_taken_over(
     with DriverLock(url):
         assert lock.read_text() == str(os.getpid())
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from search.storage import DriverLock\n"
+        "import sys; from verl_sweep.search.database.storage import DriverLock\n"
         f"with DriverLock({url!r}):\n    print('held', flush=True); sys.stdin.read()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -11,13 +11,13 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from benchmarks.run import demo_spec
-from search.records import Decision, Role, StageResult, records, result_attr
-from search.stage import Stage
-from search.stage_loop import undecided_leaders
-from search.stage_study import StageStudy
-from search.storage import open_storage
-from spaces import build_space
-from spaces import limits as L
+from verl_sweep.search.database.records import Decision, Role, StageResult, records, result_attr
+from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.engine.stage_loop import undecided_leaders
+from verl_sweep.search.engine.stage_study import StageStudy
+from verl_sweep.search.database.storage import open_storage
+from verl_sweep.spaces import build_space
+from verl_sweep.spaces import limits as L
 
 SPEC = demo_spec("default")
 MB = L.MINI_BATCH

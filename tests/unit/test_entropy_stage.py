@@ -9,13 +9,13 @@ import pytest
 
 from benchmarks import methods as M
 from benchmarks.run import demo_spec
-from search.console import Console
-from search.driver import StudyRunner
-from search.stage import Stage
-from search.study_file import default_stages
-from search.study_root import save_spec, stored_stage_result
-from search.validate import validate_study
-from spaces import Algorithm, SpaceError, build_space
+from verl_sweep.search.views.console import Console
+from verl_sweep.search.engine.driver import StudyRunner
+from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.spec.study_file import default_stages
+from verl_sweep.search.database.study_root import save_spec, stored_stage_result
+from verl_sweep.search.commands.validate import validate_study
+from verl_sweep.spaces import Algorithm, SpaceError, build_space
 
 KEY = "actor_rollout_ref.actor.entropy_coeff"
 

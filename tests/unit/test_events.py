@@ -1,4 +1,4 @@
-"""A study's events reach every listener (``search.events``): what a benchmark traces, and a
+"""A study's events reach every listener (``verl_sweep.search.engine.events``): what a benchmark traces, and a
 tracker would log, without subclassing the driver or the console."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import optuna
 
 from benchmarks import methods as M
 from benchmarks.run import demo_spec
-from search.console import Console
-from search.driver import StudyRunner
-from search.events import StudyListener
-from search.study_root import save_spec
+from verl_sweep.search.views.console import Console
+from verl_sweep.search.engine.driver import StudyRunner
+from verl_sweep.search.engine.events import StudyListener
+from verl_sweep.search.database.study_root import save_spec
 
 
 class _Recorder(StudyListener):

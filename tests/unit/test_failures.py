@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from objectives.failures import FailureKind, classify, diagnose, tail
+from verl_sweep.objectives.failures import FailureKind, classify, diagnose, tail
 
 OOM = """Traceback (most recent call last):
   File "/verl/workers/fsdp_workers.py", line 812, in update_actor

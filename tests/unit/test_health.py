@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "data"))
 
 from curves import Curve, run  # noqa: E402
 
-from objectives.health import screen  # noqa: E402
-from objectives.metrics import StepMetrics  # noqa: E402
+from verl_sweep.objectives.health import screen  # noqa: E402
+from verl_sweep.objectives.metrics import StepMetrics  # noqa: E402
 
 
 def _first_verdict(steps: list[StepMetrics], **kwargs: object):
@@ -138,7 +138,7 @@ def test_thresholds_are_keywords() -> None:
 
 
 def _simulated(config_changes: dict, *, seed: int, steps: int):
-    simulator = pytest.importorskip("launchers.simulator")
+    simulator = pytest.importorskip("verl_sweep.launchers.simulator")
     landscape = simulator.load_landscape("default")
     config = {**landscape.baseline, **config_changes, "data.seed": seed}
     records = [

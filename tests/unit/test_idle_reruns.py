@@ -11,11 +11,11 @@ import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.policy import StagePolicy
-from search.stage import Stage
-from search.records import Decision, TrialRecord, records
-from search.storage import open_storage
-from search.study_file import Budget, StageSettings, load_study
+from verl_sweep.search.method.policy import StagePolicy
+from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.database.records import Decision, TrialRecord, records
+from verl_sweep.search.database.storage import open_storage
+from verl_sweep.search.spec.study_file import Budget, StageSettings, load_study
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
@@ -147,7 +147,7 @@ def test_a_leader_within_the_tolerance_is_not_rerun(tmp_path: Path) -> None:
 def test_a_failure_queued_again_takes_its_own_place_in_the_budget(tmp_path: Path) -> None:
     """A stage at its budget whose last candidate died (SIGKILL) and was queued again: the
     retry fills that candidate's place, and one more fresh candidate would not fit."""
-    from search import liveness
+    from verl_sweep.search.database import liveness
 
     study = _scored_study(tmp_path)
     policy = _policy(SPEC.stages[-2].model_copy(update={"budget": Budget(max_trials=3)}))

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from search.records import Role
+from verl_sweep.search.database.records import Role
 from test_idle_reruns import SPEC, _policy, _scored, _scored_study, _trials
 
 

@@ -1,6 +1,6 @@
 """Launchers own their options (``Launcher.OPTIONS``): the declared options are the
 constructor's, one registry (``launchers.LAUNCHERS``) names the kinds, and the study file, the
-CLI and ``validate`` all check a study's options through ``search.launch``."""
+CLI and ``validate`` all check a study's options through ``verl_sweep.search.commands.launch``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import inspect
 import pytest
 
 from conftest import cli, demo_data
-from launchers import LAUNCHERS
-from launchers.options import Option, OptionError, describe, resolve
-from search.errors import BadInputError
-from search.launch import launcher_options, launcher_problems
-from search.study_file import parse_study
+from verl_sweep.launchers import LAUNCHERS
+from verl_sweep.launchers.options import Option, OptionError, describe, resolve
+from verl_sweep.search.spec.errors import BadInputError
+from verl_sweep.search.commands.launch import launcher_options, launcher_problems
+from verl_sweep.search.spec.study_file import parse_study
 
 
 @pytest.mark.parametrize("kind", sorted(LAUNCHERS))

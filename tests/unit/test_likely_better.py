@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from search.policy import LIKELY_BETTER, likely_better
+from verl_sweep.search.method.policy import LIKELY_BETTER, likely_better
 
 
 @pytest.mark.parametrize(("value", "low", "expected"), [

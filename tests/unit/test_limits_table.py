@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from spaces import Algorithm, HardwareFacts, ModelFacts
-from spaces import limits as L
-from spaces.overrides import merge
+from verl_sweep.spaces import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.overrides import merge
 
 M7 = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7)
 M7_LONG = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7, max_prompt_length=2048,
@@ -223,8 +223,8 @@ def test_moe_experts_are_split_over_rollout_tp_and_dp() -> None:
 def test_each_rollout_tp_keeps_its_own_memory_floor() -> None:
     """The floor of the worst TP is not every layout's: TP 1 needs a larger fraction than TP 8
     to hold 32B's weights and the budget, and each layout is offered from its own floor."""
-    from spaces import bounds as B
-    from spaces.memory import rollout_memory_floors
+    from verl_sweep.spaces import bounds as B
+    from verl_sweep.spaces.memory import rollout_memory_floors
 
     floors = rollout_memory_floors(M32, H8x80, {**OK_GRPO, L.TOKEN_BUDGET: 60_000, L.ROLLOUT_TP: 8, L.GPU_MEMORY: 0.9},
                                    B.GPU_MEMORY_UTILIZATION)

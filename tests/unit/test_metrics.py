@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from objectives.sources import ConsoleSource, FileLoggerSource
-from objectives.metrics import (
+from verl_sweep.objectives.sources import ConsoleSource, FileLoggerSource
+from verl_sweep.objectives.metrics import (
     MetricsFollower,
     StepMetrics,
     parse_console_line,

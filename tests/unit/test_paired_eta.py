@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from objectives.score import Score, combine, eta, paired_eta
+from verl_sweep.objectives.score import Score, combine, eta, paired_eta
 
 
 def _score(rate: float, se_rel: float = 0.01) -> Score:

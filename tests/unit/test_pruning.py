@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.pruning import IncumbentPruner
+from verl_sweep.search.method.pruning import IncumbentPruner
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 STEPS = (25, 50, 75, 100, 125, 150)
@@ -205,16 +205,16 @@ def test_validate_says_when_a_stage_pruner_can_never_act(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, probe: dict, pruner: dict, first: int, warned: bool
 ) -> None:
     from conftest import demo_data, write_study
-    from search.study_file import load_study
-    from search.stage import Stage
-    from search.validate import validate_study
+    from verl_sweep.search.spec.study_file import load_study
+    from verl_sweep.search.method.stage import Stage
+    from verl_sweep.search.commands.validate import validate_study
 
     data = demo_data()
     data["probe"] = {**data["probe"], **probe}
     data["stages"] = [{"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "pruner": pruner}]
     spec = load_study(write_study(tmp_path, data))
     assert Stage.of(spec, 0).first_prune_step() == first
-    with caplog.at_level("WARNING", logger="search.validate"):
+    with caplog.at_level("WARNING", logger="verl_sweep.search.commands.validate"):
         problems, _ = validate_study(spec, with_verl=False)
     assert problems == []
     said = [r.getMessage() for r in caplog.records if "never prune" in r.getMessage()]
@@ -231,8 +231,8 @@ def test_a_stopped_run_reads_no_higher_than_a_finished_one_that_ran_above_it() -
     # blind_couple_up_far: a far move (lr × 4) ran 20% above the incumbent at step 175, below
     # the finished leader (η 1.049) there, and was stopped; read over the incumbent alone it
     # was the "best" point, and the polish's next round went on from it.
-    from search.policy import structured_points
-    from search.records import START_ORIGIN, TrialRecord
+    from verl_sweep.search.method.policy import structured_points
+    from verl_sweep.search.database.records import START_ORIGIN, TrialRecord
 
     steps = range(100, 525, 25)
 

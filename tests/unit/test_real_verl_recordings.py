@@ -14,12 +14,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
-from objectives.failures import FailureKind, diagnose, failure_text, tail
-from objectives.health import screen
-from objectives.metrics import MetricsFollower, parse_console_line, read_all
-from objectives.sources import FileLoggerSource
-from objectives.score import eta, score_reward_rate, score_throughput
+from verl_sweep.launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
+from verl_sweep.objectives.failures import FailureKind, diagnose, failure_text, tail
+from verl_sweep.objectives.health import screen
+from verl_sweep.objectives.metrics import MetricsFollower, parse_console_line, read_all
+from verl_sweep.objectives.sources import FileLoggerSource
+from verl_sweep.objectives.score import eta, score_reward_rate, score_throughput
 
 DATA = Path(__file__).parent.parent / "data" / "real-verl-0.9.1"
 DEVICE_RUN = Path(__file__).parent.parent / "data" / "device-run-2026-12-01"
@@ -91,7 +91,7 @@ def test_the_health_screen_flags_the_real_kl_loss_run_at_its_last_step() -> None
 
 def test_too_short_a_real_probe_cannot_be_scored() -> None:
     # The device's first attempt ran 8-step probes: every one failed "cannot be scored".
-    from objectives.score import ScoreError
+    from verl_sweep.objectives.score import ScoreError
 
     with pytest.raises(ScoreError, match=r"only 7 of 7 scored steps .* \(need 10\)"):
         score_reward_rate(_probe("probe_baseline")[:8], warmup_steps=WARMUP, n_boot=50)
@@ -132,7 +132,7 @@ def test_eta_replayed_from_the_recordings_is_what_the_device_stored(tmp_path: Pa
     ],
 )
 def test_real_failures_are_classified_with_their_real_cause(log: str, kind: FailureKind, evidence: str) -> None:
-    stderr = tail(DATA / f"{log}.stderr.log", n_lines=40)  # what objectives.probe reads
+    stderr = tail(DATA / f"{log}.stderr.log", n_lines=40)  # what verl_sweep.objectives.probe reads
     failure = diagnose(stderr, 1, last_step=0, expected_steps=PROBE_STEPS)
     assert failure is not None
     assert (failure.kind, failure.evidence) == (kind, evidence)
@@ -176,7 +176,7 @@ def test_a_real_11_step_probe_gives_its_pruner_a_running_rate_early() -> None:
     at all (the candidate, lr 1.2e-6, ran all 11 steps unpruned); with 24-step probes the first
     report came at step 11 (1 warm-up + 10 scored steps). A running rate now exists from the
     4th step."""
-    from objectives.score import MIN_RUNNING_STEPS
+    from verl_sweep.objectives.score import MIN_RUNNING_STEPS
 
     steps = _probe("probe_baseline")
     running = score_reward_rate(steps[:WARMUP + MIN_RUNNING_STEPS], warmup_steps=WARMUP, n_boot=0,
@@ -193,7 +193,7 @@ def test_a_real_11_step_probe_gives_its_pruner_a_running_rate_early() -> None:
 
 def _running_rates(steps: list) -> dict[int, float]:
     """The intermediate values a probe reports (objectives/probe.py running_score), step by step."""
-    from objectives.score import MIN_RUNNING_STEPS
+    from verl_sweep.objectives.score import MIN_RUNNING_STEPS
 
     return {k: score_reward_rate(steps[:k], warmup_steps=WARMUP, n_boot=0, fit_ceiling=False,
                                  min_steps=MIN_RUNNING_STEPS).rate
@@ -206,7 +206,7 @@ def test_the_real_pruned_probe_is_pruned_when_replayed_a_step_ahead_of_its_incum
     the same-seed incumbent's; it was pruned at its step 5, when the incumbents had not yet
     reported step 5. Replayed here through the scorer and the stage's pruner, the candidate is
     pruned at step 5 and a real incumbent run in its place is not."""
-    from search.pruning import IncumbentPruner
+    from verl_sweep.search.method.pruning import IncumbentPruner
 
     runs = {t: _running_rates(read_all(DATA / "pruned_probe" / f"{t}.metrics.jsonl")) for t in ("t0000", "t0001", "t0002")}
     db = DEVICE_RUN / "lease3" / "prune" / "tiny-h200-prune.db"
@@ -274,7 +274,7 @@ def test_a_real_run_that_diverges_in_its_last_steps_is_stopped_by_the_health_scr
     """The device scored the KL-loss probe (kl_loss 0.325 and rising at step 11) because the
     probe reached its last step before it was screened. Its last steps are screened now, both
     when the run is stopped at step N and when it exits on its own."""
-    from objectives.probe import Probe, ProbeSettings, ProbeState
+    from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
 
     launcher = _Playback(tmp_path, DATA / "probe_kl_loss.metrics.jsonl", finish=finish)
     settings = ProbeSettings(steps=PROBE_STEPS if not finish else PROBE_STEPS + 5, warmup_steps=WARMUP)

@@ -9,12 +9,12 @@ from typing import Any
 import optuna
 import pytest
 
-from spaces import SPACES, Algorithm, HardwareFacts, ModelFacts, Moves, SpaceError, build_space
-from spaces.base import Space
-from spaces import limits as L
-from spaces.bounds import KL_COEF, ParamBound
-from spaces.overrides import merge
-from spaces.stages import FAILURE_KIND_ATTR, HARDWARE_ATTR, hardware_tag, oom_ceiling
+from verl_sweep.spaces import SPACES, Algorithm, HardwareFacts, ModelFacts, Moves, SpaceError, build_space
+from verl_sweep.spaces.base import Space
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.bounds import KL_COEF, ParamBound
+from verl_sweep.spaces.overrides import merge
+from verl_sweep.spaces.stages import FAILURE_KIND_ATTR, HARDWARE_ATTR, hardware_tag, oom_ceiling
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -67,7 +67,7 @@ def test_widening_needs_unsafe_and_warns(caplog: pytest.LogCaptureFixture) -> No
     ):
         build_space("kl", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=GRPO_BASE,
                     options={"high": 0.05}, where="stages[2].params")
-    with caplog.at_level(logging.WARNING, logger="spaces.bounds"):
+    with caplog.at_level(logging.WARNING, logger="verl_sweep.spaces.bounds"):
         space = build("kl", high=0.05, unsafe=True)
     assert space.bound.high == 0.05
     assert "outside the safe bound" in caplog.text
@@ -301,7 +301,7 @@ def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
 
 
 def test_templates_follow_the_brief() -> None:
-    from spaces.templates import MEGATRON_TP, MODEL_ENGINE, template_for
+    from verl_sweep.spaces.templates import MEGATRON_TP, MODEL_ENGINE, template_for
 
     small = template_for(MODEL_7B, A100x8, Algorithm.GRPO)
     assert small.config[L.ROLLOUT_TP] == 4 and small.config[L.GPU_MEMORY] == 0.6
@@ -518,8 +518,8 @@ def test_no_space_proposes_a_config_the_memory_estimate_says_cannot_fit(kind: st
     knobs are categorical (Optuna keeps their choices fixed), so there the memory fraction,
     asked last, keeps the rollout phase (and vLLM awake in the others) within it, and a
     combination of batching knobs beyond it is refused before launch (``TrialRunner``)."""
-    from search.validate import extreme_configs
-    from spaces import memory as M
+    from verl_sweep.search.commands.validate import extreme_configs
+    from verl_sweep.spaces import memory as M
 
     base = NEAR_THE_EDGE
     found = M.estimate(MODEL_7B, A100x8, base)
@@ -538,7 +538,7 @@ def test_no_space_proposes_a_config_the_memory_estimate_says_cannot_fit(kind: st
 def test_the_systems_memory_fraction_stops_where_the_rollout_would_not_fit() -> None:
     """The fraction's ceiling follows the layout: Ulysses 2 halves the data-parallel ranks and
     doubles the actor's resident states, so the rollout leaves less room to vLLM."""
-    from spaces import memory as M
+    from verl_sweep.spaces import memory as M
 
     space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=NEAR_THE_EDGE,
                         options={}).on_real_gpus(True)
@@ -573,7 +573,7 @@ def test_on_a_simulator_the_spaces_leave_out_of_memory_to_its_world() -> None:
 def test_switching_kl_on_at_the_edge_takes_the_reference_from_vllms_share() -> None:
     """A reference policy needs memory: where the estimate says the GPU is full with it, the
     KL candidate comes with vLLM's fraction lowered so that it fits (on real GPUs)."""
-    from spaces import memory as M
+    from verl_sweep.spaces import memory as M
 
     off = {**NEAR_THE_EDGE, L.USE_KL_LOSS: False}
     edge = M.fitting_fraction(MODEL_7B, A100x8, off, base=off)  # stage 0 may take vLLM's share this far

@@ -1,4 +1,4 @@
-"""``search.stage.Stage``: what a stage measures, how long its probes run, when it prunes and
+"""``verl_sweep.search.method.stage.Stage``: what a stage measures, how long its probes run, when it prunes and
 what it costs, worked out once from the study file (and a stage study's stored probe length)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from objectives.score import Metric
-from search.records import TrialRecord
-from search.stage import Stage, stages_of
-from search.status import gpu_hours_saved
-from search.study_file import parse_study
-from spaces import Moves, SpaceError
+from verl_sweep.objectives.score import Metric
+from verl_sweep.search.database.records import TrialRecord
+from verl_sweep.search.method.stage import Stage, stages_of
+from verl_sweep.search.views.status import gpu_hours_saved
+from verl_sweep.search.spec.study_file import parse_study
+from verl_sweep.spaces import Moves, SpaceError
 
 from conftest import demo_data
 

@@ -1,6 +1,6 @@
 """Studies stored by release 0de9162 (``tests/data/release-0de9162``: decisions stored as
 sentences, wasted trials named in their reason) read through the one compatibility reader
-(``search.compat``): every stage decision comes back as data, and a resume, ``status`` and
+(``verl_sweep.search.database.compat``): every stage decision comes back as data, and a resume, ``status`` and
 the stages that read earlier decisions behave on them as that release did."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from benchmarks import methods as M
-from search import compat
-from search.console import Console
-from search.driver import StudyRunner
-from search.records import CloseReason, Decision, records
-from search.stage import Stage
-from search.stage_loop import Context, slow_start_seen, undecided_leaders
-from search.status import finished_results, study_status
-from search.storage import open_storage
-from search.study_root import load_spec, stored_stage_result
-from spaces import build_space
+from verl_sweep.search.database import compat
+from verl_sweep.search.views.console import Console
+from verl_sweep.search.engine.driver import StudyRunner
+from verl_sweep.search.database.records import CloseReason, Decision, records
+from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.engine.stage_loop import Context, slow_start_seen, undecided_leaders
+from verl_sweep.search.views.status import finished_results, study_status
+from verl_sweep.search.database.storage import open_storage
+from verl_sweep.search.database.study_root import load_spec, stored_stage_result
+from verl_sweep.spaces import build_space
 
 RELEASE_DB = Path(__file__).parent.parent / "data" / "release-0de9162" / "studies.db"
 

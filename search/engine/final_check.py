@@ -1,0 +1,294 @@
+"""The overall gain: the final config against the user's own baseline, measured.
+
+Every stage's η is against its own incumbent; their product is no measurement of the whole.
+After the last stage the driver runs the final check, the Optuna study ``<study>.final`` in the
+same storage: the baseline and the final config side by side on ``final_check.runs`` seeds
+that no stage used, on learning probes, and their paired η (``verl_sweep.objectives.score.paired_eta``)
+is the gain against the baseline, with its interval. A study with no learning stage (a run
+too short for learning probes) tuned speed alone: its check runs speed probes and its η is the
+throughput gain, what its stages measured (a learning probe would not fit the run). Its runs are queued once, when the study
+is created, so a resume runs only what is missing; a run its dead driver left RUNNING is
+queued again. Skipped with ``final_check: false``, and when the final config is the baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+import optuna
+from optuna.trial import TrialState
+
+from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
+from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
+from verl_sweep.objectives.score import Eta, Metric, Score, eta as eta_of, paired_eta
+from verl_sweep.search.database import liveness
+from verl_sweep.search.database.records import (Assignment, Role, TrialRecord, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records,
+                            set_attrs, started_attrs)
+from verl_sweep.search.spec.study_file import FINAL_STAGE, StudySpec
+from verl_sweep.spaces.overrides import Config, merge, to_overrides
+
+if TYPE_CHECKING:
+    from verl_sweep.launchers.base import Launcher
+    from verl_sweep.search.engine.events import StudyListener
+
+#: the study's attributes: the two configs, and the result once measured
+_BASELINE, _FINAL, _RESULT = "baseline_config", "final_config", "result"
+
+
+def final_study_name(spec: StudySpec) -> str:
+    return f"{spec.name}.{FINAL_STAGE}"
+
+
+def final_seeds(spec: StudySpec) -> list[int]:
+    """Fresh seeds: above every seed the stages run on."""
+    start = max(spec.seeds) + 1
+    return [start + i for i in range(spec.final_check.runs)]
+
+
+def skip_reason(spec: StudySpec, final: Config) -> str | None:
+    """Why no final check runs, or None."""
+    if not spec.final_check.enabled:
+        return "final_check: false in the study file"
+    if final == spec.baseline_config():
+        return "the final config is the baseline (no stage found a better one)"
+    return None
+
+
+def final_probe(spec: StudySpec, *, slow_start: bool = False) -> ProbeSettings:
+    """The final check's probes: learning probes at the length the learning stages ran
+    (``slow_start``: lengthened after a slow start), or, in a study with no learning stage,
+    speed probes scored on throughput."""
+    from verl_sweep.search.method.stage import stages_of
+
+    probe = spec.probe
+    if any(stage.learns for stage in stages_of(spec)):
+        steps = probe.steps * (probe.slow_start_factor if slow_start else 1)
+        return ProbeSettings(steps=steps, metric=Metric.REWARD_RATE, warmup_steps=probe.warmup_steps,
+                             hang_timeout_s=probe.hang_timeout_s, health_screen=True, n_gpus=spec.hardware.n_gpus)
+    return ProbeSettings(steps=probe.speed_steps, metric=Metric.THROUGHPUT, warmup_steps=probe.speed_warmup_steps,
+                         hang_timeout_s=probe.hang_timeout_s, health_screen=False, n_gpus=spec.hardware.n_gpus,
+                         settle_tolerance=probe.speed_settle_tolerance)
+
+
+@dataclasses.dataclass(frozen=True)
+class Overall:
+    """η of the final config against the baseline over ``n_pairs`` paired seeds."""
+
+    eta: float
+    low: float
+    high: float
+    n_pairs: int
+
+    def to_attr(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of(cls, attr: dict[str, Any]) -> Overall:
+        return cls(float(attr["eta"]), float(attr["low"]), float(attr["high"]), int(attr["n_pairs"]))
+
+
+def stored_overall(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[Overall | None, list[TrialRecord]]:
+    """The stored result (None until measured) and the final check's trials ([] before it opened)."""
+    try:
+        study = optuna.load_study(study_name=final_study_name(spec), storage=storage)
+    except KeyError:
+        return None, []
+    attr = study.user_attrs.get(_RESULT)
+    return (Overall.of(attr) if attr else None), records(study.get_trials(deepcopy=False))
+
+
+def measure(trials: Sequence[TrialRecord]) -> Overall | None:
+    """Paired η of the final config's runs against the baseline's (None without a pair)."""
+    def runs(role: Role) -> list[tuple[int | None, Score]]:
+        return [(t.seed, t.score) for t in trials
+                if t.role is role and t.state == TrialState.COMPLETE and t.score is not None]
+
+    final, baseline = runs(Role.CANDIDATE), runs(Role.INCUMBENT)
+    pairs = {s for s, _ in final} & {s for s, _ in baseline}
+    if not pairs:
+        return None
+    e = paired_eta(final, baseline)
+    return Overall(e.value, e.low, e.high, len(pairs))
+
+
+@dataclasses.dataclass
+class _Active:
+    trial: optuna.trial.Trial
+    probe: Probe
+    role: Role
+    seed: int
+    overrides: Config
+    outcome: ProbeOutcome | None = None
+
+
+class FinalCheck:
+    """The final check as this driver follows it; ``tick`` until it returns False."""
+
+    def __init__(self, spec: StudySpec, study: optuna.Study, launcher: Launcher, console: StudyListener,
+                 probe: ProbeSettings) -> None:
+        self.spec = spec
+        self.study = study
+        self.launcher = launcher
+        self.console = console
+        self.baseline: Config = study.user_attrs[_BASELINE]
+        self.final: Config = study.user_attrs[_FINAL]
+        self.probe = probe
+        self.active: dict[int, _Active] = {}
+
+    @classmethod
+    def open(cls, storage: optuna.storages.BaseStorage, spec: StudySpec, final: Config, launcher: Launcher,
+             console: StudyListener, *, probe: ProbeSettings) -> FinalCheck | None:
+        """Create or join ``<study>.final``; None when it is skipped or already measured."""
+        why = skip_reason(spec, final)
+        if why is not None:
+            console.note(f"final check skipped: {why}")
+            return None
+        name = final_study_name(spec)
+        study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+        if _RESULT in study.user_attrs:
+            return None
+        if _FINAL not in study.user_attrs:
+            baseline = spec.baseline_config()
+            for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
+                for role in (Role.INCUMBENT, Role.CANDIDATE):
+                    study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
+            study.set_user_attr(_BASELINE, baseline)
+            study.set_user_attr(_FINAL, final)
+        check = cls(spec, study, launcher, console, probe)
+        check._requeue_orphans()
+        seeds = ", ".join(str(s) for s in final_seeds(spec))
+        kind = ("probes" if probe.metric is Metric.REWARD_RATE
+                else "speed probes, on throughput: the study has no learning stage")
+        console.note(f"final check: the final config against the baseline on fresh seeds {seeds} "
+                     f"({probe.steps}-step {kind})")
+        return check
+
+    def _trials(self) -> list[TrialRecord]:
+        return records(self.study.get_trials(deepcopy=False))
+
+    def _requeue_orphans(self) -> None:
+        """Runs a stopped driver left RUNNING: only this driver runs the final check."""
+        for t in self._trials():
+            if t.state == TrialState.RUNNING and t.number not in self.active:
+                self.study.tell(t.number, state=TrialState.FAIL)
+                liveness.requeue(self.study, t.frozen, reason="its driver stopped")
+
+    def tick(self) -> bool:
+        """Start what is queued, follow the runs, tell the finished; False once it is measured."""
+        trials = self._trials()
+        waiting = sum(1 for t in trials if t.state == TrialState.WAITING)
+        while waiting and self.launcher.free_slots() > 0:
+            if not self._start():
+                break
+            waiting -= 1
+        for item in self.active.values():
+            if item.outcome is None:
+                item.outcome = item.probe.poll()
+        # The baseline's runs first; the final config's wait for all of them (paired η).
+        for item in sorted(self.active.values(), key=lambda i: i.role is not Role.INCUMBENT):
+            if item.outcome is None:
+                continue
+            baseline, pending = self._baseline_runs()
+            if item.role is Role.CANDIDATE and pending and item.outcome.state is ProbeState.COMPLETE:
+                continue
+            self._tell(item, item.outcome, baseline)
+            del self.active[item.trial.number]
+            break  # read the trials again before the next
+        if self.active or any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in self._trials()):
+            return True
+        self._finish()
+        return False
+
+    def _baseline_runs(self) -> tuple[list[tuple[int | None, Score]], bool]:
+        """The baseline's finished runs (seed, score), and whether any is still to come."""
+        mine = [t for t in self._trials() if t.role is Role.INCUMBENT]
+        done = [(t.seed, t.score) for t in mine if t.state == TrialState.COMPLETE and t.score is not None]
+        pending = any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine)
+        return done, pending
+
+    def _start(self) -> bool:
+        trial = self.study.ask()
+        assignment = Assignment.of(trial.user_attrs)
+        role, seed = assignment.role or Role.CANDIDATE, assignment.seed or final_seeds(self.spec)[0]
+        overrides = {} if role is Role.INCUMBENT else {k: v for k, v in self.final.items() if self.baseline.get(k) != v}
+        config = merge(self.baseline, overrides, {"data.seed": seed})
+        run_id = f"{self.spec.name}.{FINAL_STAGE}.t{trial.number:04d}"
+        spec = RunSpec(run_id=run_id, overrides=tuple(to_overrides(config)), n_gpus=self.spec.hardware.n_gpus,
+                       metadata={"study": self.spec.name, "stage": FINAL_STAGE, "trial": str(trial.number)})
+        probe = Probe(self.launcher, spec, self.probe)
+        try:
+            handle = probe.start()
+        except (NoCapacityError, LauncherError) as e:
+            self.study.tell(trial, state=TrialState.FAIL)
+            liveness.requeue(self.study, self.study._storage.get_trial(trial._trial_id), reason=str(e)[:200])
+            if isinstance(e, NoCapacityError):
+                return False
+            raise
+        set_attrs(trial, owner_attrs(liveness.owner_record()))
+        set_attrs(trial, started_attrs(role=role, seed=seed, overrides=overrides, run_id=run_id,
+                                       run_dir=str(handle.run_dir)))
+        self.active[trial.number] = _Active(trial, probe, role, seed, overrides)
+        self.console.trial_started(FINAL_STAGE, trial.number, role, overrides)
+        return True
+
+    def _tell(self, item: _Active, outcome: ProbeOutcome, baseline: list[tuple[int | None, Score]]) -> None:
+        trial = item.trial
+        set_attrs(trial, outcome_attrs(probe=outcome.summary(),
+                                       score=None if outcome.score is None else dataclasses.asdict(outcome.score),
+                                       gpu=outcome.gpu))
+        if outcome.state is ProbeState.COMPLETE and outcome.score is not None and math.isfinite(outcome.score.rate):
+            score = outcome.score
+            e: Eta | None
+            if item.role is Role.INCUMBENT:  # against the baseline's mean, itself included
+                e = eta_of(score, [s for _, s in baseline] + [score])
+            else:  # against the baseline's run on the same seed
+                e = paired_eta([(item.seed, score)], baseline) if baseline else None
+            if e is None:  # every baseline run failed: nothing to pair with
+                self.study.tell(trial, score.rate)
+                self.console.trial_finished(self.study, trial.number, item.role, item.overrides, state="complete",
+                                            reason="no baseline run to compare with")
+                return
+            set_attrs(trial, eta_attrs(e.value, e.low, e.high))
+            self.study.tell(trial, e.value)
+            self.console.trial_finished(self.study, trial.number, item.role, item.overrides, eta=e.value,
+                                        interval=(e.low, e.high))
+            return
+        set_attrs(trial, reason_attrs(outcome.reason))
+        self.study.tell(trial, state=TrialState.FAIL)
+        attempt = Assignment.of(trial.user_attrs).attempt or 0
+        failure = outcome.failure
+        retried = False
+        if failure is not None and failure.retryable and attempt < self.spec.probe.max_retries:
+            again = Assignment(role=item.role, seed=item.seed, attempt=attempt + 1)
+            frozen = self.study._storage.get_trial(trial._trial_id)
+            retried = liveness.requeue(self.study, frozen, reason=outcome.reason, assignment=again) is not None
+        self.console.trial_finished(self.study, trial.number, item.role, item.overrides, state="failed",
+                                    reason=outcome.reason + (" (queued again)" if retried else ""), requeued=retried,
+                                    stderr_tail=outcome.stderr_tail)
+
+    def _finish(self) -> None:
+        trials = self._trials()
+        overall = measure(trials)
+        if overall is None:
+            self.console.note("final check: no seed has a finished run of both configs, so no overall η; "
+                              f"the runs' reasons are in `verl-sweep status {self.spec.name}`")
+            self.study.set_user_attr(_RESULT, None)
+            return
+        self.study.set_user_attr(_RESULT, overall.to_attr())
+        on = "" if self.probe.metric is Metric.REWARD_RATE else " on throughput"
+        self.console.note(f"overall gain (final check{on}, {overall.n_pairs} paired seeds): the final config against your "
+                          f"baseline η {overall.eta:.3f} [{overall.low:.3f}, {overall.high:.3f}]")
+
+    def abandon(self, *, why: str) -> None:
+        """Stop this driver's runs and queue them again (Ctrl-C, SIGTERM, an error)."""
+        for item in self.active.values():
+            try:
+                self.launcher.cancel(item.probe.handle)  # type: ignore[arg-type]
+                self.study.tell(item.trial, state=TrialState.FAIL)
+                liveness.requeue(self.study, self.study._storage.get_trial(item.trial._trial_id),
+                                 reason=f"its driver stopped ({why})")
+            except Exception:  # noqa: BLE001 - best effort on the way out; a resume re-queues the rest
+                pass
+        self.active.clear()

@@ -1,0 +1,426 @@
+"""The trial runner: starts, follows, reports, tells, releases and abandons one stage's runs in
+this process.
+
+Each trial is asked from Optuna, turned into a run (``verl_sweep.objectives.probe.Probe`` through a
+launcher), reported every few steps (the pruner decides on candidates) and told once its probe
+ends. A trial that cannot start is given back, its assignment queued again; on the way out
+(Ctrl-C, SIGTERM, an error) every run of this process is stopped and its trial queued again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import optuna
+from optuna.trial import TrialState
+
+from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
+from verl_sweep.launchers.trackers import NO_TRACKERS
+from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeState
+from verl_sweep.objectives.score import Score, eta as eta_of, paired_eta
+from verl_sweep.objectives.utilisation import MIN_FREE_GB
+from verl_sweep.search.database import liveness
+from verl_sweep.search.spec.errors import BadInputError
+from verl_sweep.search.method.policy import Skip
+from verl_sweep.search.database.records import (
+    Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, reason_attrs, set_attrs, skipped_attrs,
+    started_attrs, stopped_attrs,
+)
+from verl_sweep.spaces import hardware_tag
+from verl_sweep.spaces.base import SpaceError
+from verl_sweep.spaces.memory import baseline_allowance, estimate, fit_limit_gb, fit_problem, over_limit_problem
+from verl_sweep.spaces.overrides import Config, merge, to_overrides
+
+if TYPE_CHECKING:
+    from verl_sweep.launchers.base import Launcher
+    from verl_sweep.search.engine.events import StudyListener
+    from verl_sweep.search.method.policy import StagePolicy
+    from verl_sweep.search.engine.stage_study import StageStudy
+    from verl_sweep.search.spec.study_file import StudySpec
+    from verl_sweep.spaces.base import Space
+
+logger = logging.getLogger(__name__)
+
+
+def tell(study: optuna.Study, trial: optuna.trial.Trial, value: float | None = None, *,
+         state: TrialState | None = None) -> None:
+    """``study.tell``, raising UpdateFinishedTrialError (as every other write to the trial does)
+    when another process closed the trial meanwhile (a stage run ahead moved aside, a heartbeat
+    that looked stale): Optuna's tell raises a ValueError then, "Cannot tell a FAIL trial"."""
+    try:
+        study.tell(trial, value, state=state)
+    except ValueError:
+        if not study._storage.get_trial(trial._trial_id).state.is_finished():
+            raise
+        raise optuna.exceptions.UpdateFinishedTrialError(
+            f"trial {trial.number} was closed by another process") from None
+
+
+@dataclasses.dataclass
+class ActiveTrial:
+    """A trial whose run this process follows."""
+
+    trial: optuna.trial.Trial
+    probe: Probe
+    role: Role
+    seed: int
+    overrides: Config
+    rerun_of: int | None
+    next_report_step: int
+    outcome: ProbeOutcome | None = None
+
+
+class TrialRunner:
+    """The runs of one stage that this process follows (``active``, by trial number)."""
+
+    def __init__(self, launcher: Launcher, console: StudyListener, study: StageStudy, policy: StagePolicy, space: Space,
+                 base: Config, *, run_prefix: str) -> None:
+        self.stage = policy.stage
+        self.spec = policy.spec
+        self.launcher = launcher
+        self.console = console
+        self.study = study
+        self.policy = policy
+        self.space = space
+        self.base = base
+        self.run_prefix = run_prefix
+        self.active: dict[int, ActiveTrial] = {}
+
+    @property
+    def stage_name(self) -> str:
+        return self.stage.name
+
+    # -- starting ---------------------------------------------------------------------------------
+    def start(self) -> bool:
+        """Ask for a trial, read the stage once (``StageStudy.view``, fresh), let the policy
+        admit it (``StagePolicy.admit``) and start its run; False when it did not start
+        (skipped, given back, or closed by another process meanwhile). Raises on bad input or
+        a launcher error (the trial given back first)."""
+        study = self.study.study
+        trial = study.ask()
+        try:
+            # Heartbeat and owner first: a trial without them could never be found stale.
+            self.study.heartbeat([trial._trial_id])
+            set_attrs(trial, owner_attrs(liveness.owner_record()))
+            return self._start_asked(trial)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Closed by another process while starting (its stage moved aside): nothing to give back.
+            self.study.stale = True
+            return False
+        except BaseException as e:
+            if trial.number not in self.active:
+                try:
+                    self.release(trial, reason=f"could not start: {str(e)[:200] or type(e).__name__}")
+                except Exception:  # noqa: BLE001 - the heartbeat closes it later
+                    logger.warning("could not release trial %d", trial.number, exc_info=True)
+            raise
+
+    def _memory_allowance(self) -> float:
+        """The baseline's estimated peak where the baseline is the user's run that fits
+        (``verl_sweep.spaces.memory.baseline_allowance``), or where the pre-flight accepted it within the
+        GPU's memory (configs up to the user's own run are not refused), computed once."""
+        if not hasattr(self, "_allowance_gb"):
+            model, hardware, baseline = self.spec.model, self.spec.hardware, self.spec.baseline_config()
+            found = estimate(model, hardware, baseline)
+            accepted = min(found.peak_gb, hardware.gpu_memory_gb) if found is not None else 0.0
+            self._allowance_gb = max(baseline_allowance(model, hardware, baseline), accepted)
+        return self._allowance_gb
+
+    def _memory_problem(self, config: Config) -> str | None:
+        """Why ``config`` must not start on real GPUs, by the memory estimate: beyond what any
+        config of the study may reach (``verl_sweep.spaces.memory.fit_limit_gb``), or over the usable
+        share of the GPU beyond the baseline's own peak. A simulator's own world decides what
+        runs out of memory (the study's baseline is refused on every launcher before)."""
+        if not self.launcher.real_gpus:
+            return None
+        model, hardware = self.spec.model, self.spec.hardware
+        limit = fit_limit_gb(model, hardware, self.spec.baseline_config())
+        problem = over_limit_problem(model, hardware, config, limit_gb=limit)
+        return problem or fit_problem(model, hardware, config, allowance_gb=self._memory_allowance())
+
+    def _skip(self, trial: optuna.trial.Trial, skip: Skip) -> bool:
+        set_attrs(trial, skipped_attrs(skip.closed_as, skip.reason))
+        tell(self.study.study, trial, state=TrialState.FAIL)
+        self.study.stale = True
+        return False
+
+    def _start_asked(self, trial: optuna.trial.Trial) -> bool:
+        study, policy, base = self.study.study, self.policy, self.base
+        view = self.study.view(fresh=True)  # the one read of this admission: it holds the asked trial
+        decision = policy.admit(view, view.record(trial.number), datetime.datetime.now())
+        if isinstance(decision, Skip):
+            return self._skip(trial, decision)
+        role = decision.role
+        try:
+            overrides = self.space.suggest(trial, base) if (role is not Role.INCUMBENT or trial.params) else {}
+        except SpaceError as e:
+            tell(study, trial, state=TrialState.FAIL)
+            self.study.stale = True
+            raise BadInputError(f"stage {self.stage_name}: {e}") from None
+        if role is Role.INCUMBENT:
+            overrides = {k: v for k, v in overrides.items() if base.get(k) != v}
+        seed = decision.seed if decision.seed is not None else policy.point_seed(view, trial.number, trial.params)
+        config = merge(base, overrides, {"data.seed": seed})
+        too_big = self._memory_problem(config)
+        if too_big is not None:
+            # Refused before launch: on a real node the probe would cost minutes of start-up
+            # and then run out of memory. Infeasible, as a real OOM is (the sampler learns it).
+            set_attrs(trial, failure_attrs("oom", hardware_tag(self.spec.hardware)))
+            set_attrs(trial, reason_attrs(f"oom: memory pre-flight: {too_big}"))
+            trial.set_constraint("oom", 1.0)
+            tell(study, trial, state=TrialState.FAIL)
+            self.study.stale = True
+            self.console.trial_finished(study, trial.number, role, overrides, reason="oom: memory pre-flight: "
+                                        + too_big, state="failed")
+            return False
+        run_id = f"{self.run_prefix}.t{trial.number:04d}"
+        spec = RunSpec(
+            run_id=run_id,
+            overrides=tuple(to_overrides(config)),
+            n_gpus=self.spec.hardware.n_gpus,
+            metadata={"study": self.spec.name, "stage": self.stage_name, "trial": str(trial.number),
+                      **({} if self.spec.probe.trackers else NO_TRACKERS)},
+        )
+        probe = Probe(self.launcher, spec, self.stage.probe)
+        try:
+            handle = probe.start()
+        except NoCapacityError:
+            self.release(trial, reason="no free launcher slot")
+            return False
+        except LauncherError as e:
+            self.release(trial, reason=str(e))
+            raise
+        try:
+            started = started_attrs(role=role, seed=seed, overrides=overrides, run_id=run_id, run_dir=str(handle.run_dir))
+            held = trial.user_attrs  # a queued trial holds the role and seed it was queued with
+            set_attrs(trial, {k: v for k, v in started.items() if k not in held or held[k] != v})
+            self.study.heartbeat([trial._trial_id])
+        except BaseException:
+            self.launcher.cancel(handle)  # nobody would follow it: never leave it running
+            raise
+        self.active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, view.record(trial.number).rerun_of,
+                                                next_report_step=self.stage.report_every)
+        self.study.refresh(trial._trial_id)  # the view held now has this run's parameters, seed and role
+        self.console.trial_started(self.stage_name, trial.number, role, overrides)
+        return True
+
+    def release(self, trial: optuna.trial.Trial, *, reason: str) -> None:
+        """Give back a trial we asked for but could not start (its assignment re-queued)."""
+        record = self.study.record(trial._trial_id)
+        if record.state.is_finished():
+            return  # closed meanwhile by another process, which queued it again where needed
+        tell(self.study.study, trial, state=TrialState.FAIL)
+        liveness.requeue(self.study.study, record.frozen, reason=reason)
+        self.study.stale = True
+
+    def adopt_or_close_orphans(self) -> None:
+        """Trials a dead driver left RUNNING: follow their run again where the launcher can
+        re-attach (a Ray job outlives its submitter), else close them, kill what their run
+        left behind, and queue them again."""
+        study = self.study.study
+        adopted, closed = [], []
+        for frozen in liveness.orphaned_trials(study):
+            record = TrialRecord.of(frozen)
+            handle = self.launcher.reattach(record.run_id) if record.run_id else None
+            outcome = None
+            if handle is not None and record.run_id is not None:
+                probe = Probe(self.launcher, RunSpec(run_id=record.run_id, overrides=(),
+                                                     n_gpus=self.spec.hardware.n_gpus), self.stage.probe)
+                probe.attach(handle)
+                outcome = probe.poll()
+                if outcome is not None and outcome.state is ProbeState.FAILED:
+                    handle = None  # it died with its driver: nothing to follow
+            if handle is not None:
+                trial = optuna.trial.Trial(study, frozen._trial_id)  # a live handle to report and tell on
+                set_attrs(trial, owner_attrs(liveness.owner_record()))
+                self.study.heartbeat([frozen._trial_id])
+                self.active[frozen.number] = ActiveTrial(
+                    trial, probe, record.role, record.seed or 0, dict(record.overrides), record.rerun_of,
+                    next_report_step=self.stage.report_every, outcome=outcome,
+                )
+                adopted.append(frozen.number)
+                continue
+            if liveness.close_and_requeue(study, frozen, reason="its driver process died"):
+                closed.append(frozen.number)
+                self.launcher.cleanup_leftover(Path(record.run_dir or ""))
+        if adopted:
+            self.console.note(f"re-attached to the runs of trial(s) {', '.join(map(str, adopted))} left by a dead driver")
+        if adopted or closed:
+            self.study.stale = True
+        if closed:
+            self.console.note(
+                f"closed {len(closed)} trial(s) left running by a dead driver and queued them again: "
+                + ", ".join(map(str, closed))
+            )
+
+    # -- following --------------------------------------------------------------------------------
+    def poll(self) -> None:
+        for item in list(self.active.values()):
+            if item.outcome is not None:
+                continue
+            outcome = item.probe.poll()
+            if outcome is None:
+                self._report(item)
+            else:
+                item.outcome = outcome
+            self.console.trial_progress(self.stage_name, item.trial.number, item.probe)
+
+    def heartbeat(self) -> None:
+        self.study.heartbeat([item.trial._trial_id for item in self.active.values()])
+
+    def stop_runs_that_no_longer_count(self, trials: Sequence[TrialRecord]) -> None:
+        """Stop this worker's runs whose trial another process closed (a stage run ahead and
+        moved aside, a heartbeat that looked stale), and early confirmations whose first run
+        was then pruned: their results could no longer count."""
+        state = {t.number: t.state for t in trials}
+        pruned = {t.number for t in trials if t.state == TrialState.PRUNED and t.role is Role.CANDIDATE}
+        for number, item in self.active.items():
+            if item.outcome is not None:
+                continue
+            target = item.rerun_of
+            if state.get(number, TrialState.RUNNING).is_finished():
+                item.outcome = item.probe.stop(ProbeState.STOPPED, reason="closed by another worker")
+            elif item.role is Role.RERUN and target is not None and target in pruned:
+                item.outcome = item.probe.stop(ProbeState.STOPPED, reason=f"its first run (trial {target}) was pruned")
+
+    def _report(self, item: ActiveTrial) -> None:
+        """Report the running rate every K steps and let the pruner decide (candidates only)."""
+        follower = item.probe.follower
+        if follower is None or follower.last_step < item.next_report_step:
+            return
+        step = item.next_report_step
+        item.next_report_step += self.stage.report_every
+        score = item.probe.running_score()
+        if score is None or not math.isfinite(score.rate):
+            return
+        try:
+            item.trial.report(score.rate, step)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Closed meanwhile by another process (its heartbeat looked stale) and queued again
+            # there: stop this run; tell_finished then drops the result instead of doubling it.
+            item.outcome = item.probe.stop(ProbeState.STOPPED, reason="closed by another worker")
+            return
+        if item.role is Role.INCUMBENT:
+            self.study.refresh(item.trial._trial_id)  # the pruner compares candidates with this curve
+        if item.role is Role.CANDIDATE and item.trial.should_prune():
+            rule = {"incumbent": "clearly below the incumbent's on the same seed",
+                    "median": "below the median of the stage's other trials"}.get(self.stage.settings.pruner.name,
+                                                                                   "below the stage's others")
+            item.outcome = item.probe.stop(
+                ProbeState.PRUNED, reason=f"pruned at step {step}: running rate {score.rate:.3g} {rule}"
+            )
+
+    # -- telling ----------------------------------------------------------------------------------
+    def tell_finished(self, trials: Sequence[TrialRecord]) -> bool:
+        """Tell Optuna every finished probe it can; True when something was told. A told trial
+        is read again into the stage's view (a failure queued again makes it read whole).
+
+        Incumbent runs are told at once, with η against the incumbent runs told so far (so
+        workers never wait on each other's incumbents); candidates wait until every incumbent
+        run is told, then get η against their mean."""
+        finished = [item for item in self.active.values() if item.outcome is not None]
+        if not finished:
+            return False
+        told = False
+        scores, complete = self.policy.incumbent_runs(trials)
+        for item in sorted(finished, key=lambda i: i.role is not Role.INCUMBENT):
+            outcome = item.outcome
+            assert outcome is not None
+            if outcome.state is ProbeState.COMPLETE and item.role is not Role.INCUMBENT and not complete:
+                continue  # η needs every incumbent run; tell once they are done
+            against = scores
+            if item.role is Role.INCUMBENT and outcome.score is not None and outcome.state is ProbeState.COMPLETE:
+                against = scores + [(item.seed, outcome.score)]
+            try:
+                if self._tell(item, outcome, against):
+                    self.study.stale = True
+                else:
+                    self.study.refresh(item.trial._trial_id)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Closed meanwhile by another process (its heartbeat looked stale): its
+                # assignment was queued again there, so this result is dropped, not doubled.
+                self.console.note(f"{self.study.name}: trial {item.trial.number} was closed by another worker")
+                self.study.stale = True
+            del self.active[item.trial.number]
+            told = True
+            if item.role is Role.INCUMBENT:
+                return told  # re-read before telling candidates against the new incumbent set
+        return told
+
+    def _tell(self, item: ActiveTrial, outcome: ProbeOutcome, incumbents: list[tuple[int | None, Score]]) -> bool:
+        """Store the outcome and tell it; True when its assignment was queued again (a new trial)."""
+        study, trial = self.study.study, item.trial
+        set_attrs(trial, outcome_attrs(probe=outcome.summary(),
+                                       score=None if outcome.score is None else dataclasses.asdict(outcome.score),
+                                       gpu=outcome.gpu))
+        if outcome.gpu is not None:
+            free = outcome.gpu.get("min_free_gb")
+            if free is not None:
+                # The method's guard as a constraint: free GPU memory must stay above 5 GB.
+                trial.set_constraint("free_gpu_memory", MIN_FREE_GB - float(free))
+        console = self.console
+        if outcome.state is ProbeState.COMPLETE:
+            assert outcome.score is not None
+            if item.role is Role.INCUMBENT:  # against the incumbent's mean, itself included
+                eta = eta_of(outcome.score, [score for _, score in incumbents])
+            else:  # against the incumbent's run on the same seed where there is one
+                eta = paired_eta([(item.seed, outcome.score)], incumbents)
+            set_attrs(trial, eta_attrs(eta.value, eta.low, eta.high))
+            study.tell(trial, eta.value, skip_if_finished=True)
+            console.trial_finished(study, trial.number, item.role, item.overrides, eta=eta.value,
+                                   interval=(eta.low, eta.high))
+            return False
+        set_attrs(trial, reason_attrs(outcome.reason))
+        if outcome.state in (ProbeState.PRUNED, ProbeState.STOPPED):
+            tell(study, trial, state=TrialState.PRUNED)
+            console.trial_finished(study, trial.number, item.role, item.overrides, reason=outcome.reason,
+                                   state="pruned")
+            return False
+        failure = outcome.failure
+        if failure is not None:
+            oom = failure.value == "oom"
+            # Out of memory is infeasible, not broken: a constraint the sampler and the spaces
+            # can learn from (spaces keep later trials on this hardware below the value that ran out).
+            set_attrs(trial, failure_attrs(failure.value, hardware_tag(self.spec.hardware) if oom else None))
+            if oom:
+                trial.set_constraint("oom", 1.0)
+        record = self.study.record(trial._trial_id)
+        tell(study, trial, state=TrialState.FAIL)
+        retried = False
+        if failure is not None and failure.retryable and record.attempt < self.spec.probe.max_retries:
+            again = dataclasses.replace(record.assignment, attempt=record.attempt + 1)
+            retried = liveness.requeue(study, record.frozen, reason=outcome.reason, assignment=again) is not None
+        console.trial_finished(study, trial.number, item.role, item.overrides,
+                               reason=outcome.reason + (" (queued again)" if retried else ""), state="failed",
+                               requeued=retried, stderr_tail=outcome.stderr_tail,
+                               log_path=str(item.probe.handle.stderr_path) if item.probe.handle else "")
+        return retried
+
+    # -- leaving ----------------------------------------------------------------------------------
+    def abandon(self, *, why: str) -> None:
+        """Stop this process's runs and queue their trials again (Ctrl-C, SIGTERM, an error)."""
+        for item in self.active.values():
+            try:
+                self.cancel(item)
+                record = self.study.record(item.trial._trial_id)
+                if record.state == TrialState.RUNNING:
+                    set_attrs(item.trial, stopped_attrs(f"its driver stopped ({why})"))
+                    self.study.study.tell(item.trial, state=TrialState.FAIL)
+                    liveness.requeue(self.study.study, record.frozen, reason=f"its driver stopped ({why})")
+            except Exception:  # noqa: BLE001 - best effort on the way out; the heartbeat covers the rest
+                logger.exception("could not close trial %d", item.trial.number)
+        self.active.clear()
+
+    def cancel(self, item: ActiveTrial) -> None:
+        """Kill the trial's run if it is still going; the caller closes the trial."""
+        if item.outcome is None and item.probe.handle is not None:
+            self.launcher.cancel(item.probe.handle)
+
+    def cancel_all(self) -> None:
+        for item in self.active.values():
+            self.cancel(item)

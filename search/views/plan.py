@@ -1,0 +1,105 @@
+"""What a study will do before it runs: the knobs each stage searches, how many probes of how
+many steps, and an estimate of their GPU-hours at the baseline's speed.
+
+The speed is an estimate from the model's size and the tokens a step moves (nothing has run
+yet): model FLOPs (6 × active parameters a trained token, 2 × a token each log-prob pass
+and generated token) at a fraction of an H100's dense bf16 peak. It is labelled as such
+wherever it is printed; the study's own systems stage measures the real speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from verl_sweep.search.spec.study_file import StudySpec
+from verl_sweep.spaces.overrides import Config, get
+
+PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16
+TRAIN_EFFICIENCY = 0.40  # model FLOPs utilisation of the update and log-prob passes
+GENERATION_EFFICIENCY = 0.10  # decoding is bound by memory bandwidth, not FLOPs
+MEAN_RESPONSE_FRACTION = 0.5  # a response's mean length as a fraction of the maximum
+ACTIVE_EXPERT_FRACTION = 0.1  # of a MoE model's routed experts, the share a token uses
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    name: str
+    space: str
+    probes: int  # the budget (incumbent runs included)
+    confirmations: int  # up to this many re-runs on top
+    steps: int
+
+
+def active_params_b(spec: StudySpec) -> float:
+    model = spec.model
+    return model.n_params_b - model.expert_params_b * (1 - ACTIVE_EXPERT_FRACTION)
+
+
+def step_seconds(spec: StudySpec, base: Config) -> tuple[float, str]:
+    """An estimated training-step time at the baseline, and how it was estimated."""
+    prompts = get(base, "data.train_batch_size", 1024)
+    n = get(base, "actor_rollout_ref.rollout.n", 1)
+    prompts = prompts if isinstance(prompts, int) and prompts > 0 else 1024
+    n = n if isinstance(n, int) and n > 0 else 1
+    response = spec.model.max_response_length * MEAN_RESPONSE_FRACTION
+    tokens = prompts * n * (spec.model.max_prompt_length + response)
+    generated = prompts * n * response
+    passes = 6 + 2 + (2 if get(base, "actor_rollout_ref.actor.use_kl_loss") or get(base, "algorithm.use_kl_in_reward") else 0)
+    if spec.algorithm.value == "ppo":
+        passes += 6 + 2  # the critic's update and values
+    active = active_params_b(spec) * 1e9
+    gpus = spec.hardware.n_gpus
+    train_s = passes * active * tokens / (gpus * PEAK_FLOPS * TRAIN_EFFICIENCY)
+    gen_s = 2 * active * generated / (gpus * PEAK_FLOPS * GENERATION_EFFICIENCY)
+    how = (f"{prompts:,} prompts × n {n} × ({spec.model.max_prompt_length} + ~{response:.0f} response tokens) on "
+           f"{gpus} GPUs, {active / 1e9:.3g}B active parameters, at {TRAIN_EFFICIENCY:.0%} (training) and "
+           f"{GENERATION_EFFICIENCY:.0%} (generation) of an H100's bf16 peak")
+    return train_s + gen_s, how
+
+
+def stage_plans(spec: StudySpec) -> list[StagePlan]:
+    from verl_sweep.search.method.stage import Stage
+
+    plans = []
+    for index, stage in enumerate(spec.stages):
+        plans.append(StagePlan(stage.name, stage.space, stage.budget.max_trials,
+                               stage.confirm_top * max(0, stage.confirm_max_runs - 1),
+                               Stage.of(spec, index).probe_steps))
+    return plans
+
+
+def final_check_plan(spec: StudySpec) -> StagePlan | None:
+    """The final check's probes: the baseline and the final config on each of its seeds, at
+    the length ``final_probe`` gives (None when the study file turns it off)."""
+    from verl_sweep.objectives.score import Metric
+    from verl_sweep.search.engine.final_check import final_probe
+    from verl_sweep.search.spec.study_file import FINAL_STAGE
+
+    if not spec.final_check.enabled:
+        return None
+    probe = final_probe(spec)
+    what = "final config against the baseline" + ("" if probe.metric is Metric.REWARD_RATE else ", on throughput")
+    return StagePlan(FINAL_STAGE, what, 2 * spec.final_check.runs, 0, probe.steps)
+
+
+def plan_lines(spec: StudySpec, base: Config) -> list[str]:
+    """The lines ``validate`` and ``init`` end with: stages, probes, estimated GPU-hours."""
+    plans = stage_plans(spec)
+    if not plans:
+        return ["no stage to run"]
+    final = final_check_plan(spec)
+    if final is not None:
+        plans.append(final)
+    step_s, how = step_seconds(spec, base)
+    gpus = spec.hardware.n_gpus
+    lines = ["plan: " + "; ".join(f"{p.name} ({p.space}) {p.probes} probes × {p.steps} steps" for p in plans)]
+    if final is None:
+        lines.append("plan: no final check (final_check: false): the overall gain against the baseline is not measured")
+    probes = sum(p.probes for p in plans)
+    confirmations = sum(p.confirmations for p in plans)
+    low = sum(p.probes * p.steps for p in plans) * step_s * gpus / 3600
+    high = low + sum(p.confirmations * p.steps for p in plans) * step_s * gpus / 3600
+    lines.append(f"plan: up to {probes} probes (+ up to {confirmations} confirmation runs) on {gpus} GPUs each; "
+                 f"ESTIMATE {low:,.0f}-{high:,.0f} GPU-hours at ~{step_s:.0f} s a step (an estimate: {how}; "
+                 "pruning stops many probes early, and the systems stage measures the real speed)")
+    return lines

@@ -1,0 +1,381 @@
+"""What a study's database says: stages, trials, incumbents, winners, η, reasons.
+
+Read-only; the same data feeds ``verl-sweep status``, its ``--json`` and the export.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.objectives.metrics import STEP_TIME_KEY
+from verl_sweep.objectives.sources import read_run
+from verl_sweep.search.database import liveness
+from verl_sweep.search.engine.final_check import final_probe, final_study_name, skip_reason, stored_overall
+from verl_sweep.search.method.policy import incumbent_run_etas
+from verl_sweep.search.database.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
+from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.spec.study_file import StudySpec
+from verl_sweep.spaces.overrides import Config
+
+if TYPE_CHECKING:
+    import optuna
+
+    from verl_sweep.search.views.progress import StudyProgress
+
+
+def gpu_samples_summary(run_dir: Path | str) -> dict[str, Any] | None:
+    """``verl_sweep.objectives.utilisation.summarise`` of a run directory's ``gpu_samples.jsonl`` (with
+    the GPU count); None when the run recorded no sample."""
+    from verl_sweep.objectives.utilisation import read_samples, summarise
+
+    run_dir = Path(run_dir)
+    samples = read_samples(RunDir(run_dir).gpu_samples)
+    summary = summarise(samples, read_run(run_dir)) if samples else None
+    if summary is None or summary.get("mean_util_pct") is None:
+        return None
+    summary["n_gpus"] = len({g.get("index") for s in samples for g in s["gpus"]})
+    return summary
+
+
+def trial_gpu_summary(t: TrialRecord) -> dict[str, Any] | None:
+    """The trial's GPU summary: its record's (the driver stores the probe's summary there),
+    else one computed from its run directory's samples."""
+    if isinstance(t.gpu, dict) and t.gpu.get("mean_util_pct") is not None:
+        return t.gpu
+    return gpu_samples_summary(t.run_dir) if t.run_dir else None
+
+
+def mean_step_time_s(t: TrialRecord, n_gpus: int) -> float | None:
+    """Mean training-step time of a trial: verl's ``timing_s/step`` from its metrics, else its
+    GPU time spread over its steps (which counts start-up too, so it overestimates)."""
+    if t.run_dir:
+        times = [v for m in read_run(t.run_dir) if (v := m.get(STEP_TIME_KEY)) is not None]
+        if times:
+            return sum(times) / len(times)
+    probe = t.probe
+    steps = probe.get("last_step") or 0
+    gpu_s = probe.get("gpu_time_s") or 0.0
+    if steps > 0 and gpu_s > 0:
+        wall = gpu_s / max(1, n_gpus) - (probe.get("startup_s") or 0.0)
+        return max(wall, 0.0) / steps or None
+    return None
+
+
+def gpu_hours_saved(stage: Stage, trials: list[TrialRecord]) -> float:
+    """GPU-hours that pruning (and early stops) saved: for each pruned trial, the steps it did not
+    run × its mean step time × GPUs. A full probe runs as long as the longest complete one
+    (probes are stopped from outside, a step or two past their length), else the stage's probe
+    length. An estimate: it assumes the step time would have held."""
+    done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
+    full = max(done, default=0) or stage.probe_steps
+    n_gpus = stage.spec.hardware.n_gpus
+    saved_s = 0.0
+    for t in trials:
+        if t.state.name != "PRUNED":
+            continue
+        last = int(t.probe.get("last_step") or 0)
+        step_s = mean_step_time_s(t, n_gpus)
+        if step_s is not None and last < full:
+            saved_s += (full - last) * step_s * n_gpus
+    return saved_s / 3600.0
+
+
+def ended_early(stage: Stage, trials: list[TrialRecord]) -> str | None:
+    """Why a stage found nothing, when every probe that finished ended before its length: the
+    run itself is shorter than the probes (a probe as long as the run is the whole run)."""
+    steps = stage.probe_steps
+    done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
+    if not done or max(done) >= steps:
+        return None
+    return (f"every probe of this stage ended before its {steps} steps (the furthest at step {max(done)}): the run "
+            "itself stops there (trainer.total_training_steps or trainer.total_epochs). Make the probes at most ¼ "
+            "of the run (`verl-sweep init` sets them so), or lengthen the run")
+
+
+def reason_category(row: dict[str, Any]) -> str:
+    """What a pruned or failed trial's reason is counted under: the failure kind when one was
+    classified, else the reason's head without its step ("pruned at step 200: …" → "pruned")."""
+    text = row.get("failure_kind") or row.get("reason") or "unknown"
+    return re.sub(r"\s+at step \d+", "", str(text).split(":")[0]).strip() or "unknown"
+
+
+def _requeue_reasons(trials: list[TrialRecord]) -> dict[int, str]:
+    """Each re-queued trial and why it was queued again: the reason is stored on its copy (the
+    copy's ``retry_history`` ends with the number of the trial it replaces)."""
+    reasons = {number: "requeued" for number in requeued_numbers(trials)}
+    for t in trials:
+        if t.retry_history and t.requeued_because is not None:
+            reasons[int(t.retry_history[-1])] = f"requeued: {t.requeued_because}"
+    return reasons
+
+
+def _owner(t: TrialRecord) -> str | None:
+    """Which process runs a trial ("host pid"), and whether that process is known to be gone
+    (same host only; elsewhere the heartbeat's grace period decides)."""
+    owner = t.owner
+    if not isinstance(owner, dict):
+        return None
+    text = f"{owner.get('host')} pid {owner.get('pid')}"
+    return f"{text} (gone: `resume` or a worker queues it again)" if liveness.owner_is_dead(owner) else text
+
+
+def _state_name(t: TrialRecord) -> str:
+    """A trial's state as status shows it: Optuna's, but "skipped" for a trial given back
+    unstarted and "stopped" for a run closed because its driver was stopped (not a failure)."""
+    if t.role is Role.SKIPPED:
+        return "skipped"
+    if t.closed_as is CloseReason.STOPPED:
+        return "stopped"
+    return t.state.name.lower()
+
+
+def _trial_row(t: TrialRecord, requeued: dict[int, str]) -> dict[str, Any]:
+    probe = t.probe
+    row: dict[str, Any] = {
+        "number": t.number,
+        # A trial a worker gave back unstarted (the budget was full, or another worker queued
+        # the same re-run) never ran: not a failure.
+        "state": _state_name(t),
+        "role": t.role.value,
+        "seed": t.seed,
+        "params": t.overrides,
+        "eta": t.eta,
+        "eta_interval": None if t.eta_interval is None else list(t.eta_interval),
+        # A copy queued again ran afresh: the reason it was queued belongs to the trial it replaces.
+        "reason": (f"wasted: {t.reason}" if t.closed_as is CloseReason.WASTED else t.reason) or requeued.get(t.number),
+        "failure_kind": t.failure_kind,
+        "requeued": t.number in requeued,
+        "carried_from": t.carried_from,
+        "owner": _owner(t) if t.state.name == "RUNNING" else None,
+        "last_step": probe.get("last_step"),
+        "gpu_time_s": probe.get("gpu_time_s"),
+        "startup_s": probe.get("startup_s"),
+    }
+    gpu = trial_gpu_summary(t)
+    if gpu is not None:
+        row["gpu"] = gpu
+    elif t.gpu is not None:
+        row["gpu"] = t.gpu
+    return row
+
+
+def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
+                 run_steps: int | None = None) -> dict[str, Any]:
+    """``run_steps``: a full run's length for the payback (default: the baseline's, when known)."""
+    import optuna
+
+    stages: list[dict[str, Any]] = []
+    for index, stage in enumerate(spec.stages):
+        name = stage_study_name(spec, stage)
+        entry: dict[str, Any] = {"name": stage.name, "study": name, "space": stage.space,
+                                 "budget": stage.budget.max_trials}
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            entry.update(state="not started", trials=[], counts={}, incumbent=None, winner=None)
+            stages.append(entry)
+            continue
+        trials = records(study.get_trials(deepcopy=False))
+        incumbent_etas = incumbent_run_etas(trials)
+        requeued = _requeue_reasons(trials)
+        rows = [_trial_row(t, requeued) for t in trials]
+        for row in rows:  # every run of the incumbent against all of them, whichever finished first
+            incumbent_eta = incumbent_etas.get(row["number"])
+            if incumbent_eta is not None:
+                row.update(eta=incumbent_eta.value, eta_interval=[incumbent_eta.low, incumbent_eta.high])
+        attrs = StageStudyAttrs.of(study.user_attrs)
+        result = None if attrs.result is None else attrs.result.to_attr()
+        counts = collections.Counter(r["state"] for r in rows)
+        reasons = collections.Counter(reason_category(r) for r in rows if r["state"] in ("pruned", "fail"))
+        base: Config = attrs.base_config or {}
+        gpu_s = sum(r["gpu_time_s"] or 0.0 for r in rows)
+        planned = Stage.stored(spec, index, attrs.probe_steps)
+        entry.update(
+            state="finished" if result else "running",
+            counts=dict(counts),
+            reasons=dict(reasons),
+            gpu_hours=round(gpu_s / 3600.0, 4),
+            gpu_hours_saved=round(gpu_hours_saved(planned, trials), 4),
+            incumbent={"config": base,
+                       "trials": [r["number"] for r in rows if r["role"] == Role.INCUMBENT]},
+            winner=result,
+            trials=rows,
+        )
+        note = ended_early(planned, trials)
+        if note:
+            entry["ended_early"] = note
+        stages.append(entry)
+    data: dict[str, Any] = {"study": spec.name, "algorithm": spec.algorithm.value, "stages": stages}
+    final_entry, overall = final_check_status(storage, spec, [s["winner"] for s in stages if s.get("winner")])
+    if final_entry is not None:
+        data["final_check"] = final_entry
+    data["overall"] = overall
+    data["cost"] = _cost(spec, stages, final_entry, overall, run_steps)
+    return data
+
+
+def final_check_status(storage: "optuna.storages.BaseStorage", spec: StudySpec,
+                       winners: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The final check's entry (its trials, GPU-hours; None before it opened) and the overall
+    gain: its measured η against the baseline beside the product of the stages' ηs
+    (``winners``: the finished stages' results, ``StageResult.to_attr``)."""
+    product = math.prod(float(w["eta"]) for w in winners) if winners else None
+    overall: dict[str, Any] = {"eta": None, "low": None, "high": None, "n_pairs": 0,
+                               "stage_product": None if product is None else round(product, 4),
+                               "metric": final_probe(spec).metric.value, "simulated": simulated(spec)}
+    result, trials = stored_overall(storage, spec)
+    entry: dict[str, Any] | None = None
+    if trials:
+        rows = [_trial_row(t, _requeue_reasons(trials)) for t in trials]
+        entry = {"study": final_study_name(spec), "runs": spec.final_check.runs,
+                 "gpu_hours": round(sum(r["gpu_time_s"] or 0.0 for r in rows) / 3600.0, 4), "trials": rows}
+    if result is not None:
+        overall.update(state="measured", eta=round(result.eta, 4), low=round(result.low, 4),
+                       high=round(result.high, 4), n_pairs=result.n_pairs)
+    elif len(winners) < len(spec.stages):
+        overall["state"] = "stages running"
+    else:
+        why = skip_reason(spec, StageResult.of(winners[-1]).config)
+        if why is not None:
+            overall.update(state="skipped", note=why)
+        elif entry is not None and all(r["state"] not in ("waiting", "running") for r in entry["trials"]):
+            overall.update(state="failed", note="no seed has a finished run of both configs")
+        else:
+            overall["state"] = "running" if entry is not None else "not started"
+    return entry, overall
+
+
+def simulated(spec: StudySpec) -> bool:
+    """The study runs on a simulator: its GPU-hours and speeds are simulated, not measured."""
+    from verl_sweep.launchers import LAUNCHERS
+
+    kind = LAUNCHERS.get(spec.launcher.kind)
+    return kind is not None and not kind.real_gpus
+
+
+def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None) -> float | None:
+    """The baseline's measured seconds a training step: its runs in the final check, else the
+    first stage's incumbent runs (the baseline itself)."""
+    rows: list[dict[str, Any]] = []
+    if final_entry is not None:
+        rows = [r for r in final_entry["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
+    if not rows and stages and stages[0].get("trials"):
+        rows = [r for r in stages[0]["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
+    times = []
+    for r in rows:
+        steps, gpu_s, startup = r.get("last_step") or 0, r.get("gpu_time_s") or 0.0, r.get("startup_s") or 0.0
+        if steps > 0 and gpu_s > 0:
+            times.append(max(gpu_s / max(1, spec.hardware.n_gpus) - startup, 0.0) / steps)
+    return sum(times) / len(times) if times else None
+
+
+def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None,
+          overall: dict[str, Any], run_steps: int | None) -> dict[str, Any]:
+    """GPU-hours spent, and for a full run of ``run_steps`` steps at the baseline's measured
+    speed: what it costs, what the winner saves on it (the same reward reached η times sooner)
+    and how many full runs repay the study (break-even)."""
+    from verl_sweep.search.method.run_length import run_length
+
+    spent = sum(s.get("gpu_hours") or 0.0 for s in stages) + (final_entry or {}).get("gpu_hours", 0.0)
+    cost: dict[str, Any] = {"gpu_hours_spent": round(spent, 2), "simulated": simulated(spec),
+                            "run_steps": run_steps, "run_steps_from": "--run-steps" if run_steps else None}
+    if run_steps is None:
+        known = run_length(spec.baseline_config())
+        cost.update(run_steps=known.steps, run_steps_from=known.how)
+    step_s = _baseline_step_s(spec, stages, final_entry)
+    cost["baseline_step_s"] = None if step_s is None else round(step_s, 3)
+    steps = cost["run_steps"]
+    if steps is None or step_s is None:
+        return cost
+    full = steps * step_s * spec.hardware.n_gpus / 3600.0
+    cost["full_run_gpu_hours"] = round(full, 2)
+    eta, low, high = overall.get("eta"), overall.get("low"), overall.get("high")
+    if eta is None or low is None or high is None:
+        return cost
+
+    def saved(e: float) -> float:
+        return full * (1 - 1 / e) if e > 0 else -math.inf
+
+    cost["saved_gpu_hours_per_run"] = round(saved(eta), 2)
+    cost["saved_interval"] = [round(saved(low), 2), round(saved(high), 2)]
+    cost["break_even_runs"] = round(spent / saved(eta), 2) if saved(eta) > 0 else None
+    return cost
+
+
+def overall_line(data: dict[str, Any]) -> str:
+    """One line (≤ ~130 characters): the overall gain against the baseline (``status``, the
+    report's header, the export's header)."""
+    o = data.get("overall") or {}
+    tag = "SIMULATED " if o.get("simulated") else ""
+    product = o.get("stage_product")
+    product_text = "" if product is None else f"product of the stages' η {product:.3f}"
+    if o.get("state") == "measured":
+        on = " on throughput" if o.get("metric") == "throughput" else ""  # a speed-only study's
+        return (f"{tag}overall gain against your baseline: η {o['eta']:.3f} [{o['low']:.3f}, {o['high']:.3f}] "
+                f"(final check{on}, {o['n_pairs']} paired seeds; {product_text or 'no stage won'})")
+    note = f": {o['note']}" if o.get("note") else ""
+    return f"{tag}overall gain: final check {o.get('state', 'not started')}{note}" + (
+        f" ({product_text})" if product_text else "")
+
+
+def cost_line(data: dict[str, Any]) -> str:
+    """One line (≤ ~150 characters): GPU-hours spent and the payback of the winner on a full run."""
+    c = data.get("cost") or {}
+    tag = "SIMULATED " if c.get("simulated") else ""
+    text = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-h spent"
+    if c.get("run_steps") is None:
+        return text + "; give --run-steps N (a full run's steps) for the payback"
+    if c.get("full_run_gpu_hours") is None:
+        return text + f"; a {c['run_steps']:,}-step run: the baseline's step time is not measured yet"
+    text += f"; a {c['run_steps']:,}-step run: {c['full_run_gpu_hours']:,.1f} GPU-h at the baseline"
+    saved = c.get("saved_gpu_hours_per_run")
+    if saved is None:
+        state = (data.get("overall") or {}).get("state", "not started")
+        return text + f"; no saving to show: the final check is {state}"
+    if c.get("break_even_runs") is None:
+        return text + f", the winner saves nothing ({saved:,.1f})"
+    low, high = c["saved_interval"]
+    return text + (f", the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}]; "
+                   f"break-even after {c['break_even_runs']:.1f} runs")
+
+
+def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> list[StageResult]:
+    out = []
+    for stage in study_status(storage, spec)["stages"]:
+        if stage.get("winner"):
+            out.append(StageResult.of(stage["winner"]))
+    return out
+
+
+def study_progress(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, simulated: bool = False) -> "StudyProgress":
+    """What the study has done so far, for the console's progress line: per stage the trials
+    that count against its budget, its re-runs, its probes' GPU-seconds and whether it is
+    decided (a resumed study counts on from here)."""
+    import optuna
+
+    from verl_sweep.search.views.progress import StageCount, StudyProgress
+
+    stages: dict[str, StageCount] = {}
+    for stage in spec.stages:
+        count = stages[stage.name] = StageCount(stage.budget.max_trials)
+        try:
+            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
+        except KeyError:
+            continue
+        trials = records(study.get_trials(deepcopy=False))
+        requeued = requeued_numbers(trials)
+        for t in trials:
+            count.gpu_s += float(t.probe.get("gpu_time_s") or 0.0)
+            if not t.state.is_finished() or t.role is Role.SKIPPED or t.number in requeued:
+                continue
+            if t.role is Role.RERUN:
+                count.reruns += 1
+            else:
+                count.done += 1
+        count.finished = StageStudyAttrs.of(study.user_attrs).result is not None
+    return StudyProgress(spec.name, stages, simulated=simulated)
