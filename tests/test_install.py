@@ -100,3 +100,27 @@ def test_the_tested_set_lies_inside_the_declared_ranges() -> None:
                     f"{requirement} must hold the tested {name}=={pins[name]} (constraints.txt)")
     assert checked >= 10, f"only {checked} requirements found in constraints.txt"
     assert "-c constraints.txt" in (REPO / "scripts" / "setup.sh").read_text()
+
+
+def test_one_import_name_lands_in_site_packages(tmp_path: Path) -> None:
+    """Installed into a fresh target, verl-sweep adds ``verl_sweep`` (every module of its four
+    folders inside it) and its metadata, nothing else: generic top-level names such as
+    ``spaces`` or ``objectives`` would overwrite other projects' packages of those names."""
+    target = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                             "--no-index", "--target", str(target), str(REPO)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    top = {p.name for p in target.iterdir()} - {"bin"}
+    assert {name for name in top if not name.endswith(".dist-info")} == {"verl_sweep"}, sorted(top)
+    installed = {p.relative_to(target / "verl_sweep").as_posix() for p in (target / "verl_sweep").rglob("*.py")}
+    ours = {f"{folder}/{p.relative_to(REPO / folder).as_posix()}" for folder in ("search", "spaces", "objectives", "launchers")
+            for p in (REPO / folder).rglob("*.py")}
+    assert ours - installed == set(), "pyproject.toml's package list misses these"
+    probe = subprocess.run([sys.executable, "-c", "import verl_sweep.search.commands.cli, verl_sweep.launchers.simulator;"
+                            "print(verl_sweep.search.commands.cli.__file__, verl_sweep.launchers.simulator.shipped_landscapes()[:1])"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                           env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    where, landscapes = probe.stdout.split(" ", 1)
+    assert where.startswith(str(target)) and landscapes.strip() != "[]", probe.stdout  # the installed copy, its data
