@@ -257,3 +257,21 @@ def test_no_code_cites_an_issue_number() -> None:
                 if cited.search(line) and "optuna#" not in line and "its issue #" not in line:
                     found.append(f"{path.relative_to(REPO)}:{number}")
     assert found == []
+
+
+def test_every_module_the_architecture_names_exists() -> None:
+    """docs/architecture.md is the map: each file or folder it names (``search/engine/driver.py``,
+    ``spaces/``) and each dotted module (``verl_sweep.search.engine.driver``) is there."""
+    import re
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    roots = "|".join((*sorted(OURS), "benchmarks", "tests", "scripts", "studies", "docs"))
+    paths = set(re.findall(rf"(?<![\w/.-])((?:{roots})/[\w./-]*)", text))
+    missing = [p for p in sorted(paths) if not (REPO / p.rstrip(".")).exists()]
+    for dotted in set(re.findall(r"\bverl_sweep(?:\.\w+)+", text)):
+        parts = dotted.split(".")[1:]
+        if not any((REPO / Path(*parts[:n])).with_suffix(".py").is_file() or (REPO / Path(*parts[:n]) / "__init__.py").is_file()
+                   for n in range(len(parts), 0, -1) if n == len(parts) or n == len(parts) - 1):
+            missing.append(dotted)
+    assert len(paths) >= 20, "the map names the modules it describes"
+    assert missing == []
