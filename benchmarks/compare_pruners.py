@@ -11,21 +11,11 @@ best *completed* config's true rate vs the true best (in %).
 
     python benchmarks/compare_pruners.py [--studies 10] [--trials 24]
 
-Measured (12 studies × 24 trials, report every 50 of 500 steps, scipy 1.17 for Wilcoxon):
-
-    pruner             GPU saved best pruned regret %
-    none                    0.0%     0/12        0.00
-    median                 30.9%     0/12        0.00
-    patient(p25)           21.7%     0/12        0.00
-    wilcoxon(p=0.1)        49.0%     3/12        1.54
-    wilcoxon(p=0.05)       40.9%     3/12        1.54
-
-Recommendation: MedianPruner(n_startup_trials=5, n_warmup_steps=100) on the running rate.
-The running rate is already a trend fitted over all steps so far, not a jittery per-step
-reward, so the median rule's weakness on noisy curves does not bite; Wilcoxon's paired test
-assumes independent per-step pairs, but successive running rates share their steps, so it is
-over-confident and pruned the true best in a quarter of the studies. Patient(Percentile) is
-safe but saves less.
+Of Optuna's pruners, the median rule suits the running rate: the rate is already a trend
+fitted over all steps so far, not a jittery per-step reward, so the median rule's weakness on
+noisy curves does not bite. Wilcoxon's paired test assumes independent per-step pairs, but
+successive running rates share their steps, so it is over-confident and prunes the true best;
+Patient(Percentile) is safe but saves less. The figures: docs/method.md, Evidence.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """The joint space every peer searches: one flat, static set of parameters that covers every
 config the stage chain can reach.
 
-Built from the study's own stage spaces, with three corrections over the old joint space
-(the stages' spaces merged on the baseline):
+Built from the study's own stage spaces, not merely merged on the baseline (that would cap
+what the peers can reach below what the chain reaches):
 
 - the KL term is a choice (``use_kl`` on/off), as in the chain, where the KL stage may keep
   the baseline's "off";
 - the token budget's upper bound is the highest bound the chain's token stage can reach: the
   bound at the largest memory fraction the systems stage may choose, for the rollout TP that
-  allows the most (the old space took the baseline's fraction and TP: 83,000 instead of
-  110,000 tokens on the demo study);
+  allows the most, not the baseline's fraction and TP (docs/method.md, Evidence);
 - the layout knobs are the systems stage's own choices.
 
 Flat and static (every parameter is asked in every trial; an inactive one, such as the KL

@@ -2,8 +2,8 @@
 
 - ``verl-sweep``: :class:`verl_sweep.search.engine.driver.StudyRunner` as shipped, on the demo study's stages.
 - the HPO peers (random, TPE, GP, BOHB-style, SMAC3, DEHB) are in :mod:`benchmarks.peers`,
-  over :class:`benchmarks.joint.FairJointSpace` (the joint space these methods used before
-  it was widened always turned KL on and capped the token budget below the chain's bound).
+  over :class:`benchmarks.joint.FairJointSpace` (every config the chain can reach, KL off
+  and the chain's highest token budget included).
 - ``manual``: the source's procedure (docs/method.md §1), one parameter at a time, one probe at a
   time, on the same Probe and η code.
 

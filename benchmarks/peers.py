@@ -126,8 +126,8 @@ def cpu_gp_sampler(**kwargs: Any) -> Any:
     """Optuna's GPSampler, as is, minus one wrapper. Optuna 5.0 runs its fit and acquisition
     search inside ``with torch.device("cpu")`` (its issue #6113: a user's CUDA default
     device); here the default device is the CPU already, and that context's TorchFunctionMode
-    sat in front of each of the GP's many small torch calls: popping it gave the same
-    suggestions in 0.78x the CPU time (``default``, rep 0)."""
+    sits in front of each of the GP's many small torch calls: popping it gives the same
+    suggestions in less CPU time (docs/method.md, Evidence)."""
     import optuna
     import torch.overrides
 

@@ -10,8 +10,8 @@ probes and noise as :mod:`benchmarks.peers`) and starts from the study's baselin
   (``sample_prior_first="highest_fidelity"``). Its fidelity is the probe length (50 → 500
   steps), as DEHB's. Why "medium": the baseline is the config a user runs, not a tuned one;
   the bounds are the method's (±25% around the baseline's mini-batch, lr 5e-7 - 5e-6), and
-  on the shipped worlds the best configs lie 0.1-0.6 of a parameter's unit range from the
-  baseline (lr at the upper end, KL switched on, memory fraction high). A standard deviation
+  a best config may lie far from the baseline in a parameter's unit range (lr at the upper
+  end, KL switched on, memory fraction high: docs/method.md, Evidence). A standard deviation
   of 0.25 ("high") would leave most of them in the tails; 0.75 ("low") is close to uniform and
   would throw the head start away.
 - ``asha`` / ``st-bohb``: Syne Tune's ASHA (random search) or BOHB (kernel density

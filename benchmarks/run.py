@@ -46,19 +46,15 @@ METHODS = ("verl-sweep", "manual", "random", "tpe", "gp", "bohb", "smac", "dehb"
 #: the peers (benchmarks/peers.py; benchmarks/prior_peers.py: those that also get the
 #: baseline as their prior or first point): the best of them is what verl-sweep is measured against
 PEERS = ("random", "tpe", "gp", "bohb", "smac", "dehb", "priorband", "asha", "st-bohb", "optuna-gp")
-#: the peers whose runs take 20-35 CPU-seconds (GP fits over a growing trial set): one run a
-#: world by default, the other peers two (1.5-5 s a run), so that the timed benchmark with
-#: every peer stays under 25 minutes on two cores
+#: the peers whose runs take many times the others' CPU time (GP fits over a growing trial
+#: set): one run a landscape by default, the other peers two, so that the timed benchmark with
+#: every peer stays under 25 minutes on two cores (docs/method.md, Evidence)
 SLOW_PEERS = ("gp", "optuna-gp")
 PEER_REPS = 2
-#: the landscapes verl-sweep's defaults (spaces/stages.py, studies/demo.yaml) were tuned on
-#: (batch_lr, default and kl_edge from the start; coupled3 later, whose figures led
-#: the polish stage to search KL on/off; couple_down and kl_floor_noisy, written for the
-#: polish's search in both coupling directions; five worlds of benchmarks/blind whose misses
-#: were diagnosed and mended, so no longer blind: blind_couple_up_far and blind_noise_by_config
-#: led to the polish's one-knob rounds and the pruner's later leader bar; flat_optimal, a report
-#: world until its miss led to the speed stages' 1% bar); every other shipped landscape is in
-#: the report split: no default was changed while looking at its figures.
+#: the landscapes verl-sweep's defaults (spaces/stages.py, studies/demo.yaml) were tuned on:
+#: every landscape whose figures a default was changed for (benchmarks/blind's files among them,
+#: no longer blind; docs/method.md, Evidence, names the rule each led to); every other shipped
+#: landscape is in the report split: no default was changed while looking at its figures.
 TUNE_SPLIT = ("batch_lr", "coupled3", "default", "kl_edge", "couple_down", "kl_floor_noisy", "flat_optimal",
               "blind_kl_off", "blind_low_lr", "blind_ppo_fast", "blind_couple_up_far", "blind_noise_by_config",
               "blind_noise_by_mini")
@@ -69,7 +65,7 @@ HELDOUT_SPLIT = ("heldout_coupled_noisy", "heldout_mb_edge", "heldout_oom_kl", "
 
 
 #: landscapes written blind later (benchmarks/blind, not shipped: run with --landscape FILE),
-#: after the held-out split's failures had been used to change the method
+#: after the method was changed for the held-out split's failures
 BLIND_DIR = REPO / "benchmarks" / "blind"
 
 
@@ -85,8 +81,8 @@ def split_of(landscape: str) -> str:
 
 def split_landscapes(split: str) -> list[str]:
     """The landscapes of ``split``: ``all`` (every shipped one), or comma-separated splits
-    (``tune,report``: the shipped worlds of the timed benchmark; ``blind``: the files of
-    benchmarks/blind not yet used to change the method; ``retired``: those that were, now in
+    (``tune,report``: the shipped landscapes of the timed benchmark; ``blind``: the files of
+    benchmarks/blind no default was changed for; ``retired``: those some default was, now in
     the tune split)."""
     from verl_sweep.launchers.simulator import shipped_landscapes
 
@@ -613,14 +609,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.jobs > 1:
         # One BLAS thread per pool process: the pool already keeps every core busy, and
-        # OpenBLAS's own threads on top of it made a run ~40% slower (the curve fits' matrix
-        # products; same results either way). Spawned processes take this from the environment.
+        # OpenBLAS's own threads on top of it slow a run (the curve fits' matrix products; same
+        # results either way; docs/method.md, Evidence). Spawned processes take this from the environment.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        # Likewise torch's OpenMP threads (the GP peer's fits): two GP runs side by side took
-        # 49 s instead of 55 s with one thread each, with the same suggestions.
+        # Likewise torch's OpenMP threads (the GP peer's fits): two GP runs side by side run
+        # faster with one thread each, with the same suggestions.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         # glibc hands each fresh array over 128 KiB (a curve fit's (grid, steps) temporaries)
-        # new pages from mmap and zeroes them; keeping them on the heap made runs ~5% faster.
+        # new pages from mmap and zeroes them; keeping them on the heap is faster.
         os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=268435456:"
                                                 "glibc.malloc.trim_threshold=536870912")
         # The references are only needed for the summary: they share the pool with the runs.

@@ -98,8 +98,8 @@ class RunHandle:
     @property
     def worker_errors_path(self) -> Path:
         """Error lines a launcher kept from the run's own Ray workers' logs, when it failed:
-        the root cause Ray did not forward to the run's stderr (on the H200, vLLM's reason for
-        "Engine core initialization failed" was only there)."""
+        the root cause Ray does not forward to the run's stderr (vLLM's reason for "Engine core
+        initialization failed" is only there)."""
         return self.files.worker_errors
 
     @classmethod

@@ -2,7 +2,7 @@
 
 Contract:
 - G GPUs and g GPUs per probe give G // g GPU groups, each shared by ``probes_per_gpu``
-  probes (a small model leaves most of a GPU idle: the tiny H200 study runs 4 at once), so
+  probes (a small model leaves most of a GPU idle, so several of its probes fit on one), so
   (G // g) × probes_per_gpu slots; ``start`` raises ``NoCapacityError`` when every slot is
   busy. A slot frees as soon as ``poll`` sees the exit or ``cancel`` kills it.
 - Each run gets its run directory (``verl_sweep.launchers.run_dir``: spec, stdout, stderr, metrics, GPU
@@ -48,8 +48,8 @@ VERL_COMMAND: tuple[str, ...] = (sys.executable, "-m", "verl.trainer.main_ppo")
 
 
 #: Probes sharing a GPU start together, and vLLM's start-up profiling counts a neighbour's
-#: allocations as its own: on the H200, 4 of 12 probes started beside others died "No available
-#: memory for the cache blocks" or "Error in memory profiling" (docs/device-runs/2026-12-01-h200).
+#: allocations as its own, so a probe started beside others may die "No available memory for the
+#: cache blocks" or "Error in memory profiling" (docs/method.md, Evidence).
 #: A fixed KV cache size skips that profiling (vllm/v1/worker/gpu_worker.py,
 #: determine_available_memory). It is this share of the probe's memory fraction; the rest holds
 #: weights, activations and CUDA's context, which a model small enough to share a GPU keeps small.
@@ -338,8 +338,8 @@ class LocalLauncher(Launcher):
         if not finished:
             return RunState(RunStatus.RUNNING)
         self._release(handle.run_id)
-        # The leader is gone, but Ray's workers and raylet may not be (on the H200 they
-        # outlived main_ppo): kill whatever still carries the run's marker.
+        # The leader is gone, but Ray's workers and raylet may not be (they can outlive
+        # main_ppo): kill whatever still carries the run's marker.
         proc_mod.kill_tree(record, grace_s=self.kill_grace_s)
         proc_mod.forget_child(record.pid)
         self._remove_empty_ray_dir(handle.run_dir)

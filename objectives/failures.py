@@ -46,8 +46,8 @@ _RETRYABLE = frozenset(
 )
 
 # Checked in this order: an OOM usually also kills an actor, and a config error can mention
-# anything, so the most specific cause wins. Texts marked "H200" were recorded from real verl
-# 0.9.1 + vLLM 0.24.0 runs (tests/data/real-verl-0.9.1/).
+# anything, so the most specific cause wins. Texts marked "real verl" are what verl 0.9.1 +
+# vLLM 0.24.0 print (the recorded texts are in tests/data/real-verl-0.9.1/).
 _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     (
         FailureKind.OOM,
@@ -70,7 +70,7 @@ _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
         FailureKind.ENGINE_START,
         re.compile(
             r"Error in memory profiling"  # vllm/v1/worker/gpu_worker.py: another process freed memory
-            r"|^RuntimeError: Engine core initialization failed.*"  # H200: all the probe's stderr says
+            r"|^RuntimeError: Engine core initialization failed.*"  # real verl: often all the stderr says
             r"|WorkerProc initialization failed",
             re.MULTILINE,
         ),
@@ -81,7 +81,7 @@ _SIGNATURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
             r"Could not override|ConfigCompositionException"
             r"|ConfigAttributeError|ConfigKeyError|omegaconf\.errors|Key '[^']+' is not in struct"
             r"|MissingMandatoryValue|InterpolationResolutionError|hydra\.errors"
-            # H200: verl's start-up and first-step checks are assertions on the config, e.g.
+            # real verl: verl's start-up and first-step checks are assertions on the config, e.g.
             # "rollout world_size: 1 is not divisible by infer_world_size: 2" (TP 2 on 1 GPU)
             r"|^AssertionError: .*"
             r"|Error executing job with overrides",  # Hydra's wrapper of any failure: the weakest sign
@@ -193,7 +193,7 @@ def _line_at(text: str, index: int) -> str:
 def failure_text(*, stderr: Path, stdout: Path, worker_errors: Path) -> str:
     """What a failed run left to diagnose it by: the error lines its private Ray session's
     workers logged (kept by the local launcher), then the error lines Ray forwarded to the
-    run's stdout (vLLM's engine workers log their exception there: on the H200 "less than
-    desired GPU memory utilization" was nowhere else), then the end of its stderr."""
+    run's stdout (vLLM's engine workers log their exception there and nowhere else, e.g. "less
+    than desired GPU memory utilization"), then the end of its stderr."""
     forwarded = "\n".join(error_lines(tail(stdout, n_lines=400).splitlines())[-40:])
     return "\n".join(filter(None, (tail(worker_errors, n_lines=60), forwarded, tail(stderr, n_lines=40))))

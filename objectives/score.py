@@ -14,24 +14,11 @@ training. What we measure, and why:
   R(t) = R0 + (A−R0)/(1+(t_mid/t)^B) and reads the chord off the fit; ``"ols"`` is the slope
   of a straight line; ``"windows"`` the difference of the means of the first and last fifth
   over the time between their centres. (A quadratic trend's chord equals the OLS slope on
-  evenly spaced steps, so it adds nothing.) Measured by ``benchmarks/compare_estimators.py``
-  (100 repeats; candidate 1 run vs incumbent 2 runs; 500 steps; η bias / sd / 90% coverage):
-
-  ============================  =====================  =====================  =====================
-  pair (true η)                 curve                  ols                    windows
-  ============================  =====================  =====================  =====================
-  near-linear (1.187)           -0.000 / 0.071 / 0.91  -0.001 / 0.047 / 0.88  -0.003 / 0.054 / 0.88
-  bending (1.077)               -0.001 / 0.038 / 0.92  -0.022 / 0.022 / 1.00  -0.017 / 0.025 / 0.93
-  saturating (1.207)            -0.001 / 0.049 / 0.95  -0.156 / 0.025 / 0.62  -0.126 / 0.029 / 0.25
-  faster steps (1.141)          -0.001 / 0.049 / 0.94  +0.018 / 0.029 / 0.97  +0.011 / 0.033 / 0.89
-  ============================  =====================  =====================  =====================
-
-  On near-linear curves all three are unbiased and OLS has the smallest spread, but as soon as
-  the curves bend, OLS and windows under-state the faster config's gain (they weight the flat
-  late part), and a saturating candidate is misjudged by 10-13% — larger than the 5% step the
-  method acts on. Only the curve fit stays unbiased everywhere, at 1.5-2× the spread of OLS;
-  at equal (zero) bias it is the only choice, so it is the default. Pass ``estimator="ols"``
-  for runs known to be far from saturation.
+  evenly spaced steps, so it adds nothing.) Once a curve bends, OLS and windows under-state the
+  faster config's gain (they weight the flat late part) and misjudge a saturating candidate by
+  more than the 5% step the method acts on; only the curve fit stays unbiased, at 1.5-2× the
+  spread of OLS, so it is the default (docs/method.md, Evidence). Pass ``estimator="ols"`` for
+  runs known to be far from saturation.
 * **Interval** by a moving-block bootstrap over steps (blocks of ~1.5·n^⅓ consecutive steps,
   resampled with their times, so autocorrelated noise widens the interval): every resample is
   refitted on the whole (t_mid, B) grid. The standard error is read from the bootstrap's
@@ -60,8 +47,8 @@ logger = logging.getLogger(__name__)
 #: a learning probe needs this many scored steps (after its warm-up) for a reward rate
 MIN_SCORED_STEPS = 10
 #: a running rate reported to the pruner needs only this many: it is compared with the
-#: incumbent's at the same step, not kept. With MIN_SCORED_STEPS an 11-step probe on the H200
-#: reported once, at its last step, and its pruner could never act.
+#: incumbent's at the same step, not kept. A short probe must report several times before its
+#: last step, or its pruner can never act (docs/method.md, Evidence).
 MIN_RUNNING_STEPS = 3
 #: a speed-only probe needs this many for a throughput
 MIN_SPEED_STEPS = 2
@@ -413,10 +400,8 @@ def eta(
     variance therefore gets a seed component: ``seed_sd`` (relative sd of a run's rate across
     seeds; 2% by default, what the simulator's default landscape shows) as a floor, raised
     to what the incumbent's repeats show when they spread more than their own intervals
-    admit. The incumbent counts as the mean of its repeats. Measured coverage of the 90%
-    interval (candidate 1 run, incumbent 2 repeats, 60 evaluations, simulator ``default``):
-    η=1.000: 55/60, η=0.899 (0.7× mini-batch): 54/60, η=1.091 (mini-batch 400): 54/60;
-    with ``seed_sd=0`` and no repeats' spread it falls to ~75%, with 0.03 it rises to 97%. Fieller's interval is exact for a ratio of normal estimates and becomes
+    admit. The incumbent counts as the mean of its repeats. Without the seed component a 90%
+    interval covers far less than 90% (docs/method.md, Evidence). Fieller's interval is exact for a ratio of normal estimates and becomes
     unbounded (low=-inf, high=inf) when the incumbent's rate is not clearly above zero.
     """
     if not incumbents:

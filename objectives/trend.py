@@ -71,8 +71,8 @@ def fit_windows(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> Fit:
 
 def _curve_basis(t: np.ndarray, t_mids: np.ndarray, bs: np.ndarray) -> np.ndarray:
     """g(t) = 1/(1+(t_mid/t)^B) for each grid point: (k, n); g(0) = 0. As exp(B·log(t_mid/t)):
-    ~1.4x faster than a float power, and in one buffer: fresh (k, n) temporaries cost more in
-    page faults than the arithmetic on them (3x here, with bit-identical values)."""
+    faster than a float power, and in one buffer: fresh (k, n) temporaries cost more in page
+    faults than the arithmetic on them (values bit-identical; docs/method.md, Evidence)."""
     with np.errstate(divide="ignore", over="ignore"):
         g = np.subtract.outer(np.log(t_mids), np.log(np.maximum(t, 1e-12)))
         g *= bs[:, None]
@@ -82,8 +82,8 @@ def _curve_basis(t: np.ndarray, t_mids: np.ndarray, bs: np.ndarray) -> np.ndarra
 
 
 #: rows of a solve whose (rows, grid) arithmetic is done together: ~200 KB an array, so its
-#: two dozen temporaries stay in cache (201- and 501-row bootstrap fits: 0.76-0.91x the time,
-#: bit-identical: each element is computed as before)
+#: two dozen temporaries stay in cache (bit-identical: each element is computed as before;
+#: docs/method.md, Evidence)
 _ROW_BLOCK = 32
 
 

@@ -186,8 +186,8 @@ class Landscape:
             diverge_step=diverge_step,
             failure=failure,
             reward_sd=reward_sd,
-            # a fixed part (imports, engine start; the H200's toy: 159-254 s) and one growing
-            # with the model (the default world: none fixed, 120 s at 7B)
+            # a fixed part (imports, engine start: it dominates a small model's start-up) and
+            # one growing with the model (docs/method.md, Evidence)
             startup_s=float(self._s("timing").get("startup_fixed_s", 0.0))
             + _f(self._s("timing"), "startup_s") * (_f(model, "n_params_b") / 7.0) ** 0.5,
             steps_per_epoch=per_epoch,

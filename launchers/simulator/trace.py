@@ -1,6 +1,6 @@
 """What the simulated verl writes for one step, shared by the simulator process and the replay
 launcher so the two write the same bytes: real verl 0.9.1's step record (its keys in its
-order, from a real H200 run) with the landscape's modelled values, as a file-logger JSON line
+order, ``verl_step_record.json``) with the landscape's modelled values, as a file-logger JSON line
 (NaN/inf as null) and as a console line (plain floats, NaN as nan)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from verl_sweep.launchers.simulator.config import get
 
 @functools.lru_cache(maxsize=1)
 def real_record() -> dict[str, Any]:
-    """A real verl 0.9.1 step record (GRPO on an H200): its keys, in verl's order, and the
+    """A step record real verl 0.9.1 logged (GRPO): its keys, in verl's order, and the
     values it logged. The keys the landscape does not model keep those values, so every
     reader sees a record of verl's full shape (90 keys), not a sketch of it."""
     path = Path(__file__).with_name("verl_step_record.json")

@@ -10,9 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 
 #: A pooled connection is pinged on checkout only after lying idle this long. A PostgreSQL
-#: restart takes seconds (2.3 s here), so a connection used a moment ago did not die of one;
-#: an ask + tell checks connections out 11 times within milliseconds, and SQLAlchemy's
-#: pool_pre_ping, which pings every checkout, was 2.4 ms of it. A connection lost in between
+#: restart takes seconds, so a connection used a moment ago did not die of one; an ask + tell
+#: checks connections out about a dozen times within milliseconds, and a ping on every checkout
+#: (SQLAlchemy's pool_pre_ping) costs a share of it (docs/method.md, Evidence). A connection lost in between
 #: fails its call, as one lost during a call always could (``with_retries`` takes over).
 PING_AFTER_IDLE_S = 0.1
 

@@ -42,7 +42,7 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _OPTUNA_TABLES = {"studies", "version_info", "trials", "alembic_version"}
 #: seconds after which open_storage starts no new attempt at a server that does not answer
 #: (each attempt waits up to the driver's connect_timeout, 10 s): a dead address fails in
-#: about 20 s (it took 32.6 s with three attempts)
+#: about 20 s, two attempts, not three (docs/method.md, Evidence)
 OPEN_DEADLINE_S = 12.0
 
 
@@ -184,8 +184,8 @@ def default_storage_for(name: str) -> str | None:
 #: Per-process connection pool for PostgreSQL. One connection is all a driver or worker needs:
 #: it calls the storage from one thread and Optuna returns the connection after each call.
 #: Opening a connection costs ~5-10 ms (TCP + SCRAM auth + backend start) and one ask+tell
-#: makes 10-13 storage calls, so a new connection per call (NullPool) was most of ask+tell's
-#: time. max_overflow admits a second thread briefly (e.g. Optuna's heartbeat thread) without
+#: makes 10-13 storage calls, so a new connection per call (NullPool) would be most of
+#: ask+tell's time. max_overflow admits a second thread briefly (e.g. Optuna's heartbeat thread) without
 #: piling up: 16 workers hold at most 16 idle connections, far below max_connections (100).
 #: The pool (``IdlePingPool``) pings a connection that lay idle before handing it out (one round
 #: trip, ~0.25 ms) and replaces it when the server restarted meanwhile; pool_recycle replaces

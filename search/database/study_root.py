@@ -165,7 +165,7 @@ def load_spec(storage: optuna.storages.BaseStorage, name: str) -> StudySpec:
     try:
         root = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        # Names only: summaries would read every trial of every study (26 s on a server with 480).
+        # Names only: summaries would read every trial of every study (docs/method.md, Evidence).
         known = sorted(n for n in optuna.get_all_study_names(storage) if "." not in n)
         hint = _known_studies_hint(name, known)
         raise StudyNotFoundError(f"no study named {name!r} in this database.{hint}") from None

@@ -131,8 +131,8 @@ class PrunerSettings(_Strict):
     #: report intermediate values every this many steps
     interval_steps: Int = Field(default=25, ge=1, le=100_000)
     #: no pruning before this step. Curves differ in shape early (KL on starts slower and
-    #: ends higher): at 50-75 steps the incumbent pruner stopped every KL candidate of the
-    #: kl_edge landscape, true η up to 1.28; from 100 it keeps them. The incumbent pruner
+    #: ends higher), so an earlier bar stops candidates that would win (docs/method.md,
+    #: Evidence). The incumbent pruner
     #: leaves a candidate that changes KL, or the mini-batch and lr both, until 3/4 of the
     #: probe (``IncumbentPruner.late_from``).
     warmup_steps: Int = Field(default=100, ge=0, le=100_000)
@@ -140,9 +140,9 @@ class PrunerSettings(_Strict):
     n_startup_trials: Int = Field(default=2, ge=0, le=10_000)
     #: reports in a row below the bar before a trial is stopped (incumbent, patient)
     patience: Int = Field(default=2, ge=1, le=1000)
-    #: incumbent: how far below the incumbent's running rate counts as "clearly below". At
-    #: 100-125 steps paired KL-on candidates ran 0-3% below the incumbent and ended 3-23%
-    #: above it (kl_edge): with no margin the pruner stopped all five of them.
+    #: incumbent: how far below the incumbent's running rate counts as "clearly below": a
+    #: candidate that starts slower runs a few percent below the incumbent early and may still
+    #: end above it (docs/method.md, Evidence).
     margin: Float = Field(default=0.03, ge=0, lt=1)
     percentile: Float = Field(default=25.0, gt=0, lt=100)
 
@@ -241,7 +241,7 @@ class StudySpec(_Strict):
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     seeds: list[Int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6], min_length=1)
     stages: list[StageSettings] = Field(default_factory=list)
-    #: stop early on a world whose baseline is already near-optimal: once this many stages in
+    #: stop early on a study whose baseline is already near-optimal: once this many stages in
     #: a row from the first found no gain above 2% (``StageResult.flat``: kept the incumbent
     #: with no candidate above 1 + tolerance, none left undecided, or won by at most 2%), the
     #: stages after them are skipped, each recorded with that reason (0: never)
@@ -355,15 +355,15 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     at once), then the polish: mini-batch × lr (× KL) together from the chain's winner."""
     stages = [
         # Speed probes are 30 steps: an 80-trial sweep of the 8 coupled layout knobs, modelled
-        # jointly, costs about four 500-step runs (on the simulated benchmark, with 30 the leader came in the
-        # last third of the sweep, and the layout held 3-7% of the best reachable η); the
-        # last 16 are a local search around the sampler's leader (``SystemsSpace``).
+        # jointly, costs about four 500-step runs; fewer trials leave the layout short of the
+        # best (docs/method.md, Evidence). The last 16 are a local search around the sampler's
+        # leader (``SystemsSpace``).
         StageSettings(name="systems", space="systems", budget=Budget(max_trials=80), confirm_top=1,
                       stop=StopRule(stable_trials=80, tolerance=SPEED_TOLERANCE),
                       sampler=SamplerSettings(multivariate=True)),
         # The token budget is the other speed-only knob (30-step probes): right after the
         # layout, so that the learning stages are judged, and their 500-step probes paid, at
-        # the final throughput (the demo study's simulated spend fell ~25%).
+        # the final throughput (docs/method.md, Evidence).
         StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=10),
                       stop=StopRule(tolerance=SPEED_TOLERANCE)),
         StageSettings(name="minibatch", space="mini_batch", budget=Budget(max_trials=8)),
@@ -374,8 +374,8 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     # The final pass over the coupled knobs, from the chain's winner: a pattern search of a
     # first pass (2 coupled moves) and up to 6 follow-ups, then it ends (``PolishSpace``).
     # Its bar is 1 + 1%, not 2%: the chain's winner is already at the one-at-a-time optimum,
-    # so what the polish can add is small (true 1.5-3% on the coupled worlds), and its
-    # leader gets up to 5 runs to show it.
+    # so what the polish can add is small (a few percent), and its leader gets up to 5 runs
+    # to show it.
     polish = StageSettings(name="polish", space="polish", budget=Budget(max_trials=12), stop=StopRule(tolerance=0.01),
                            sampler=SamplerSettings(n_startup_trials=4), confirm_max_runs=5)
     if algorithm is Algorithm.PPO:

@@ -45,8 +45,9 @@ class ReadOnceTPESampler(optuna.samplers.TPESampler):
 
     def _get_internal_repr(self, trials: list[Any], search_space: dict[str, Any], study: Any) -> dict[str, np.ndarray]:
         """Optuna's conversion of the trials' parameters, each finished trial converted once per
-        study and search space instead of on every ask: at 1,000 trials Optuna's loop over
-        them, twice for every parameter, took a third of a TPE ask. A finished trial's
+        study and search space instead of on every ask: Optuna's loop over them, twice for
+        every parameter, is a large share of a TPE ask at 1,000 trials (docs/method.md,
+        Evidence). A finished trial's
         parameters do not change; a running trial's (multivariate TPE reads its planned
         ones) are converted on every ask, as before."""
         known = self._internal_reprs.setdefault((id(study._storage), study._study_id, tuple(search_space.items())), {})
@@ -93,8 +94,8 @@ def patch() -> None:
 def use_scipy_normal_functions() -> None:
     """Optuna 5.0's TPE computes log Φ of its truncated normals one element at a time in
     Python, to do without SciPy (optuna#5478), and erf the same way for arrays under 2,000
-    elements (a TPE ask at 1,000 trials makes 18 such calls): at 1,000 trials those loops were
-    most of an ask. SciPy's ``log_ndtr`` is the function Optuna's was ported from and its
+    elements (a TPE ask at 1,000 trials makes 18 such calls): at 1,000 trials those loops are
+    most of an ask (docs/method.md, Evidence). SciPy's ``log_ndtr`` is the function Optuna's was ported from and its
     ``erf`` agrees with Optuna's to 3 ulp, both vectorized, and SciPy is a dependency here
     already; put them in place. Optuna looks the names up at call time."""
     from optuna.samplers._tpe import _truncnorm
