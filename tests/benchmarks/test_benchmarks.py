@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from support import REPO
+
 from benchmarks.run import acceptance, eta_at, format_table, gpu_h_ratio, hours_to_reach, median_interval, summarize
-from cluster import require_pg
+from support.cluster import require_pg
 from verl_sweep.launchers.simulator import shipped_landscapes
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_hours_to_reach_and_eta_at_budget_read_the_trace() -> None:
@@ -248,7 +249,7 @@ def _peer_on_default_world(method: str, tmp_path: Path, *, budget_gpu_h: float) 
 @pytest.mark.parametrize("method", ["random", "tpe", "gp", "bohb", "smac", "dehb"])
 def test_each_peer_searches_on_a_shipped_world_until_the_budget(method: str, tmp_path: Path) -> None:
     """A smoke run of each peer of benchmarks/peers.py (SMAC3 and DEHB are the bench extra's:
-    in CI a missing one fails, see tests/strict_skips.py): a handful of probes on the
+    in CI a missing one fails, see tests/support/strict_skips.py): a handful of probes on the
     `default` world, configs of its own choosing, its incumbent one it ran, stopped at the
     budget. The prior peers' run is the test below."""
     from benchmarks.peers import PEERS

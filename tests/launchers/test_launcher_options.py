@@ -8,12 +8,14 @@ import inspect
 
 import pytest
 
-from conftest import cli, demo_data
+from support import cli, demo_data
 from verl_sweep.launchers import LAUNCHERS
 from verl_sweep.launchers.options import Option, OptionError, describe, resolve
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.commands.launch import launcher_options, launcher_problems
 from verl_sweep.search.spec.study_file import parse_study
+
+pytestmark = pytest.mark.fast
 
 
 @pytest.mark.parametrize("kind", sorted(LAUNCHERS))

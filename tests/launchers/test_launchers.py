@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from support import REPO
+
 from verl_sweep.launchers import LAUNCHERS, make_launcher
 from verl_sweep.launchers import gpu as gpu_mod
 from verl_sweep.launchers import process as proc_mod
@@ -20,7 +22,7 @@ from verl_sweep.launchers.base import LauncherError, RunSpec, RunStatus
 from verl_sweep.launchers.local import KV_CACHE_KEY, LocalLauncher, private_ray_dir
 from verl_sweep.launchers.run_dir import merge_overrides
 from verl_sweep.launchers.sim import SimClock, SimLauncher
-from launcher_contract import (
+from support.launcher_contract import (
     FAKE_PROBE,
     ContractKit,
     LocalGpuLauncherContract,
@@ -171,7 +173,7 @@ def test_verl_composes_the_fixed_kv_cache_override() -> None:
 
     from verl_sweep.search.spec.study_file import load_study
 
-    config = load_study(Path(__file__).parent.parent / "studies" / "tiny-h200.yaml").baseline_config()
+    config = load_study(REPO / "studies" / "tiny-h200.yaml").baseline_config()
     assert validate_with_verl({**config, f"+{KV_CACHE_KEY}": int(143_771 * 2**20 * 0.05)}) == []
     assert validate_with_verl({**config, KV_CACHE_KEY: 1}) != []  # without "+": not in verl's struct
 
@@ -398,7 +400,7 @@ def test_sampler_records_the_probes_gpus_while_it_runs(fake_nvml: FakeNvml, tmp_
 
 @pytest.mark.parametrize("kind", ["sim", "replay"])
 def test_a_study_launcher_gets_the_study_files_max_concurrent(tmp_path: Path, kind: str) -> None:
-    from conftest import demo_data
+    from support import demo_data
     from verl_sweep.search.commands.launch import build_launcher
     from verl_sweep.search.spec.study_file import parse_study
 
@@ -437,7 +439,7 @@ def test_a_failed_probe_keeps_its_ray_workers_errors_and_is_classified_by_them(t
 @pytest.mark.parametrize("kind", ["sim", "replay"])
 def test_a_fake_gpu_launcher_gives_a_probe_the_study_nodes_gpus(tmp_path: Path, kind: str) -> None:
     """`--launcher sim` on a 1-GPU study ran its probes on 8 fake GPUs (trainer.n_gpus_per_node=8)."""
-    from conftest import demo_data, write_study
+    from support import demo_data, write_study
     from verl_sweep.search.commands.launch import launcher_options
     from verl_sweep.search.spec.study_file import load_study
 

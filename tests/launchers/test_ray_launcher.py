@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from launcher_contract import ContractKit, LauncherContract, metric_steps, ok_spec, probe_command, wait_for
+from support.launcher_contract import ContractKit, LauncherContract, metric_steps, ok_spec, probe_command, wait_for
 from verl_sweep.launchers import process as proc_mod
 from verl_sweep.launchers.base import LauncherError, RunStatus
 from verl_sweep.launchers.ray_jobs import RayJobLauncher
@@ -156,7 +156,7 @@ def test_driver_killed_while_jobs_run_reattaches_on_resume(ray_address: str, tmp
     import optuna
     from ray.job_submission import JobSubmissionClient
 
-    from conftest import cli, demo_data, write_study
+    from support import cli, demo_data, write_study
 
     data = demo_data()
     data["name"] = "rayre"

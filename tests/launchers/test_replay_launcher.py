@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher_contract import ContractKit, LauncherContract, finished, long_spec, metric_steps, ok_spec, running_with_metrics, wait_for
+from support import REPO
+from support.launcher_contract import ContractKit, LauncherContract, finished, long_spec, metric_steps, ok_spec, running_with_metrics, wait_for
 from verl_sweep.launchers import make_launcher
 from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec, RunStatus
 from verl_sweep.launchers.run_dir import RunDir, merge_overrides, probe_pins
 from verl_sweep.launchers.replay import ReplayLauncher
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def replay(root: Path, **options: object) -> ReplayLauncher:

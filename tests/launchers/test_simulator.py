@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from support import REPO
+
 from verl_sweep.launchers.simulator import ConfigError, check_config, load_landscape, parse_overrides, shipped_landscapes
 from verl_sweep.launchers.simulator.config import verl_config_path
 
@@ -335,7 +337,7 @@ def test_simulator_record_has_real_verls_shape(tmp_path: Path) -> None:
     validation, and a start-up phase before step 1 that is not in any step's time."""
     from verl_sweep.objectives.metrics import parse_console_line, read_all
 
-    real_dir = Path(__file__).parent / "data" / "real-verl-0.9.1"
+    real_dir = REPO / "tests" / "data" / "real-verl-0.9.1"
     real = read_all(real_dir / "probe_baseline.metrics.jsonl")
     proc, metrics = _run(tmp_path, ["trainer.total_training_steps=5"])
     assert proc.returncode == 0, proc.stderr

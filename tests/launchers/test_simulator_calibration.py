@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping
 
 import pytest
 
+from support import REPO
+
 from verl_sweep.launchers.simulator import Landscape, load_landscape, shipped_landscapes
 
 SEEDS = range(10)
@@ -203,7 +205,7 @@ def test_the_tiny_h200_world_matches_the_real_baseline_probes() -> None:
     from verl_sweep.objectives.metrics import read_all
     from verl_sweep.search.spec.study_file import load_study
 
-    root = Path(__file__).parent.parent
+    root = REPO
     land = load_landscape(root / "scripts" / "real_verl" / "tiny_h200.landscape.yaml")
     config = load_study(root / "studies" / "tiny-h200.yaml").baseline_config()
     real = [read_all(root / "tests" / "data" / "real-verl-0.9.1" / f"{name}.metrics.jsonl")
@@ -220,7 +222,7 @@ def test_the_tiny_h200_world_matches_the_real_baseline_probes() -> None:
     assert 159 <= land.expected(config).startup_s <= 254  # launch → step 1 measured on the H200
 
 
-H200_05B = Path(__file__).parent / "data" / "real-verl-0.9.1" / "h200-0.5b"
+H200_05B = REPO / "tests" / "data" / "real-verl-0.9.1" / "h200-0.5b"
 
 
 def _h200_05b() -> tuple[Landscape, dict[str, dict[str, Any]], dict[str, list[Mapping[str, Any]]]]:
@@ -229,7 +231,7 @@ def _h200_05b() -> tuple[Landscape, dict[str, dict[str, Any]], dict[str, list[Ma
     from verl_sweep.launchers.simulator.config import parse_overrides
     from verl_sweep.objectives.metrics import read_all
 
-    land = load_landscape(Path(__file__).parent.parent / "scripts" / "real_verl" / "h200_05b.landscape.yaml")
+    land = load_landscape(REPO / "scripts" / "real_verl" / "h200_05b.landscape.yaml")
     names = ("baseline", "template")
     configs = {n: parse_overrides(json.loads((H200_05B / f"{n}.spec.json").read_text())["overrides"]) for n in names}
     steps = {n: [s.data for s in read_all(H200_05B / f"{n}.metrics.jsonl")] for n in names}
@@ -251,7 +253,7 @@ def test_the_h200_05b_world_matches_the_real_baseline_probe() -> None:
     land, configs, steps = _h200_05b()
     real = steps["baseline"][1:]
     exp = land.expected(configs["baseline"])
-    study = load_study(Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml").baseline_config()
+    study = load_study(REPO / "studies" / "h200-05b-throughput.yaml").baseline_config()
     assert land.expected(study).step_time_s == pytest.approx(exp.step_time_s)  # the world's baseline: the study's
     real_step_s = statistics.median(s["timing_s/step"] for s in real)  # 96.85 s
     real_tokens_s = statistics.median(s["perf/throughput"] for s in real)  # 2,362 tokens/s

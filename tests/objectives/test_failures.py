@@ -8,6 +8,8 @@ import pytest
 
 from verl_sweep.objectives.failures import FailureKind, classify, diagnose, tail
 
+pytestmark = pytest.mark.fast
+
 OOM = """Traceback (most recent call last):
   File "/verl/workers/fsdp_workers.py", line 812, in update_actor
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.15 GiB

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "data"))
+from support.curves import Curve, run
 
-from curves import Curve, run  # noqa: E402
+from verl_sweep.objectives.health import screen
+from verl_sweep.objectives.metrics import StepMetrics
 
-from verl_sweep.objectives.health import screen  # noqa: E402
-from verl_sweep.objectives.metrics import StepMetrics  # noqa: E402
+pytestmark = pytest.mark.fast
 
 
 def _first_verdict(steps: list[StepMetrics], **kwargs: object):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from support import REPO
+
 from verl_sweep.objectives.sources import ConsoleSource, FileLoggerSource
 from verl_sweep.objectives.metrics import (
     MetricsFollower,
@@ -21,7 +23,9 @@ from verl_sweep.objectives.metrics import (
     write_lines,
 )
 
-DATA = Path(__file__).parent.parent / "data"
+pytestmark = pytest.mark.fast
+
+DATA = REPO / "tests" / "data"
 
 
 class FakeClock:

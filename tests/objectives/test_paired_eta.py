@@ -11,6 +11,8 @@ import pytest
 
 from verl_sweep.objectives.score import Score, combine, eta, paired_eta
 
+pytestmark = pytest.mark.fast
+
 
 def _score(rate: float, se_rel: float = 0.01) -> Score:
     return Score(rate=rate, gain=rate * 100, train_time_s=100.0, n_steps=500, ci_low=rate * (1 - 1.645 * se_rel),

@@ -14,6 +14,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from support import REPO
+
 from verl_sweep.launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
 from verl_sweep.objectives.failures import FailureKind, diagnose, failure_text, tail
 from verl_sweep.objectives.health import screen
@@ -21,8 +23,10 @@ from verl_sweep.objectives.metrics import MetricsFollower, parse_console_line, r
 from verl_sweep.objectives.sources import FileLoggerSource
 from verl_sweep.objectives.score import eta, score_reward_rate, score_throughput
 
-DATA = Path(__file__).parent.parent / "data" / "real-verl-0.9.1"
-DEVICE_RUN = Path(__file__).parent.parent / "data" / "device-run-2026-12-01"
+pytestmark = pytest.mark.fast
+
+DATA = REPO / "tests" / "data" / "real-verl-0.9.1"
+DEVICE_RUN = REPO / "tests" / "data" / "device-run-2026-12-01"
 PROBE_STEPS = 11  # studies/tiny-h200.yaml's probe.steps in the device run
 WARMUP = 1
 

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
+from support import REPO
+from support.curves import Curve, run
 
-from curves import Curve, run  # noqa: E402
-
-from verl_sweep.objectives.metrics import StepMetrics, read_all  # noqa: E402
-from verl_sweep.objectives.score import (  # noqa: E402
+from verl_sweep.objectives.metrics import StepMetrics, read_all
+from verl_sweep.objectives.score import (
     Score,
     ScoreError,
     combine,
@@ -24,7 +21,7 @@ from verl_sweep.objectives.score import (  # noqa: E402
     score_throughput,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
 
 
 def test_rate_close_to_true_chord_and_interval_holds_it() -> None:

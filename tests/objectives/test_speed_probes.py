@@ -13,6 +13,8 @@ from typing import Any
 import optuna
 import pytest
 
+from support import REPO
+
 from verl_sweep.launchers.base import Launcher, RunHandle, RunSpec, RunState, RunStatus
 from verl_sweep.objectives.metrics import StepMetrics
 from verl_sweep.objectives.score import Metric, throughput_settled
@@ -22,7 +24,7 @@ from verl_sweep.spaces import systems as S
 from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces.overrides import merge
 
-DATA = Path(__file__).parent / "data" / "real-verl-0.9.1"
+DATA = REPO / "tests" / "data" / "real-verl-0.9.1"
 H200 = HardwareFacts(gpus_per_node=1, gpu_memory_gb=141)
 QWEN_05B = ModelFacts(hidden_size=896, num_attention_heads=14, n_params_b=0.358, max_prompt_length=256,
                       max_response_length=1024, num_hidden_layers=24, num_key_value_heads=2, intermediate_size=4864,
@@ -178,7 +180,7 @@ def test_the_shipped_h200_study_validates_with_verl() -> None:
     from verl_sweep.search.spec.study_file import load_study
     from verl_sweep.search.commands.validate import validate_study
 
-    spec = load_study(Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml")
+    spec = load_study(REPO / "studies" / "h200-05b-throughput.yaml")
     problems, lines = validate_study(spec)
     assert problems == []
     assert spec.probe.speed_settle_tolerance == 0.05 and spec.launcher.options["probes_per_gpu"] == 1
@@ -241,7 +243,7 @@ def test_validate_refuses_a_baseline_that_cannot_fit_with_the_arithmetic(tmp_pat
     from verl_sweep.search.spec.study_file import load_study
     from verl_sweep.search.commands.validate import validate_study
 
-    data = yaml.safe_load((Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml").read_text())
+    data = yaml.safe_load((REPO / "studies" / "h200-05b-throughput.yaml").read_text())
     data["model"].update(n_params_b=7.0, hidden_size=3584, num_attention_heads=28, num_hidden_layers=28,
                          intermediate_size=18944, vocab_size=152064)
     data["hardware"]["gpu_memory_gb"] = 1.0
@@ -264,7 +266,7 @@ def test_the_h200_speed_probes_replay_to_the_scores_the_study_stored(tmp_path: P
     from verl_sweep.search.method.stage import Stage
     from verl_sweep.search.spec.study_file import load_study
 
-    spec = load_study(Path(__file__).parent.parent / "studies" / "h200-05b-throughput.yaml")
+    spec = load_study(REPO / "studies" / "h200-05b-throughput.yaml")
     launcher = _OneLineAPoll(tmp_path, DATA / "h200-0.5b" / f"{name}.metrics.jsonl")
     stage = Stage.of(spec, 0)  # the throughput stage: how its probes run, as the driver runs them
     assert stage.metric is Metric.THROUGHPUT

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from support import REPO
+
+pytestmark = pytest.mark.fast
 
 OURS = {"search", "spaces", "objectives", "launchers"}  # folders; installed as verl_sweep.<folder>
 ALLOWED = {

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import cli, demo_data, write_study
+from support import cli, demo_data, write_study
 
 Change = Callable[[dict[str, Any]], Any]
 

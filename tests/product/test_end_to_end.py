@@ -17,8 +17,8 @@ import psutil
 import pytest
 import yaml
 
-from conftest import cli, demo_data, write_study
-from test_live_view import shared_demo
+from support import cli, demo_data, write_study
+from support.shared_runs import shared_demo
 
 
 #: stage budgets of the kill-and-resume study: every stage, a few probes each (the demo as

@@ -17,7 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from conftest import REPO
+from support import REPO
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,7 +10,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from conftest import cli, write_study
+from support import cli, write_study
 from test_bad_input import _tiny
 
 #: a password with an unencoded '@' (it was masked only up to the first one)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import (all_trials, processes_mentioning, require_pg, require_pg_restart, start_cli, stop_all, tiny_study,
+from support.cluster import (all_trials, processes_mentioning, require_pg, require_pg_restart, start_cli, stop_all, tiny_study,
                      unpooled_storage, wait_for_root)
-from conftest import cli
+from support import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -17,6 +17,8 @@ from verl_sweep.search.database.study_root import save_spec, stored_stage_result
 from verl_sweep.search.commands.validate import validate_study
 from verl_sweep.spaces import Algorithm, SpaceError, build_space
 
+pytestmark = pytest.mark.fast
+
 KEY = "actor_rollout_ref.actor.entropy_coeff"
 
 

@@ -11,6 +11,8 @@ from verl_sweep.spaces import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces import limits as L
 from verl_sweep.spaces.overrides import merge
 
+pytestmark = pytest.mark.fast
+
 M7 = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7)
 M7_LONG = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7, max_prompt_length=2048,
                      max_response_length=6144)

@@ -16,6 +16,8 @@ from verl_sweep.spaces.bounds import KL_COEF, ParamBound
 from verl_sweep.spaces.overrides import merge
 from verl_sweep.spaces.stages import FAILURE_KIND_ATTR, HARDWARE_ATTR, hardware_tag, oom_ceiling
 
+pytestmark = pytest.mark.fast
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 MODEL_7B = ModelFacts(hidden_size=4096, num_attention_heads=32, n_params_b=7)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import verl_examples as V
+from support import verl_examples as V
 from verl_sweep.search.spec.study_file import load_study
 from verl_sweep.search.commands.validate import sample_configs
 from verl_sweep.spaces import build_space, check_config

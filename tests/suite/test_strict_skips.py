@@ -1,4 +1,4 @@
-"""tests/strict_skips.py, run by pytest on generated test files: in CI (the CI variable set) a
+"""tests/support/strict_skips.py, run by pytest on generated test files: in CI (the CI variable set) a
 skip for a missing part fails, whichever way it was raised; an allowed reason stays a skip;
 without CI every skip stays a skip."""
 
@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 TESTS = Path(__file__).resolve().parents[1]
 
 MISSING = '''
 import pytest
-from strict_skips import ALLOWED_SKIPS
+from support.strict_skips import ALLOWED_SKIPS
 
 def verl_available():
     return False
@@ -68,7 +70,7 @@ def _pytest(tmp_path: Path, source: str, ci: str | None, *args: str) -> subproce
         env["CI"] = ci
     # -c /dev/null and --rootdir: not the repository's pytest settings nor its conftest, only the plugin.
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "strict_skips", "-p", "no:cacheprovider", "-c", os.devnull,
+        [sys.executable, "-m", "pytest", "-p", "support.strict_skips", "-p", "no:cacheprovider", "-c", os.devnull,
          "--rootdir", str(tmp_path), "-rA", *args, "test_generated.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
@@ -78,7 +80,7 @@ def _pytest(tmp_path: Path, source: str, ci: str | None, *args: str) -> subproce
 def test_in_ci_a_skip_for_a_missing_part_fails_and_an_allowed_one_does_not(tmp_path: Path, workers: list[str]) -> None:
     """A skip raised in a test fails it; one raised while setting it up (a skipif mark, a
     fixture) is an error; both fail the run. Under xdist too (scripts/test.sh's -n 2)."""
-    from strict_skips import ALLOWED_SKIPS
+    from support.strict_skips import ALLOWED_SKIPS
 
     result = _pytest(tmp_path, MISSING, "true", *workers)
     summary = result.stdout.strip().splitlines()[-1]
@@ -98,7 +100,7 @@ def test_in_ci_a_module_skipped_at_collection_fails(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("ci", [None, "", "0", "false"])
 def test_outside_ci_skips_stay_skips(tmp_path: Path, ci: str | None) -> None:
-    from strict_skips import ALLOWED_SKIPS
+    from support.strict_skips import ALLOWED_SKIPS
 
     result = _pytest(tmp_path, MISSING, ci=ci)
     assert result.returncode == 0, result.stdout[-3000:]

@@ -25,7 +25,6 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "tests" / "data"
 DEMO = REPO / "studies" / "demo.yaml"
 
 

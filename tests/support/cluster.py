@@ -15,8 +15,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import REPO, demo_data, write_study
-from strict_skips import strict
+from support import REPO, demo_data, write_study
+from support.strict_skips import strict
 
 PG_URL = os.environ.get("VERL_SWEEP_TEST_PG_URL")
 

@@ -19,11 +19,12 @@ from typing import Callable
 import psutil
 import pytest
 
+from support import REPO
+
 from verl_sweep.launchers.base import Launcher, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus
 from verl_sweep.launchers.process import find_marked
 
-REPO = Path(__file__).resolve().parents[1]
-FAKE_PROBE = [sys.executable, str(REPO / "tests" / "fake_probe.py")]
+FAKE_PROBE = [sys.executable, str(REPO / "tests" / "support" / "fake_probe.py")]
 SIMULATOR = [sys.executable, "-m", "verl_sweep.launchers.simulator"]
 
 

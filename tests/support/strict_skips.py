@@ -6,7 +6,7 @@ environment variable ``CI`` set (``.ci/run`` sets it, as CI services do; ``0`` o
 turn it off), every skip, whatever raised it (``pytest.skip``, ``importorskip``, a ``skipif``
 mark, a module-level skip at collection), becomes a failure unless its reason is in
 ``ALLOWED_SKIPS``. Without ``CI`` skips stay skips: a developer without PostgreSQL or the
-bench extra can still run the suite. tests/conftest.py loads this plugin; tests/unit/
+bench extra can still run the suite. tests/conftest.py loads this plugin; tests/suite/
 test_strict_skips.py runs it on generated test files.
 """
 
@@ -46,7 +46,7 @@ def _fail_unless_allowed(report: pytest.TestReport | pytest.CollectReport) -> No
     report.outcome = "failed"
     report.longrepr = (f"a skip in CI must be a fact of CI's machine, but got {reason!r}. Install or start what "
                        "the test needs in .ci/run, or, if CI's machine truly lacks it, add the reason to "
-                       "ALLOWED_SKIPS in tests/strict_skips.py.")
+                       "ALLOWED_SKIPS in tests/support/strict_skips.py.")
 
 
 @pytest.hookimpl(hookwrapper=True)

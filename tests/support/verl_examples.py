@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from conftest import REPO
+from support import REPO
 
 EXAMPLES = REPO / "tests" / "data" / "verl-examples"
 CONFIGS = REPO / "tests" / "data" / "model-configs"

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from verl_sweep.search.commands.cli import app
 
+pytestmark = pytest.mark.fast
+
 COMMANDS = sorted(get_command(app).commands)  # type: ignore[attr-defined]
 
 

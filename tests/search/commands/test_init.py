@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, cli
+from support import REPO, cli
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.commands.init import build_study, render
 from verl_sweep.search.commands.launch_script import LaunchCommand, read_command
@@ -305,7 +305,7 @@ def test_status_explains_a_stage_whose_probes_all_ended_early(tmp_path: Path) ->
     """A run whose length validate cannot see (its rows are not local: the simulator's 120,000
     prompts, 29 steps an epoch at batch 4,096) and probes longer than it: every probe ends with
     the run, and status says why the stage found nothing."""
-    from conftest import demo_data, write_study
+    from support import demo_data, write_study
 
     data = demo_data()
     data.update(name="short", launcher={"kind": "replay", "max_concurrent": 2, "options": {}},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import verl_examples as V
+from support import verl_examples as V
 from verl_sweep.spaces.verl_check import verl_available
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

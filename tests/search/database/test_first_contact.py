@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import require_pg, start_cli, stop_all, tiny_study
-from conftest import cli
+from support.cluster import require_pg, start_cli, stop_all, tiny_study
+from support import cli
 
 NAMED_COMMANDS = ["status", "resume", "report", "export", "worker"]
 
@@ -39,6 +39,7 @@ def runtime(tmp_path: Path) -> dict[str, str]:
     return {"XDG_RUNTIME_DIR": str(tmp_path / "xdg")}
 
 
+@pytest.mark.newest  # a whole study, in scripts/test.sh --newest
 def test_run_starts_a_study_on_an_empty_sqlite_file_and_leaves_only_the_database_and_runs(
         tmp_path: Path, runtime: dict[str, str]) -> None:
     home = tmp_path / "home"
@@ -145,6 +146,7 @@ def _psql(url: str, *statements: str) -> list[tuple[object, ...]]:
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.newest  # a whole study, in scripts/test.sh --newest
 def test_postgres_first_run_on_an_empty_database_and_beside_another_applications_tables(tmp_path: Path) -> None:
     study, name = tiny_study(tmp_path, budgets=(4,), final_check=False)
     empty = require_pg()
@@ -179,6 +181,7 @@ def test_postgres_database_with_tables_named_like_optunas_is_refused_untouched(t
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.newest  # a whole study, in scripts/test.sh --newest
 def test_postgres_worker_started_first_waits_on_an_empty_database_and_joins(tmp_path: Path) -> None:
     study, name = tiny_study(tmp_path, budgets=(4,), final_check=False)
     url = require_pg()

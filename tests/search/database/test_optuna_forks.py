@@ -15,11 +15,12 @@ import pytest
 from optuna.testing.pytest_samplers import BasicSamplerTestCase, RelativeSamplerTestCase
 from optuna.testing.pytest_storages import StorageTestCase
 
-from conftest import REPO
+from support import REPO
 from verl_sweep.search.database import _optuna_forks
 from verl_sweep.search.database._optuna_forks.rdb import SweepStorage
 from verl_sweep.search.database._optuna_forks.tpe import ReadOnceTPESampler
 
+pytestmark = pytest.mark.newest
 
 
 def test_the_forks_apply_on_the_installed_optuna() -> None:

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from conftest import demo_data
-from test_live_view import shared_demo
+from support import demo_data
+from support.shared_runs import shared_demo
 
 # all but the first test reuse it, but the shared demo study takes ~40 s to run once
 pytestmark = pytest.mark.slow

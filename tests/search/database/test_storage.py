@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from benchmarks.overhead import _optuna_storage
-from cluster import require_pg, require_pg_restart
+from support.cluster import require_pg, require_pg_restart
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from support import REPO
+
 from benchmarks import methods as M
 from verl_sweep.search.database import compat
 from verl_sweep.search.views.console import Console
@@ -22,7 +24,9 @@ from verl_sweep.search.database.storage import open_storage
 from verl_sweep.search.database.study_root import load_spec, stored_stage_result
 from verl_sweep.spaces import build_space
 
-RELEASE_DB = Path(__file__).parent.parent / "data" / "release-0de9162" / "studies.db"
+pytestmark = pytest.mark.fast
+
+RELEASE_DB = REPO / "tests" / "data" / "release-0de9162" / "studies.db"
 
 #: what release 0de9162 decided in each stage of the database, and how its sentence began
 STORED = {

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 
 from benchmarks import methods as M
 from benchmarks.run import demo_spec
@@ -14,6 +15,8 @@ from verl_sweep.search.views.console import Console
 from verl_sweep.search.engine.driver import StudyRunner
 from verl_sweep.search.engine.events import StudyListener
 from verl_sweep.search.database.study_root import save_spec
+
+pytestmark = pytest.mark.fast
 
 
 class _Recorder(StudyListener):

@@ -5,8 +5,6 @@ of the study. Studies run on the replay launcher (the simulator's model, no proc
 
 from __future__ import annotations
 
-import copy
-import fcntl
 import json
 import os
 import signal
@@ -15,59 +13,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from conftest import cli, demo_data, session_dir, write_study
+from support import cli, demo_data
+from support.shared_runs import shared_small, small_study
 from verl_sweep.search.spec.errors import BadInputError
-
-
-def small_study(tmp_path: Path, name: str = "small", change: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """The demo cut to its systems stage (8 probes) and mini-batch stage (5), on the replay
-    launcher, with a final check of 2 seeds: about a minute."""
-    data = copy.deepcopy(demo_data())
-    data["name"] = name
-    # the modelled metrics only: what the scorer reads, less to write and parse
-    data["launcher"] = {"kind": "replay", "max_concurrent": 2, "options": {"verl_record": False}}
-    stages = {s["name"]: s for s in data["stages"]}
-    stages["systems"]["budget"] = {"max_trials": 8}
-    stages["minibatch"]["budget"] = {"max_trials": 5}
-    data["stages"] = [stages["systems"], stages["minibatch"]]
-    data["final_check"] = {"runs": 2}
-    for stage in data["stages"]:
-        # The same suggestions every time: the systems stage then varies 5 parameters, whose
-        # slice plot (300 px a parameter) overflowed a 1,400 px report before it was split.
-        stage["sampler"] = {"seed": 7}
-    if change:
-        change(data)
-    return write_study(tmp_path, data, f"{name}.yaml")
-
-
-def run_small(tmp_path: Path, name: str = "small", change: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    path = small_study(tmp_path, name, change)
-    result = cli("run", str(path), cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return tmp_path
 
 
 def status_json(directory: Path, name: str = "small", *extra: str) -> dict[str, Any]:
     result = cli("status", name, "--json", "--storage", f"sqlite:///{directory}/{name}.db", *extra, cwd=directory)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-def shared_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The small study with its final check, run once per pytest session (a lock file keeps
-    fixtures on any xdist worker from running it twice); its users only read it."""
-    base = session_dir(tmp_path_factory) / "shared-final-small"
-    base.mkdir(exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (base / "finished").exists():
-            run_small(base)
-            (base / "finished").touch()
-    return base
 
 
 @pytest.fixture(scope="module")

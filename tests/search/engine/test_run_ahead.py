@@ -14,6 +14,8 @@ import optuna
 import psutil
 from optuna.trial import TrialState
 
+from support import REPO
+
 from verl_sweep.launchers import make_launcher
 from verl_sweep.launchers import process as proc_mod
 from verl_sweep.launchers.base import RunSpec
@@ -27,7 +29,6 @@ from verl_sweep.search.spec.study_file import load_study
 from verl_sweep.spaces import build_space
 from verl_sweep.spaces.overrides import merge
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _dead_owner() -> dict[str, object]:

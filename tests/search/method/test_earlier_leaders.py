@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
+import pytest
 
 from benchmarks.run import demo_spec
 from verl_sweep.search.database.records import Decision, Role, StageResult, records, result_attr
@@ -18,6 +19,8 @@ from verl_sweep.search.engine.stage_study import StageStudy
 from verl_sweep.search.database.storage import open_storage
 from verl_sweep.spaces import build_space
 from verl_sweep.spaces import limits as L
+
+pytestmark = pytest.mark.fast
 
 SPEC = demo_spec("default")
 MB = L.MINI_BATCH

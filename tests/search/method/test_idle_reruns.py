@@ -10,6 +10,9 @@ from pathlib import Path
 import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
+import pytest
+
+from support import REPO
 
 from verl_sweep.search.method.policy import StagePolicy
 from verl_sweep.search.method.stage import Stage
@@ -17,7 +20,8 @@ from verl_sweep.search.database.records import Decision, TrialRecord, records
 from verl_sweep.search.database.storage import open_storage
 from verl_sweep.search.spec.study_file import Budget, StageSettings, load_study
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.fast
+
 SPEC = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
 
 

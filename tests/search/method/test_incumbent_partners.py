@@ -10,9 +10,12 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+import pytest
 
 from verl_sweep.search.database.records import Role
 from test_idle_reruns import SPEC, _policy, _scored, _scored_study, _trials
+
+pytestmark = pytest.mark.fast
 
 
 def _noisy_leader(study: optuna.Study) -> optuna.trial.FrozenTrial:

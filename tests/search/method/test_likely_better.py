@@ -9,6 +9,8 @@ import pytest
 
 from verl_sweep.search.method.policy import LIKELY_BETTER, likely_better
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(("value", "low", "expected"), [
     (1.045, 0.970, True),    # noisy_hetero's lr leader over 5 runs: p ≈ 0.83

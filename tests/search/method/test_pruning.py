@@ -12,6 +12,8 @@ from optuna.trial import TrialState, create_trial
 
 from verl_sweep.search.method.pruning import IncumbentPruner
 
+pytestmark = pytest.mark.fast
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 STEPS = (25, 50, 75, 100, 125, 150)
 
@@ -204,7 +206,7 @@ def test_a_candidate_ahead_of_a_running_incumbent_is_compared_where_both_have_re
 def test_validate_says_when_a_stage_pruner_can_never_act(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, probe: dict, pruner: dict, first: int, warned: bool
 ) -> None:
-    from conftest import demo_data, write_study
+    from support import demo_data, write_study
     from verl_sweep.search.spec.study_file import load_study
     from verl_sweep.search.method.stage import Stage
     from verl_sweep.search.commands.validate import validate_study

@@ -15,7 +15,9 @@ from verl_sweep.search.views.status import gpu_hours_saved
 from verl_sweep.search.spec.study_file import parse_study
 from verl_sweep.spaces import Moves, SpaceError
 
-from conftest import demo_data
+from support import demo_data
+
+pytestmark = pytest.mark.fast
 
 
 def _spec(**changes: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import cli, demo_data, write_study
+from support import REPO, cli, demo_data, write_study
 
 
 def _replay_demo(tmp_path: Path, name: str, change: Any = None) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def test_stage_0_finds_a_layout_at_least_as_fast_as_the_template(pruned: dict[st
     from verl_sweep.spaces import check_config, template_for
     from verl_sweep.spaces.overrides import merge
 
-    spec = load_study(Path(__file__).resolve().parent.parent / "studies" / "demo.yaml")
+    spec = load_study(REPO / "studies" / "demo.yaml")
     systems = pruned["stages"][0]
     assert systems["name"] == "systems"
     landscape = load_landscape("default")

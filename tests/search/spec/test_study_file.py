@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conftest import cli, demo_data, write_study
+from support import cli, demo_data, write_study
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.spec.study_file import default_stages, load_study
 from verl_sweep.spaces.facts import Algorithm

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import REPO, cli, demo_data, write_study
+from support import REPO, cli, demo_data, write_study
 
 #: the longest line the demo's log may hold, and a finished trial's line
 MAX_LOG_LINE, MAX_TRIAL_LINE = 160, 120

@@ -18,6 +18,8 @@ import pytest
 from verl_sweep.search.views.console import WIDTH, Console, changed_params, cut, short_name
 from verl_sweep.search.views.progress import StageCount, StudyProgress
 
+pytestmark = pytest.mark.fast
+
 SYSTEMS = {  # a systems trial: 18 keys, as the demo's winner changes them
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 4,
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 4,

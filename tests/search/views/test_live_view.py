@@ -7,96 +7,13 @@ test_end_to_end.py (``shared_demo``): one study run for the four files.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
-import signal
-import struct
-import sys
-import termios
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import demo_data, session_dir, write_study
-
-COLUMNS = 140
-RUN_TIMEOUT_S = 240.0
-ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-
-
-def small_demo(directory: Path) -> Path:
-    """The demo study with smaller budgets and one confirmation re-run per stage. The systems
-    stage keeps enough trials (and parameters) for a parameter-importance estimate."""
-    data = demo_data()
-    for stage in data["stages"]:
-        stage["budget"] = {"max_trials": 6 if stage["space"] == "systems" else 4}
-        stage["confirm_top"] = 1
-    return write_study(directory, data, "demo.yaml")
-
-
-def run_under_pty(argv: list[str], cwd: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, bytes]:
-    """Run ``argv`` with its stdout/stderr on a new pseudo-terminal; returns (exit status,
-    everything it wrote). Kills the child (by its pid) when it outlives ``timeout_s``."""
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(COLUMNS), "LINES": "40"}
-    env.pop("NO_COLOR", None)
-    pid, fd = pty.fork()
-    if pid == 0:  # child: a terminal of known size, then the CLI
-        try:
-            fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 40, COLUMNS, 0, 0))
-            os.chdir(cwd)
-            os.execvpe(argv[0], argv, env)
-        finally:
-            os._exit(127)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if not ready:
-                continue
-            try:
-                data = os.read(fd, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), b"".join(chunks)
-
-
-def plain(transcript: bytes) -> str:
-    """The transcript without escape sequences, split at carriage returns too."""
-    return ANSI.sub(b"", transcript).replace(b"\r", b"\n").decode("utf-8", "replace")
-
-
-def shared_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The small demo, run once per pytest session under a pty (a lock file keeps concurrent
-    fixtures, on any xdist worker, from running it twice); the directory holds demo.db, runs/
-    and transcript.bin."""
-    base = session_dir(tmp_path_factory) / "shared-small-demo"
-    base.mkdir(exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = base / "exit_code"
-        if not done.exists():
-            small_demo(base)
-            started = time.monotonic()
-            code, transcript = run_under_pty([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", "demo.yaml"], base)
-            (base / "transcript.bin").write_bytes(transcript)
-            (base / "elapsed_s").write_text(f"{time.monotonic() - started:.1f}")
-            done.write_text(str(code))
-    code = int(done.read_text())
-    assert code == 0, plain((base / "transcript.bin").read_bytes())[-4000:]
-    return base
+from support import demo_data
+from support.shared_runs import plain, shared_demo
 
 
 @pytest.fixture(scope="module")

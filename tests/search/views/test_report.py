@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from conftest import cli
-from test_live_view import shared_demo
+from support import REPO, cli
+from support.shared_runs import shared_demo
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -216,7 +216,7 @@ def _synthetic_study(tmp_path: Path) -> tuple[Any, Any]:
     from verl_sweep.search.database.storage import open_storage
     from verl_sweep.search.spec.study_file import load_study
 
-    spec = load_study(Path(__file__).resolve().parent.parent / "studies" / "demo.yaml")
+    spec = load_study(REPO / "studies" / "demo.yaml")
     storage = open_storage(f"sqlite:///{tmp_path}/synthetic.db")
     save_spec(storage, spec)
     stage = spec.stages[0].name

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli
-from test_final_check import shared_small
+from support import cli
+from support.shared_runs import shared_small
 from test_report import _marker, _run_chromium
 
 WIDTH = 1400

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 import pytest
 
-from conftest import REPO, cli, demo_data, write_study
+from support import REPO, cli, demo_data, write_study
 from verl_sweep.launchers.base import RunSpec
 from verl_sweep.launchers.run_dir import RunDir, probe_pins
 from verl_sweep.launchers.trackers import ProbeTracking
