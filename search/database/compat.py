@@ -4,7 +4,7 @@ Until release 0de9162 a stage's stored result held its decision as a sentence on
 before that a trial closed as wasted said so in its reason's first word instead of in
 ``closed_as``. These readers turn such records into what this release stores, once, where
 they are read (``verl_sweep.search.database.records``); no other code reads a decision or a reason's text.
-``tests/test_stored_compat.py`` reads a database made by release 0de9162 through them.
+``tests/search/database/test_stored_compat.py`` reads a database made by release 0de9162 through them.
 """
 
 from __future__ import annotations

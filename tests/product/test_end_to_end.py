@@ -22,14 +22,14 @@ from support.shared_runs import shared_demo
 
 
 #: stage budgets of the kill-and-resume study: every stage, a few probes each (the demo as
-#: written runs in tests/test_readme.py; 80 layouts would add minutes and prove nothing more here)
+#: written runs in tests/product/test_readme.py; 80 layouts would add minutes and prove nothing more here)
 BUDGETS = {"systems": 10, "tokens": 4, "minibatch": 4, "kl": 4, "lr": 4, "polish": 4}
 
 
 def _fast_demo(tmp_path: Path, **launcher_options: Any) -> Path:
     data = demo_data()
     data["launcher"]["options"].update(launcher_options)
-    data["final_check"] = False  # tests/test_final_check.py kills and resumes in it
+    data["final_check"] = False  # tests/search/engine/test_final_check.py kills and resumes in it
     for stage in data["stages"]:
         stage["budget"] = {"max_trials": BUDGETS[stage["name"]]}
         stage.pop("stop", None)
@@ -67,7 +67,7 @@ def _leftover_processes(marker: str) -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's small demo (every stage of the demo, a few probes each), run once for
-    this file and those that share it (tests/test_live_view.py)."""
+    this file and those that share it (tests/support/shared_runs.py)."""
     return shared_demo(tmp_path_factory)
 
 

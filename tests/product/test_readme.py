@@ -1,5 +1,5 @@
 """The README's examples run as written: every bash block it shows is run here, or by the test
-named beside it (the install block by tests/test_install.py, which resolves each line)."""
+named beside it (the install block by tests/product/test_install.py, which resolves each line)."""
 
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ def _sections_with_bash_blocks() -> list[str]:
 
 #: each README section with a bash block, and the test that runs it
 EXERCISED = {
-    "## Install into your verl environment": "tests/test_install.py::test_the_readmes_install_lines_change_nothing_installed",
+    "## Install into your verl environment": "tests/product/test_install.py::test_the_readmes_install_lines_change_nothing_installed",
     "## The two commands": "test_the_two_commands_are_documented (demo.sh runs the quickstart's commands; .ci/run runs scripts/test.sh)",
     "## Quickstart": "test_quickstart_runs_as_written",
     "## From your verl command": "test_from_your_verl_command_runs_as_written",
-    "## On a cluster": "test_the_cluster_commands_parse (their behaviour: tests/test_workers.py on PostgreSQL)",
+    "## On a cluster": "test_the_cluster_commands_parse (their behaviour: tests/product/test_workers.py on PostgreSQL)",
 }
 
 
@@ -66,7 +66,7 @@ def test_the_two_commands_are_documented() -> None:
     quickstart = [line.split("  #")[0].strip() for line in _block_after("## Quickstart")]
     assert demo and all(line in quickstart for line in demo), (demo, quickstart)
     # the inner loop: the fast tier, which scripts/test.sh runs too (pytest collects tests/ whole)
-    assert "-m pytest -q -p no:cacheprovider tests/unit" in README and (REPO / "tests" / "unit").is_dir()
+    assert "-m pytest -q -p no:cacheprovider -m fast" in README and '"fast or newest"' in (REPO / "scripts" / "test.sh").read_text()
 
 
 @pytest.mark.slow
@@ -119,7 +119,7 @@ def test_from_your_verl_command_runs_as_written(tmp_path: Path) -> None:
 def test_the_cluster_commands_parse() -> None:
     """The "On a cluster" block: the storage URL is one verl-sweep accepts, and each command's
     arguments parse with the real CLI (running them needs a PostgreSQL server and GPUs:
-    tests/test_workers.py runs `run` and `worker` on one study in PostgreSQL)."""
+    tests/product/test_workers.py runs `run` and `worker` on one study in PostgreSQL)."""
     from typer.main import get_command
 
     from verl_sweep.search.commands.cli import app

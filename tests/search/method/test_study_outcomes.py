@@ -17,7 +17,7 @@ def _replay_demo(tmp_path: Path, name: str, change: Any = None) -> dict[str, Any
     data = copy.deepcopy(demo_data())
     data["name"] = name
     # The modelled metrics only (what the scorer and the health checks read: the same study,
-    # less to write and parse), and no final check (tests/test_final_check.py has it).
+    # less to write and parse), and no final check (tests/search/engine/test_final_check.py has it).
     data["launcher"] = {"kind": "replay", "max_concurrent": 2, "options": {"verl_record": False}}
     data["final_check"] = False
     for stage in data["stages"]:

@@ -38,7 +38,7 @@ def small_demo(directory: Path, *, systems: int = 10, others: int = 3, time_scal
         stage["budget"] = {"max_trials": systems if stage["space"] == "systems" else others}
         stage.pop("stop", None)
     data["baseline"].update(PINNED)
-    data["final_check"] = False  # the console's lines are the subject (tests/test_final_check.py has the check)
+    data["final_check"] = False  # the console's lines are the subject (tests/search/engine/test_final_check.py has the check)
     if kind == "sim":
         data["launcher"]["options"]["time_scale"] = time_scale
     else:

@@ -2,7 +2,7 @@
 headers, progress bars with each probe's step and reward, and one line per finished trial.
 
 The same run's database is shared with test_report.py, test_optuna_tools.py and
-test_end_to_end.py (``shared_demo``): one study run for the four files.
+test_end_to_end.py (``support.shared_runs.shared_demo``): one study run for the four files.
 """
 
 from __future__ import annotations
