@@ -1,7 +1,7 @@
 """Which Optuna pruner for noisy η probes: Wilcoxon, Patient(Percentile) or Median?
 
 Each simulated study runs ``--trials`` configs in random order; a config is a synthetic
-noisy saturating curve (``tests/data/curves.py``) whose speed (t_mid), ceiling and step time
+noisy saturating curve (``tests/support/curves.py``) whose speed (t_mid), ceiling and step time
 vary, so configs differ in true rate (noise-free chord over 500 steps). Every ``--every``
 steps the trial reports its running rate — reward gain per training second so far, the
 scorer's estimate on the steps so far — and asks the pruner. Reported per pruner, over
@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from curves import Curve, run  # noqa: E402
 

@@ -22,7 +22,7 @@ None. Checks, in order (the first hit wins; thresholds are keyword arguments):
   0.02-0.05 step to step) does not hide a flat run, and a run still rising by more than 0.01
   per 200 steps is never called flat.
 
-Detection delays measured in ``tests/test_health.py``: a KL or grad-norm blow-up is caught
+Detection delays measured in ``tests/objectives/test_health.py``: a KL or grad-norm blow-up is caught
 within 15 steps; a plateau within 200-230 steps of its start (the window must fill first).
 """
 

@@ -6,15 +6,12 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 if [ "${1:-}" = "--newest" ]; then
   # The newest releases in range (scripts/setup.sh --newest): the fast tier, the Optuna forks'
   # suites, and whole studies on SQLite and PostgreSQL (with no warning printed), so that a new
-  # release of a dependency fails here the day it ships.
+  # release of a dependency fails here the day it ships. Tiers are markers (pyproject.toml):
+  # `fast` marks the inner loop, `newest` the forks' suites and the whole studies.
   shift
   bash scripts/setup.sh --newest
-  studies=tests/test_first_contact.py::test_
   exec .venv-newest/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile \
-    tests/unit tests/test_optuna_forks.py \
-    "${studies}run_starts_a_study_on_an_empty_sqlite_file_and_leaves_only_the_database_and_runs" \
-    "${studies}postgres_first_run_on_an_empty_database_and_beside_another_applications_tables" \
-    "${studies}postgres_worker_started_first_waits_on_an_empty_database_and_joins" "$@"
+    -m "fast or newest" "$@"
 fi
 bash scripts/setup.sh
 # Two pytest workers (TEST_WORKERS): the suite waits on subprocesses much of the time, and one

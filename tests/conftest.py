@@ -1,48 +1,38 @@
+"""Fixtures and hooks only: helpers live in tests/support (``from support import …``).
+
+Tiers are markers, not folders (pyproject's ``markers`` lists them): ``fast`` (a module's
+``pytestmark``) is the inner loop, ``pytest -m fast``; ``slow`` tests take more than ~20 s;
+``newest`` tests also run against the newest releases (``scripts/test.sh --newest``).
+"""
+
 from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
-import yaml
 
-# In CI a skip fails unless its reason is a fact of CI's machine (tests/strict_skips.py).
-pytest_plugins = ["strict_skips"]
+from support import demo_data, write_study
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "studies" / "demo.yaml"
+# In CI a skip fails unless its reason is a fact of CI's machine (tests/support/strict_skips.py).
+pytest_plugins = ["support.strict_skips"]
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-
-def demo_data() -> dict[str, Any]:
-    return yaml.safe_load(DEMO.read_text())
-
-
-def write_study(directory: Path, data: dict[str, Any], name: str = "study.yaml") -> Path:
-    path = directory / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+#: markers a fast test may not carry: the fast tier runs in-process without a server
+NOT_FAST = ("slow", "postgres")
 
 
-def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the verl-sweep CLI as a user would (a separate process)."""
-    return subprocess.run(
-        [sys.executable, "-m", "verl_sweep.search.commands.cli", *args],
-        cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder every pytest-xdist worker of this run shares (each worker's temp folder is its
-    own, and the folder above it the run's); without xdist, the session's temp folder."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test is in one speed tier: ``fast`` cannot be ``slow`` or need PostgreSQL."""
+    clashes = [f"{item.nodeid} ({name})" for item in items if item.get_closest_marker("fast")
+               for name in NOT_FAST if item.get_closest_marker(name)]
+    if clashes:
+        raise pytest.UsageError("A fast test must not be marked " + " or ".join(NOT_FAST)
+                                + ", but these are: " + ", ".join(clashes)
+                                + ". Drop the module's fast mark or move the test to a file without it.")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ The model, in short (every constant lives in the landscape file):
 - GPU memory decides OOM (token budget activations, KV cache room, FSDP states + micro-batch
   activations); pathological layouts hang until the NCCL timeout.
 
-Calibration "effect" of a parameter (``tests/test_simulator_calibration.py``): over its safe
+Calibration "effect" of a parameter (``tests/launchers/test_simulator_calibration.py``): over its safe
 range (the table in docs/method.md §1) with everything else at the landscape's baseline config,
 effect = (max − min) / (2 · value at the baseline) of a measured quantity, each point the mean
 of 10 seeded runs. Quantities: steps to converge (first step where the 10-run mean reward,

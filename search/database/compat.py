@@ -4,7 +4,7 @@ A stage's result stored by release 0de9162 or earlier holds its decision as a se
 and a trial closed as wasted by a still earlier release says so in its reason's first word
 instead of in ``closed_as``. These readers turn such records into what this release stores, once, where
 they are read (``verl_sweep.search.database.records``); no other code reads a decision or a reason's text.
-``tests/test_stored_compat.py`` reads a database made by release 0de9162 through them.
+``tests/search/database/test_stored_compat.py`` reads a database made by release 0de9162 through them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ were written against (``RELIED_ON``: the private functions' parameters and the n
 read, the tables' columns), whatever its version number: a release that changed none of it
 (5.1.0 changed comments and type annotations there) gets them quietly. On one that changed
 any of it verl-sweep uses stock Optuna and says in one log line what changed; CI runs the
-newest Optuna in range, where ``tests/test_optuna_forks.py`` fails on such a release.
+newest Optuna in range, where ``tests/search/database/test_optuna_forks.py`` fails on such a release.
 
 ``install`` puts the process-wide TPE changes in place, once: the driver calls it when it is
 built (``verl_sweep.search.engine.driver.StudyRunner``), and ``tpe_sampler`` and ``storage_class`` call it too,

@@ -1,0 +1,232 @@
+"""The overall gain, measured: after the last stage the final config and the baseline run side
+by side on fresh paired seeds (``<study>.final``); its η against the baseline is in ``status
+--json``, the status lines, the export's header; it resumes like a stage; the cost and payback
+of the study. Studies run on the replay launcher (the simulator's model, no processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import cli, demo_data
+from support.shared_runs import shared_small, small_study
+from verl_sweep.search.spec.errors import BadInputError
+
+
+def status_json(directory: Path, name: str = "small", *extra: str) -> dict[str, Any]:
+    result = cli("status", name, "--json", "--storage", f"sqlite:///{directory}/{name}.db", *extra, cwd=directory)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_small(tmp_path_factory)
+
+
+def test_the_final_config_is_measured_against_the_baseline_on_fresh_paired_seeds(finished: Path) -> None:
+    data = status_json(finished)
+    overall = data["overall"]
+    assert overall["state"] == "measured" and overall["simulated"] is True
+    assert overall["n_pairs"] == 2
+    assert overall["low"] <= overall["eta"] <= overall["high"]
+    # Both stages won on the simulator's landscape: the final config beats the baseline clearly.
+    assert overall["low"] > 1.0
+    product = 1.0
+    for stage in data["stages"]:
+        product *= stage["winner"]["eta"]
+    assert overall["stage_product"] == pytest.approx(product, rel=1e-3)
+    print(f"SIMULATED overall η {overall['eta']:.3f} [{overall['low']:.3f}, {overall['high']:.3f}], "
+          f"product of the stages' η {product:.3f}")
+
+    runs = data["final_check"]["trials"]
+    stage_seeds = set(demo_data()["seeds"])
+    by_role: dict[str, list[int]] = {}
+    for row in runs:
+        assert row["state"] == "complete", row
+        by_role.setdefault(row["role"], []).append(row["seed"])
+    # Paired: the baseline and the final config on each of the same fresh seeds.
+    assert sorted(by_role["incumbent"]) == sorted(by_role["candidate"])
+    assert len(set(by_role["incumbent"])) == 2 and not set(by_role["incumbent"]) & stage_seeds
+    assert all(row["params"] == {} for row in runs if row["role"] == "incumbent")
+    final_overrides = data["stages"][-1]["winner"]["config"]
+    for row in runs:
+        if row["role"] == "candidate":
+            assert row["params"] and all(final_overrides.get(k) == v for k, v in row["params"].items())
+    assert data["final_check"]["gpu_hours"] > 0
+
+
+def test_status_prints_the_overall_gain_and_the_payback_of_a_full_run(finished: Path) -> None:
+    data = status_json(finished, "small", "--run-steps", "2000")
+    cost, overall = data["cost"], data["overall"]
+    stage_h = sum(s["gpu_hours"] for s in data["stages"]) + data["final_check"]["gpu_hours"]
+    assert cost["gpu_hours_spent"] == pytest.approx(stage_h, abs=0.01)
+    assert cost["run_steps"] == 2000 and cost["baseline_step_s"] > 0
+    full = cost["full_run_gpu_hours"]
+    assert full == pytest.approx(2000 * cost["baseline_step_s"] * 8 / 3600, rel=1e-3)
+    # The winner reaches the same reward η times sooner: it saves 1 - 1/η of a full run.
+    assert cost["saved_gpu_hours_per_run"] == pytest.approx(full * (1 - 1 / overall["eta"]), rel=1e-2)
+    assert cost["break_even_runs"] == pytest.approx(cost["gpu_hours_spent"] / cost["saved_gpu_hours_per_run"], rel=1e-2)
+
+    text = cli("status", "small", "--run-steps", "2000", "--storage", f"sqlite:///{finished}/small.db", cwd=finished)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.replace("\n  ", " ").splitlines()  # each line whole, as wrapped to the terminal
+    gain = next(line for line in lines if "overall gain" in line)
+    assert gain.startswith("SIMULATED overall gain against your baseline: η ") and "2 paired seeds" in gain
+    payback = next(line for line in lines if "GPU-h spent" in line)
+    assert payback.startswith("SIMULATED cost: ") and "break-even after" in payback
+    assert len(gain) <= 160 and len(payback) <= 160
+    print(gain, payback, sep="\n")
+    # Without a run length (the demo's baseline gives none that can be read), it says what to give.
+    plain = status_json(finished)
+    assert plain["cost"]["run_steps"] is None and "saved_gpu_hours_per_run" not in plain["cost"]
+
+
+def test_the_export_header_starts_with_the_overall_gain(finished: Path) -> None:
+    result = cli("export", "small", "--storage", f"sqlite:///{finished}/small.db", cwd=finished)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[:2]
+    assert header[1].startswith("# SIMULATED overall gain against your baseline: η "), header
+    as_json = cli("export", "small", "--format", "json", "--storage", f"sqlite:///{finished}/small.db", cwd=finished)
+    assert json.loads(as_json.stdout)["overall"]["n_pairs"] == 2
+
+
+def test_final_check_false_skips_it_and_the_plan_says_so(tmp_path: Path) -> None:
+    def off(data: dict[str, Any]) -> None:
+        data["final_check"] = False
+        data["stages"] = data["stages"][1:]  # the mini-batch stage alone
+        data["baseline"]["trainer.total_training_steps"] = 4000  # the full run's length, for the payback
+
+    path = small_study(tmp_path, "off", off)
+    plan = cli("validate", str(path), cwd=tmp_path)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "no final check (final_check: false)" in plan.stdout
+    result = cli("run", str(path), cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = status_json(tmp_path, "off")
+    assert data["overall"]["state"] == "skipped" and "final_check: false" in data["overall"]["note"]
+    assert "final_check" not in data
+    cost = data["cost"]
+    assert cost["run_steps"] == 4000 and cost["run_steps_from"] == "trainer.total_training_steps = 4,000"
+    assert cost["full_run_gpu_hours"] > 0 and "saved_gpu_hours_per_run" not in cost
+    text = cli("status", "off", "--storage", f"sqlite:///{tmp_path}/off.db", cwd=tmp_path).stdout
+    assert "no saving to show: the final check is skipped" in text
+    with sqlite3.connect(tmp_path / "off.db") as db:
+        assert not db.execute("select 1 from studies where study_name = 'off.final'").fetchall()
+
+
+def test_the_plan_counts_the_final_check_probes(tmp_path: Path) -> None:
+    path = small_study(tmp_path)
+    result = cli("validate", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "final (final config against the baseline) 4 probes × 500 steps" in result.stdout
+    # 8 + 1 confirmation (systems), 5 + 3 (minibatch), 4 (final)
+    assert "plan: up to 17 probes" in result.stdout and "ESTIMATE" in result.stdout
+
+
+def test_a_speed_only_study_runs_and_its_final_check_compares_throughput(tmp_path: Path) -> None:
+    """What init writes for a run too short for learning probes (15 steps): the systems stage
+    alone on 5-step speed probes. It runs; its final check measures the throughput gain on
+    speed probes (a learning probe would not fit the run), and status and export say so."""
+    def speed_only(data: dict[str, Any]) -> None:
+        data["stages"] = data["stages"][:1]
+        data["stages"][0]["budget"] = {"max_trials": 4}
+        data["baseline"]["trainer.total_training_steps"] = 15
+        data["probe"] = {"speed_steps": 5}
+
+    path = small_study(tmp_path, "speed", speed_only)
+    from verl_sweep.search.views.plan import final_check_plan
+    from verl_sweep.search.spec.study_file import load_study
+
+    plan = final_check_plan(load_study(path))
+    assert plan is not None and (plan.space, plan.probes, plan.steps) == (
+        "final config against the baseline, on throughput", 4, 5)
+    result = cli("run", str(path), cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    said = (result.stdout + result.stderr).replace("\n    ", " ")  # the console's lines, unwrapped
+    assert "(5-step speed probes, on throughput: the study has no learning stage)" in said
+    assert "overall gain (final check on throughput, 2 paired seeds)" in said
+    data = status_json(tmp_path, "speed")
+    overall = data["overall"]
+    assert overall["metric"] == "throughput" and overall["state"] == "measured", overall
+    assert all(r["state"] == "complete" for r in data["final_check"]["trials"])
+    text = cli("status", "speed", "--storage", f"sqlite:///{tmp_path}/speed.db", cwd=tmp_path).stdout.replace("\n  ", " ")
+    assert "overall gain against your baseline: η " in text and "(final check on throughput, 2 paired seeds" in text
+    exported = cli("export", "speed", "--storage", f"sqlite:///{tmp_path}/speed.db", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "(final check on throughput" in exported.stdout.splitlines()[1]
+
+
+def test_the_final_check_is_skipped_when_the_final_config_is_the_baseline() -> None:
+    from verl_sweep.search.engine.final_check import skip_reason
+    from verl_sweep.search.spec.study_file import StudySpec
+
+    spec = StudySpec.model_validate({k: v for k, v in demo_data().items() if k != "stages"})
+    assert skip_reason(spec, spec.baseline_config()) == "the final config is the baseline (no stage found a better one)"
+    assert skip_reason(spec, {**spec.baseline_config(), "actor_rollout_ref.actor.optim.lr": 3e-6}) is None
+
+
+def test_study_file_final_check_field() -> None:
+    from verl_sweep.search.spec.study_file import StudySpec, parse_study
+
+    base = {k: v for k, v in demo_data().items() if k != "stages"}
+    assert StudySpec.model_validate({**base, "final_check": False}).final_check.runs == 0
+    assert StudySpec.model_validate({**base, "final_check": {"runs": 5}}).final_check.runs == 5
+    assert StudySpec.model_validate(base).final_check.runs == 3
+    stage = {"name": "final", "space": "lr", "budget": {"max_trials": 5}}
+    with pytest.raises(BadInputError, match=r"stage names must not be 'final', but got it at stages\[0\]"):
+        parse_study({**base, "stages": [stage]})
+
+
+def _final_trials(db: Path, name: str) -> list[tuple[int, str]]:
+    try:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("select t.number, t.state from trials t join studies s using (study_id) "
+                                "where s.study_name = ?", (f"{name}.final",)).fetchall()
+    except sqlite3.OperationalError:  # no tables yet, or locked by the driver's write
+        return []
+
+
+def test_sigkill_in_the_final_check_then_resume(tmp_path: Path) -> None:
+    path = small_study(tmp_path, "killed")
+    db = tmp_path / "killed.db"
+    driver = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", str(path)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert driver.poll() is None, f"driver ended early: {driver.stderr.read() if driver.stderr else ''}"
+            if db.exists() and any(state == "RUNNING" for _, state in _final_trials(db, "killed")):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the final check never had a running trial")
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    before = dict(_final_trials(db, "killed"))
+    assert "RUNNING" in before.values()
+
+    result = cli("resume", "killed", "--storage", f"sqlite:///{db}", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "overall gain (final check, 2 paired seeds)" in result.stdout
+    after = dict(_final_trials(db, "killed"))
+    for number, state in before.items():
+        if state == "COMPLETE":
+            assert after[number] == "COMPLETE"  # kept, not run again
+    data = status_json(tmp_path, "killed")
+    assert data["overall"]["state"] == "measured" and data["overall"]["n_pairs"] == 2
+    complete = [r for r in data["final_check"]["trials"] if r["state"] == "complete"]
+    assert len(complete) == 4  # each config on each seed, once
+    assert not [r for r in data["final_check"]["trials"] if r["state"] in ("running", "waiting")]
