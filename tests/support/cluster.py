@@ -89,8 +89,8 @@ def start_cli(*args: str, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
 def unpooled_storage(storage: str) -> Iterator[Any]:
     """One storage without a pool, disposed on leaving. The fault tests poll the database every
     fraction of a second beside 6-16 workers; a pooled storage per poll leaves its connections
-    to the garbage collector, and late in a long pytest run that collects rarely: PostgreSQL
-    answered "too many clients already" (CI, stop 34)."""
+    to the garbage collector, which late in a long pytest run collects rarely, until PostgreSQL
+    answers "too many clients already"."""
     import optuna
 
     import sqlalchemy
