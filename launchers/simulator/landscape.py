@@ -148,6 +148,7 @@ class Landscape:
             ceiling -= _f(lam, "bias_penalty") * max(0.0, 1.0 - lam_value) / 0.05
             # Optional: a high λ's variance hurts the critic (an interior λ optimum).
             ceiling -= float(lam.get("variance_penalty", 0.0)) * max(0.0, lam_value - _f(lam, "ref")) / _f(lam, "step")
+        ceiling -= self._knob_losses(config)
         r0 = _f(rw, "r0")
         ceiling = max(r0 + 0.02, ceiling)
         steps_to_converge = t_mid * 9.0 ** (1.0 / steepness) + max(0.0, warmup) / 2.0
@@ -194,6 +195,27 @@ class Landscape:
             total_steps=total_steps,
             n_gpus=n_gpus,
         )
+
+    def _knob_losses(self, config: Mapping[str, Any]) -> float:
+        """What the knobs a landscape names under ``knobs`` take off the ceiling: for each verl
+        key, ``penalty × ((value − optimum) / width)²``, its value the config's, else the entry's
+        ``default`` (verl's), else the simulator's. How a new stage's knob gets a response
+        without a change to this model."""
+        knobs = self.data.get("knobs") or {}
+        if not isinstance(knobs, Mapping):
+            raise LandscapeError(f"landscape {self.name!r}: knobs must map verl keys to their response, but got {knobs!r}.")
+        loss = 0.0
+        for key, shape in knobs.items():
+            if not isinstance(shape, Mapping):
+                raise LandscapeError(f"landscape {self.name!r}: knobs.{key} needs optimum, width and penalty, but got {shape!r}.")
+            value = get(config, key)
+            if value is None:
+                value = shape["default"] if "default" in shape else _value(config, key)
+            try:
+                loss += _f(shape, "penalty") * ((float(value) - _f(shape, "optimum")) / _f(shape, "width")) ** 2
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{key} must be a number for the landscape's response, but got {value!r}.") from e
+        return loss
 
     def _run_length(self, config: Mapping[str, Any]) -> tuple[int, int]:
         per_epoch = max(1, int(self.data.get("dataset_size", 100000)) // int(_value(config, "data.train_batch_size")))
