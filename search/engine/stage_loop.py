@@ -144,7 +144,7 @@ class StageLoop:
                                 mine=self.runner.active)
         if ask.then in (Tick.OVER, Tick.LEAVE):
             return ask.then
-        view = self.runner.start(ask.view, more=self.proposer.wants_more) if ask.start else ask.view
+        view = self.runner.start_while(ask.view, more=self.proposer.wants_more) if ask.start else ask.view
         self.runner.poll(view)
         self.runner.tell_finished(view)
         self._keep_alive(wall_used)

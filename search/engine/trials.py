@@ -101,21 +101,21 @@ class TrialRunner:
         return self.stage.name
 
     # -- starting ---------------------------------------------------------------------------------
-    def start(self, view: StageView, *, more: Callable[[StageView], bool]) -> StageView:
-        """Start trials while a launcher slot is free (``start_one`` each); after each the
+    def start_while(self, view: StageView, *, more: Callable[[StageView], bool]) -> StageView:
+        """Start trials while a launcher slot is free (``start`` each); after each the
         stage is read again (``StageStudy.view``) and ``more`` (the proposer's) says whether
         another may start. Ends at the first that did not start; returns the view last read.
         Each start reads the stage once, after its ask, and the policy admits the trial on that
         view: with many workers, a view held from before starts nothing that the others have
         already filled the budget with."""
         while self.launcher.free_slots() > 0:
-            started = self.start_one()
+            started = self.start()
             view = self.study.view()
             if not started or not more(view):
                 break
         return view
 
-    def start_one(self) -> bool:
+    def start(self) -> bool:
         """Ask Optuna for a trial (a queued point first, else the sampler draws), let the policy
         admit it on the stage read once, fresh (``StagePolicy.admit``), and launch its run;
         False when it did not start (skipped, given back, or closed by another process

@@ -188,7 +188,7 @@ def test_a_tick_is_ask_admit_start_poll_tell() -> None:
     class Runner:
         active: dict[int, object] = {}
 
-        def start(self, v: StageView, *, more: Any) -> StageView:
+        def start_while(self, v: StageView, *, more: Any) -> StageView:
             calls.append("admit+start")
             return v
 
@@ -224,5 +224,5 @@ def test_a_tick_is_ask_admit_start_poll_tell() -> None:
     runner = TrialRunner(types.SimpleNamespace(free_slots=lambda: 1), None, board, policy, None, None, {},
                          run_prefix="t")  # type: ignore[arg-type]
     runner._launch = lambda trial, v, decision: steps.append("launch") or True  # type: ignore[method-assign]
-    runner.start(StageView(()), more=lambda v: False)
+    runner.start_while(StageView(()), more=lambda v: False)
     assert steps == ["ask", "admit", "launch"]
