@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import FloatDistribution
+from optuna.distributions import BaseDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from verl_sweep.search.database.records import (
@@ -77,7 +77,7 @@ class _Board:
                                    "ci_low": rate * 0.999, "ci_high": rate * 1.001, "rate_se": rate * 0.0005}
             user_attrs["eta"] = rate
         params = {} if x is None else {"x": x}
-        dists = {} if x is None else {"x": FloatDistribution(0, 1000)}
+        dists: dict[str, BaseDistribution] = {} if x is None else {"x": FloatDistribution(0, 1000)}
         t = create_trial(state=state, value=rate if state == TrialState.COMPLETE else None, params=params,
                          distributions=dists, user_attrs=user_attrs)
         t.number = len(self.trials)
@@ -217,12 +217,23 @@ def test_a_tick_is_ask_admit_start_poll_tell() -> None:
     steps: list[str] = []
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial({"x": 2.0}, user_attrs={"role": "candidate", "seed": 11})
-    board = types.SimpleNamespace(study=study, heartbeat=lambda ids: steps.append("ask"),
+    def ask_optuna() -> optuna.trial.Trial:
+        steps.append("ask")
+        return study.ask()
+
+    board = types.SimpleNamespace(study=types.SimpleNamespace(ask=ask_optuna), heartbeat=lambda ids: None,
                                   view=lambda fresh=False: StageView(records(study.get_trials(deepcopy=False))))
-    policy = types.SimpleNamespace(stage=Stage.of(SPEC, MINIBATCH), spec=SPEC,
-                                   admit=lambda v, asked, now: steps.append("admit") or Start(asked.role, 11))
+    def admit(view: StageView, asked: Any, now: Any) -> Start:
+        steps.append("admit")
+        return Start(asked.role, 11)
+
+    def launch(trial: Any, view: StageView, decision: Start) -> bool:
+        steps.append("launch")
+        return True
+
+    policy = types.SimpleNamespace(stage=Stage.of(SPEC, MINIBATCH), spec=SPEC, admit=admit)
     runner = TrialRunner(types.SimpleNamespace(free_slots=lambda: 1), None, board, policy, None, None, {},
                          run_prefix="t")  # type: ignore[arg-type]
-    runner._launch = lambda trial, v, decision: steps.append("launch") or True  # type: ignore[method-assign]
+    runner._launch = launch  # type: ignore[method-assign]
     runner.start_while(StageView(()), more=lambda v: False)
     assert steps == ["ask", "admit", "launch"]
