@@ -217,12 +217,14 @@ def test_a_tick_is_ask_admit_start_poll_tell() -> None:
     steps: list[str] = []
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial({"x": 2.0}, user_attrs={"role": "candidate", "seed": 11})
+
     def ask_optuna() -> optuna.trial.Trial:
         steps.append("ask")
         return study.ask()
 
     board = types.SimpleNamespace(study=types.SimpleNamespace(ask=ask_optuna), heartbeat=lambda ids: None,
                                   view=lambda fresh=False: StageView(records(study.get_trials(deepcopy=False))))
+
     def admit(view: StageView, asked: Any, now: Any) -> Start:
         steps.append("admit")
         return Start(asked.role, 11)
