@@ -19,7 +19,7 @@ from verl_sweep.launchers.base import Clock, LauncherError, RunSpec
 from verl_sweep.launchers.local import LocalLauncher
 from verl_sweep.launchers.options import Option
 from verl_sweep.launchers.run_dir import RunDir
-from verl_sweep.launchers.simulator.landscape import LandscapeError, load_landscape
+from verl_sweep.launchers.simulator.landscape_files import LandscapeError, load_landscape
 
 SIMULATOR_COMMAND: tuple[str, ...] = (sys.executable, "-m", "verl_sweep.launchers.simulator")
 

@@ -13,9 +13,8 @@ from verl_sweep.launchers.simulator.landscape import (
     Landscape,
     LandscapeError,
     StepRecord,
-    load_landscape,
-    shipped_landscapes,
 )
+from verl_sweep.launchers.simulator.landscape_files import load_landscape, shipped_landscapes
 
 __all__ = [
     "ConfigError",

@@ -117,7 +117,7 @@ def run(argv: list[str]) -> int:
         )
         return 1  # unreachable; keeps type checkers calm
 
-    from verl_sweep.launchers.simulator.landscape import LandscapeError, load_landscape
+    from verl_sweep.launchers.simulator.landscape_files import LandscapeError, load_landscape
 
     try:
         landscape = load_landscape(os.environ.get("VERL_SIM_LANDSCAPE") or "default")

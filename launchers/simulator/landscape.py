@@ -33,7 +33,6 @@ import dataclasses
 import math
 import os
 import random
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from verl_sweep.launchers.simulator.config import ConfigError, DEFAULTS, get
@@ -41,7 +40,6 @@ from verl_sweep.launchers.simulator.outcomes import Expectation, Failure, Landsc
 
 __all__ = ["Expectation", "Failure", "Landscape", "LandscapeError", "StepRecord", "load_landscape", "shipped_landscapes"]
 
-LANDSCAPE_DIR = Path(__file__).with_name("landscapes")
 GIB = 1024.0**3
 StepPhases = Callable[[float], tuple[dict[str, float], float, float, float]]
 
@@ -197,24 +195,14 @@ class Landscape:
         )
 
     def _knob_losses(self, config: Mapping[str, Any]) -> float:
-        """What the knobs a landscape names under ``knobs`` take off the ceiling: for each verl
-        key, ``penalty × ((value − optimum) / width)²``, its value the config's, else the entry's
-        ``default`` (verl's), else the simulator's. How a new stage's knob gets a response
-        without a change to this model."""
-        knobs = self.data.get("knobs") or {}
-        if not isinstance(knobs, Mapping):
-            raise LandscapeError(f"landscape {self.name!r}: knobs must map verl keys to their response, but got {knobs!r}.")
+        """What the verl keys a landscape names under ``knobs`` take off the ceiling, each
+        ``penalty × ((value − optimum) / width)²`` (value: the config's, else the entry's
+        ``default``): how a new stage's knob gets a response without a change to this model."""
         loss = 0.0
-        for key, shape in knobs.items():
-            if not isinstance(shape, Mapping):
-                raise LandscapeError(f"landscape {self.name!r}: knobs.{key} needs optimum, width and penalty, but got {shape!r}.")
+        for key, shape in dict(self.data.get("knobs") or {}).items():
             value = get(config, key)
-            if value is None:
-                value = shape["default"] if "default" in shape else _value(config, key)
-            try:
-                loss += _f(shape, "penalty") * ((float(value) - _f(shape, "optimum")) / _f(shape, "width")) ** 2
-            except (TypeError, ValueError) as e:
-                raise ConfigError(f"{key} must be a number for the landscape's response, but got {value!r}.") from e
+            value = shape.get("default", value) if value is None and isinstance(shape, Mapping) else value
+            loss += _f(shape, "penalty") * ((float(_value({key: value}, key)) - _f(shape, "optimum")) / _f(shape, "width")) ** 2
         return loss
 
     def _run_length(self, config: Mapping[str, Any]) -> tuple[int, int]:
@@ -579,44 +567,3 @@ def _kl_strength(config: Mapping[str, Any]) -> float:
     if bool(get(config, "algorithm.use_kl_in_reward")):
         k += float(get(config, "algorithm.kl_ctrl.kl_coef"))
     return k
-
-
-def shipped_landscapes() -> list[str]:
-    """Names of the landscapes shipped in ``launchers/simulator/landscapes``."""
-    return sorted(p.stem for p in LANDSCAPE_DIR.glob("*.yaml"))
-
-
-def load_landscape(name_or_path: str | Path = "default", *, _seen: tuple[Path, ...] = ()) -> Landscape:
-    """A shipped landscape by name, or a YAML file by path (read through the one user-file
-    reader: a FIFO, a device, a binary or huge file is a LandscapeError, never a hang)."""
-    from verl_sweep.launchers.user_files import UserFileError, load_yaml
-
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists():
-        path = LANDSCAPE_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise LandscapeError(
-                f"landscape must be a file or one of {shipped_landscapes()}, but got {str(name_or_path)!r}. "
-                "Pass a path to a YAML file or a shipped name."
-            )
-    if path.resolve() in _seen:
-        raise LandscapeError(f"landscape {path} extends itself (through {' → '.join(p.name for p in _seen)}). "
-                             "Remove the loop of 'extends'.")
-    try:
-        data = load_yaml(path, what="landscape file")
-    except UserFileError as e:
-        raise LandscapeError(str(e)) from None
-    if not isinstance(data, dict):
-        raise LandscapeError(f"landscape file must hold a mapping, but got {type(data).__name__} in {path}.")
-    parent = data.pop("extends", None)
-    if parent is not None and not isinstance(parent, str):
-        raise LandscapeError(f"landscape {path}: extends must name a landscape, but got {parent!r}.")
-    if parent:  # a landscape may extend another and change a few sections
-        base = dict(load_landscape(parent, _seen=(*_seen, path.resolve())).data)
-        for key, value in data.items():
-            if isinstance(value, dict) and isinstance(base.get(key), dict):
-                base[key] = {**base[key], **value}
-            else:
-                base[key] = value
-        data = base
-    return Landscape(name=str(data.get("name", path.stem)), data=data)

@@ -1,27 +1,28 @@
-"""One stage as this process follows it: its study, space, policy and runs, ticked by the
-driver's loop (``search/engine/driver.py``).
+"""One stage as this process follows it: its study, space, proposer, stopper and runs, ticked
+by the driver's loop (``search/engine/driver.py``).
 
-``StageLoop.open`` creates or joins the stage's study; each ``tick`` starts what the policy
-allows, follows and tells the runs, keeps the heartbeats, and says what the driver should do
-next: go on, the stage is over, leave (a worker with nothing left), or run ahead into the next
-stage (idle while other workers finish this one).
+``StageLoop.open`` creates or joins the stage's study and queues its first points; each
+``tick`` asks the proposer what to try (``verl_sweep.search.method.proposer``), starts what
+the policy admits, polls the runs (the stopper decides what stops), tells the finished ones,
+keeps the heartbeats, and says what the driver should do next: go on, the stage is over, leave
+(a worker with nothing left), or run ahead into the next stage (idle while other workers
+finish this one).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import enum
-import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from optuna.trial import TrialState
 
 from verl_sweep.search.database import liveness
 from verl_sweep.search.spec.errors import BadInputError
-from verl_sweep.search.method.policy import QueuedRun, StagePolicy, ranked_candidates, slow_start, structured_points
-from verl_sweep.search.database.records import FOLLOW_UP_ORIGIN, Assignment, Decision, Role, StageResult, TrialRecord, stage_study_name
+from verl_sweep.search.method.policy import StagePolicy, ranked_candidates, slow_start
+from verl_sweep.search.method.proposer import Proposer, Tick
+from verl_sweep.search.method.stopper import Stopper
+from verl_sweep.search.database.records import Decision, Role, StageResult, TrialRecord, stage_study_name
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.engine.stage_study import StageClock, StageStudy
 from verl_sweep.search.database.storage import HEARTBEAT_INTERVAL_S, with_retries
@@ -35,15 +36,6 @@ if TYPE_CHECKING:
     from verl_sweep.launchers.base import Launcher
     from verl_sweep.search.engine.events import StudyListener
     from verl_sweep.search.spec.study_file import StudySpec
-
-
-class Tick(enum.Enum):
-    """What the driver does after a tick of a stage loop."""
-
-    GO_ON = "go on"
-    OVER = "over"  # the stage is over, for every worker: decide it
-    LEAVE = "leave"  # a worker with nothing left in the last stage
-    RUN_AHEAD = "run ahead"  # idle while other workers finish the stage, nothing of it to re-run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,13 +66,14 @@ class StageLoop:
         self.space = space
         self.ahead_of = ahead_of
         attrs = study.attrs()
-        self.runner = TrialRunner(ctx.launcher, ctx.console, study, policy, space, base,
+        self.stopper = Stopper(policy)
+        self.proposer = Proposer(policy, self.stopper, space, base, study, free_slots=ctx.launcher.free_slots,
+                                 note=ctx.console.note, leaves=self.nothing_left_for_me)
+        self.runner = TrialRunner(ctx.launcher, ctx.console, study, policy, self.stopper, space, base,
                                   run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}")
         self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
         self.last_heartbeat = 0.0
         self.last_saved = time.monotonic()
-        #: the number of readings from which the space proposed no follow-up
-        self.no_follow_up_after = -1
 
     @property
     def active(self) -> bool:
@@ -142,107 +135,32 @@ class StageLoop:
 
     # -- one pass ---------------------------------------------------------------------------------
     def tick(self, *, may_start_more: bool = True) -> Tick:
-        """One pass of the stage loop. ``may_start_more`` False: follow the runs in flight,
+        """One pass of the stage loop: ask the proposer what to try, admit and start it, poll
+        the runs, tell the finished ones. ``may_start_more`` False: follow the runs in flight,
         start nothing new."""
-        ctx, study, policy, runner = self.ctx, self.study, self.policy, self.runner
-        launcher = ctx.launcher
-        wall_used = self.clock.used(launcher.clock())
-        view = study.view()  # this pass's view: read again only after events that add or close trials
-        budget_s = self.stage.budget.max_wall_clock_s
-        over_time = budget_s is not None and wall_used >= budget_s
-        allowed = may_start_more and not over_time
-        may_start = allowed and policy.may_start(view) and self._may_draw(view)
-        wants_ahead = False
-        if not runner.active and not may_start:
-            view = study.view(fresh=True)  # decide on the database as it is now
-            if allowed and policy.may_start(view) and self._may_draw(view):
-                # The view held was behind: another worker queued work (e.g. a required
-                # confirmation) that this stage still needs; never decide without it.
-                may_start = True
-            elif self._waiting_on_others(view):
-                # Idle while other workers finish the stage: confirm the top candidates now
-                # (required re-runs first), then re-run them again while that fits in the
-                # wait; with nothing to re-run, start the next stage from the current leader.
-                if allowed and launcher.free_slots() > 0:
-                    if (self._queue_confirmations(view, extra=False) or self._queue_confirmations(view, extra=True)
-                            or self._queue_early_confirmation(view)):
-                        pass
-                    elif self.nothing_left_for_me(view):
-                        ctx.console.note(f"{study.name}: only other workers' confirmations are left; "
-                                         "leaving (they finish the study)")
-                        return Tick.LEAVE
-                    else:
-                        wants_ahead = True
-            elif over_time or not self._queue_confirmations(view, extra=False):
-                return Tick.OVER
-        if allowed and self.space.n_follow_ups and launcher.free_slots() > 0:
-            if self._queue_follow_ups(view):
-                may_start = True
-            elif may_start and self._round_in_flight(view):
-                # The sampler's draws wait for the round: drawn now, they would spend the
-                # budget that the next round's points, read from this one, are for.
-                may_start = False
-        if may_start and not self._sampler_may_draw(view):
-            view = study.view()
-            may_start = self._queued(view)  # its own points only, never the sampler's
-        # Each start reads the stage once, after its ask, and the policy admits the trial on
-        # that view (``TrialRunner.start``): with many workers, a view held from before starts
-        # nothing that the others have already filled the budget with.
-        while may_start and launcher.free_slots() > 0:
-            started = runner.start()
-            view = study.view()
-            if not started:
-                break
-            may_start = policy.may_start(view) and (self._sampler_may_draw(view) or self._queued(view))
-        runner.poll()
-        runner.stop_runs_that_no_longer_count(view)
-        runner.tell_finished(view)
+        wall_used = self.clock.used(self.ctx.launcher.clock())
+        over_time = self.stopper.over_time(wall_used)
+        ask = self.proposer.ask(allowed=may_start_more and not over_time, over_time=over_time,
+                                mine=self.runner.active)
+        if ask.then in (Tick.OVER, Tick.LEAVE):
+            return ask.then
+        view = self.runner.start_while(ask.view, more=self.proposer.wants_more) if ask.start else ask.view
+        self.runner.poll(view)
+        self.runner.tell_finished(view)
+        self._keep_alive(wall_used)
+        return ask.then
+
+    def _keep_alive(self, wall_used: float) -> None:
+        """Heartbeats, stale and orphaned trials, and the wall clock used, every so often."""
         now = time.monotonic()
         if now - self.last_heartbeat >= HEARTBEAT_INTERVAL_S / 2:
-            runner.heartbeat()
-            study.fail_stale_trials()
-            runner.adopt_or_close_orphans()
+            self.runner.heartbeat()
+            self.study.fail_stale_trials()
+            self.runner.adopt_or_close_orphans()
             self.last_heartbeat = now
         if now - self.last_saved > 5.0:
-            study.save_wall_clock(wall_used)
+            self.study.save_wall_clock(wall_used)
             self.last_saved = now
-        return Tick.RUN_AHEAD if wants_ahead else Tick.GO_ON
-
-    @staticmethod
-    def _queued(trials: Sequence[TrialRecord]) -> bool:
-        return any(t.state == TrialState.WAITING for t in trials)
-
-    def _may_draw(self, trials: Sequence[TrialRecord]) -> bool:
-        """Whether this pass may start a trial: always, unless the sampler may not draw (a
-        pattern search, or follow-ups that end the stage) with nothing queued and no follow-up
-        round to come."""
-        if self._sampler_may_draw(trials) or self._queued(trials):
-            return True
-        _, ended, pending, more = self._follow_ups(trials)
-        return more and bool(pending or ended)
-
-    def _n_follow_ups(self) -> int:
-        n = self.space.n_follow_ups
-        return min(n, self.stage.budget.max_trials // 5) if self.space.follow_ups_last else n
-
-    def _sampler_may_draw(self, trials: Sequence[TrialRecord]) -> bool:
-        """The sampler draws, unless the space is a pattern search or its follow-ups end the
-        stage (``Space.follow_ups_last``) and the budget left is theirs."""
-        if not self.space.follow_ups_last:
-            return self.space.sampler_draws
-        return self.policy.counted(trials) < self.stage.budget.max_trials - self._n_follow_ups()
-
-    def _follow_ups(self, trials: Sequence[TrialRecord]) -> tuple[int, list[tuple[dict[str, Any], float]], list[dict[str, Any]], bool]:
-        """The follow-ups run so far, the structured points that ended (with their η) and those
-        pending, and whether the space may still propose follow-ups from them."""
-        done = sum(1 for t in trials if t.assignment.origin == FOLLOW_UP_ORIGIN)
-        ended, pending = structured_points(trials, every_candidate=self.space.follow_ups_last)
-        more = done < self._n_follow_ups() and len(ended) != self.no_follow_up_after
-        return done, ended, pending, more and not (self.space.follow_ups_last and self._sampler_may_draw(trials))
-
-    def _waiting_on_others(self, trials: Sequence[TrialRecord]) -> bool:
-        """Trials RUNNING in other processes (workers) that this stage's result needs."""
-        return any(t.state == TrialState.RUNNING and t.number not in self.runner.active for t in trials)
 
     def nothing_left_for_me(self, trials: Sequence[TrialRecord]) -> bool:
         """A worker in the last stage, idle, whose stage only waits on other processes'
@@ -257,68 +175,6 @@ class StageLoop:
 
         return (self.ctx.leave_at_end and self.ahead_of is None and self.index == len(self.ctx.spec.stages) - 1
                 and not any(work_left(t) for t in trials))
-
-    def _queue(self, reruns: list[QueuedRun]) -> bool:
-        for rerun in reruns:
-            self.study.queue(rerun.of.params, rerun.assignment)
-        return bool(reruns)
-
-    def _queue_confirmations(self, trials: Sequence[TrialRecord], *, extra: bool) -> bool:
-        reruns = self.policy.confirmations(trials, extra=extra, now=datetime.datetime.now())
-        if self._queue(reruns):
-            partners = [r.assignment for r in reruns if r.assignment.role is Role.INCUMBENT]
-            if partners:
-                self.ctx.console.note(f"{self.study.name}: running the incumbent on seed(s) "
-                                      f"{', '.join(str(a.seed) for a in partners)}: it {partners[0].origin}")
-            else:
-                self.ctx.console.note(f"{self.study.name}: re-running on fresh seeds: "
-                                      + ", ".join(f"trial {r.of.number}" for r in reruns))
-        return bool(reruns)
-
-    def _queue_follow_ups(self, trials: Sequence[TrialRecord]) -> bool:
-        """In rounds: once the starting points and the follow-ups so far all ended, the space's
-        next ``Space.follow_ups_per_round`` points from what they read
-        (``Space.follow_up_points``), up to ``Space.n_follow_ups``, inside the stage's budget."""
-        def wanted(trials: Sequence[TrialRecord]) -> tuple[int, list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
-            done, ended, pending, more = self._follow_ups(trials)
-            if pending or not ended or not more:
-                return 0, ended, pending
-            return min(self.space.follow_ups_per_round - len(pending), self._n_follow_ups() - done,
-                       self.stage.budget.max_trials - self.policy.counted(trials)), ended, pending
-
-        if wanted(trials)[0] <= 0:
-            return False
-        n, ended, pending = wanted(self.study.view(fresh=True))  # another worker may have queued some
-        if n <= 0:
-            return False
-        points = self.space.follow_up_points(self.base, [*ended, *((p, math.nan) for p in pending)], n)
-        points = [p for p in (self.space.fitted(p, self.base) for p in points) if p]  # only what fits
-        if not points:
-            self.no_follow_up_after = len(ended)  # nothing new from these: ask again after more ended
-        for point in points:
-            self.study.queue(point, Assignment(role=Role.CANDIDATE, seed=self.ctx.spec.seeds[0], origin=FOLLOW_UP_ORIGIN))
-        if points:
-            params, best = max(ended, key=lambda r: r[1])
-            self.ctx.console.note(f"{self.study.name}: {len(points)} more point(s) from the best so far "
-                                  f"({', '.join(f'{k}={v}' for k, v in params.items())}: η {best:.3f})")
-        return bool(points)
-
-    def _round_in_flight(self, trials: Sequence[TrialRecord]) -> bool:
-        """A round of follow-ups (or the starting points) still runs, nothing is queued, and the
-        space may have more to propose once it ended."""
-        if any(t.state == TrialState.WAITING for t in trials):
-            return False
-        _, _, pending, more = self._follow_ups(trials)
-        return more and bool(pending)
-
-    def _queue_early_confirmation(self, trials: Sequence[TrialRecord]) -> bool:
-        rerun = self.policy.early_confirmation(trials)
-        if rerun is None:
-            return False
-        self._queue([rerun])
-        self.ctx.console.note(f"{self.study.name}: re-running trial {rerun.of.number} on a fresh seed "
-                              "while its first run is still going (it runs ahead of the incumbent)")
-        return True
 
     # -- ending -----------------------------------------------------------------------------------
     def record_result(self) -> StageResult:

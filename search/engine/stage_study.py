@@ -21,14 +21,14 @@ from optuna.trial import TrialState, create_trial
 from verl_sweep.objectives.score import Score, eta as eta_of
 from verl_sweep.search.database import liveness
 from verl_sweep.search.spec.errors import SweepError
+from verl_sweep.search.method.proposer import first_points
 from verl_sweep.search.method.pruning import IncumbentPruner
 from verl_sweep.search.database.records import (
-    START_ORIGIN, Assignment, RecordCache, Role, StageResult, StageStudyAttrs, StageView, TrialRecord,
+    Assignment, RecordCache, Role, StageResult, StageStudyAttrs, StageView, TrialRecord,
     ahead_study_attrs, carried_attrs, created_study_attrs, initialized_attr, records, result_attr, stage_study_name,
     wall_clock_attr, wasted_attrs,
 )
 from verl_sweep.search.method.sampler import build_sampler
-from verl_sweep.spaces import template_for
 from verl_sweep.spaces.overrides import Config, merge
 
 if TYPE_CHECKING:
@@ -230,13 +230,13 @@ class StageStudy:
 
     def enqueue_initial(self, plan: Stage, space: Space, base: Config, carried: dict[int, TrialRecord],
                         leaders: list[tuple[str, Config]] | None = None) -> list[TrialRecord]:
-        """The stage's first trials: the incumbent (repeated), earlier stages' undecided
-        leaders moved onto ``base`` (``leaders``: (stage name, overrides); only points of this
-        space other than the incumbent), starting points, a template. An incumbent run the
+        """The stage's first trials: the incumbent (repeated), then the proposer's first points
+        (``verl_sweep.search.method.proposer.first_points``: earlier stages' undecided leaders,
+        ``leaders``, starting points, a template). An incumbent run the
         previous stage already made (``carried``) is copied, not re-run, and its runs on other
         seeds are copied as extra incumbent runs (``StagePolicy.counted`` leaves them out of
         the budget); returns the copies."""
-        study, spec, stage = self.study, plan.spec, plan.settings
+        study, spec = self.study, plan.spec
         params = space.incumbent_params(base) or {}
         scores: list[Score] = []
         for repeat in range(spec.probe.incumbent_repeats):
@@ -257,31 +257,8 @@ class StageStudy:
                 scores.append(carried[seed].score)  # type: ignore[arg-type]
                 self._add_carried(space, base, params, carried[seed], scores)
         copies = [t for t in records(study.get_trials(deepcopy=False)) if t.carried_from is not None]
-        # The sampler's startup trials come from the space's starting points (the method's
-        # first moves, or spread points), leaving at least one place for the sampler itself.
-        room = stage.budget.max_trials - spec.probe.incumbent_repeats - 1
-        queued: list[dict[str, Any]] = []
-        # Each candidate fitted to the memory estimate first (``Space.fitted``): one that cannot
-        # fit is never queued.
-        for name, overrides in leaders or []:
-            point = space.incumbent_params(merge(base, overrides))
-            point = point and space.fitted(point, base)
-            if point and point != params and point not in queued and len(queued) < room:
-                queued.append(point)
-                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin=f"leader of {name}"))
-        n_start = min(stage.sampler.n_startup_trials, room - len(queued))
-        for point in space.starting_points(base, n_start):
-            point = space.fitted(point, base)
-            if point and point not in queued:
-                self.queue(point, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0], origin=START_ORIGIN))
-        if space.kind == "systems":
-            # The source's layout for this model size and GPU count is the first candidate.
-            template = template_for(spec.model, spec.hardware, spec.algorithm)
-            template_params = space.incumbent_params(merge(base, template.config))
-            template_params = template_params and space.fitted(template_params, base)
-            if template_params and template_params != params:
-                self.queue(template_params, Assignment(role=Role.CANDIDATE, seed=spec.seeds[0],
-                                                       origin=f"template {template.name}"))
+        for point, assignment in first_points(plan, space, base, incumbent=params, leaders=leaders or []):
+            self.queue(point, assignment)
         return copies
 
     def _add_carried(self, space: Space, base: Config, params: dict[str, Any], source: TrialRecord,

@@ -1,9 +1,10 @@
 """The trial runner: starts, follows, reports, tells, releases and abandons one stage's runs in
 this process.
 
-Each trial is asked from Optuna, turned into a run (``verl_sweep.objectives.probe.Probe`` through a
-launcher), reported every few steps (the pruner decides on candidates) and told once its probe
-ends. A trial that cannot start is given back, its assignment queued again; on the way out
+Each trial is asked from Optuna (a point the proposer queued, else the sampler's draw),
+admitted by the policy, turned into a run (``verl_sweep.objectives.probe.Probe`` through a
+launcher), reported every few steps and told once its probe ends. What stops a run, and how an
+ended one closes, the stopper decides (``verl_sweep.search.method.stopper``). A trial that cannot start is given back, its assignment queued again; on the way out
 (Ctrl-C, SIGTERM, an error) every run of this process is stopped and its trial queued again.
 """
 
@@ -14,7 +15,7 @@ import datetime
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import optuna
 from optuna.trial import TrialState
@@ -26,7 +27,8 @@ from verl_sweep.objectives.score import Score, eta as eta_of, paired_eta
 from verl_sweep.objectives.utilisation import MIN_FREE_GB
 from verl_sweep.search.database import liveness
 from verl_sweep.search.spec.errors import BadInputError
-from verl_sweep.search.method.policy import Skip
+from verl_sweep.search.method.policy import Skip, Start
+from verl_sweep.search.method.stopper import CLOSED_ELSEWHERE, Running
 from verl_sweep.search.database.records import (
     Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, reason_attrs, set_attrs, skipped_attrs,
     started_attrs, stopped_attrs,
@@ -39,7 +41,9 @@ from verl_sweep.spaces.overrides import Config, merge, to_overrides
 if TYPE_CHECKING:
     from verl_sweep.launchers.base import Launcher
     from verl_sweep.search.engine.events import StudyListener
+    from verl_sweep.search.database.records import StageView
     from verl_sweep.search.method.policy import StagePolicy
+    from verl_sweep.search.method.stopper import Stopper
     from verl_sweep.search.engine.stage_study import StageStudy
     from verl_sweep.search.spec.study_file import StudySpec
     from verl_sweep.spaces.base import Space
@@ -78,14 +82,15 @@ class ActiveTrial:
 class TrialRunner:
     """The runs of one stage that this process follows (``active``, by trial number)."""
 
-    def __init__(self, launcher: Launcher, console: StudyListener, study: StageStudy, policy: StagePolicy, space: Space,
-                 base: Config, *, run_prefix: str) -> None:
+    def __init__(self, launcher: Launcher, console: StudyListener, study: StageStudy, policy: StagePolicy,
+                 stopper: Stopper, space: Space, base: Config, *, run_prefix: str) -> None:
         self.stage = policy.stage
         self.spec = policy.spec
         self.launcher = launcher
         self.console = console
         self.study = study
         self.policy = policy
+        self.stopper = stopper
         self.space = space
         self.base = base
         self.run_prefix = run_prefix
@@ -96,11 +101,25 @@ class TrialRunner:
         return self.stage.name
 
     # -- starting ---------------------------------------------------------------------------------
+    def start_while(self, view: StageView, *, more: Callable[[StageView], bool]) -> StageView:
+        """Start trials while a launcher slot is free (``start`` each); after each the
+        stage is read again (``StageStudy.view``) and ``more`` (the proposer's) says whether
+        another may start. Ends at the first that did not start; returns the view last read.
+        Each start reads the stage once, after its ask, and the policy admits the trial on that
+        view: with many workers, a view held from before starts nothing that the others have
+        already filled the budget with."""
+        while self.launcher.free_slots() > 0:
+            started = self.start()
+            view = self.study.view()
+            if not started or not more(view):
+                break
+        return view
+
     def start(self) -> bool:
-        """Ask for a trial, read the stage once (``StageStudy.view``, fresh), let the policy
-        admit it (``StagePolicy.admit``) and start its run; False when it did not start
-        (skipped, given back, or closed by another process meanwhile). Raises on bad input or
-        a launcher error (the trial given back first)."""
+        """Ask Optuna for a trial (a queued point first, else the sampler draws), let the policy
+        admit it on the stage read once, fresh (``StagePolicy.admit``), and launch its run;
+        False when it did not start (skipped, given back, or closed by another process
+        meanwhile). Raises on bad input or a launcher error (the trial given back first)."""
         study = self.study.study
         trial = study.ask()
         try:
@@ -150,11 +169,15 @@ class TrialRunner:
         return False
 
     def _start_asked(self, trial: optuna.trial.Trial) -> bool:
-        study, policy, base = self.study.study, self.policy, self.base
         view = self.study.view(fresh=True)  # the one read of this admission: it holds the asked trial
-        decision = policy.admit(view, view.record(trial.number), datetime.datetime.now())
+        decision = self.policy.admit(view, view.record(trial.number), datetime.datetime.now())
         if isinstance(decision, Skip):
             return self._skip(trial, decision)
+        return self._launch(trial, view, decision)
+
+    def _launch(self, trial: optuna.trial.Trial, view: StageView, decision: Start) -> bool:
+        """Turn an admitted trial into a run: its parameters, seed, memory check and probe."""
+        study, policy, base = self.study.study, self.policy, self.base
         role = decision.role
         try:
             overrides = self.space.suggest(trial, base) if (role is not Role.INCUMBENT or trial.params) else {}
@@ -259,7 +282,9 @@ class TrialRunner:
             )
 
     # -- following --------------------------------------------------------------------------------
-    def poll(self) -> None:
+    def poll(self, trials: Sequence[TrialRecord]) -> None:
+        """Follow each run: its probe's news (an end, or a report the pruner judges), then stop
+        the runs that no longer count in ``trials`` (the stage as last read)."""
         for item in list(self.active.values()):
             if item.outcome is not None:
                 continue
@@ -269,27 +294,21 @@ class TrialRunner:
             else:
                 item.outcome = outcome
             self.console.trial_progress(self.stage_name, item.trial.number, item.probe)
+        self.stop_runs_that_no_longer_count(trials)
 
     def heartbeat(self) -> None:
         self.study.heartbeat([item.trial._trial_id for item in self.active.values()])
 
     def stop_runs_that_no_longer_count(self, trials: Sequence[TrialRecord]) -> None:
-        """Stop this worker's runs whose trial another process closed (a stage run ahead and
-        moved aside, a heartbeat that looked stale), and early confirmations whose first run
-        was then pruned: their results could no longer count."""
-        state = {t.number: t.state for t in trials}
-        pruned = {t.number for t in trials if t.state == TrialState.PRUNED and t.role is Role.CANDIDATE}
-        for number, item in self.active.items():
-            if item.outcome is not None:
-                continue
-            target = item.rerun_of
-            if state.get(number, TrialState.RUNNING).is_finished():
-                item.outcome = item.probe.stop(ProbeState.STOPPED, reason="closed by another worker")
-            elif item.role is Role.RERUN and target is not None and target in pruned:
-                item.outcome = item.probe.stop(ProbeState.STOPPED, reason=f"its first run (trial {target}) was pruned")
+        """Stop this worker's runs whose results could no longer count
+        (``Stopper.no_longer_counting``)."""
+        running = [Running(number, item.role, item.rerun_of) for number, item in self.active.items()
+                   if item.outcome is None]
+        for number, stop in self.stopper.no_longer_counting(running, trials).items():
+            self.active[number].outcome = self.active[number].probe.stop(stop.state, reason=stop.reason)
 
     def _report(self, item: ActiveTrial) -> None:
-        """Report the running rate every K steps and let the pruner decide (candidates only)."""
+        """Report the running rate every K steps; the stopper asks the pruner (candidates only)."""
         follower = item.probe.follower
         if follower is None or follower.last_step < item.next_report_step:
             return
@@ -303,17 +322,13 @@ class TrialRunner:
         except optuna.exceptions.UpdateFinishedTrialError:
             # Closed meanwhile by another process (its heartbeat looked stale) and queued again
             # there: stop this run; tell_finished then drops the result instead of doubling it.
-            item.outcome = item.probe.stop(ProbeState.STOPPED, reason="closed by another worker")
+            item.outcome = item.probe.stop(CLOSED_ELSEWHERE.state, reason=CLOSED_ELSEWHERE.reason)
             return
         if item.role is Role.INCUMBENT:
             self.study.refresh(item.trial._trial_id)  # the pruner compares candidates with this curve
-        if item.role is Role.CANDIDATE and item.trial.should_prune():
-            rule = {"incumbent": "clearly below the incumbent's on the same seed",
-                    "median": "below the median of the stage's other trials"}.get(self.stage.settings.pruner.name,
-                                                                                   "below the stage's others")
-            item.outcome = item.probe.stop(
-                ProbeState.PRUNED, reason=f"pruned at step {step}: running rate {score.rate:.3g} {rule}"
-            )
+        stop = self.stopper.after_report(item.role, step, score.rate, item.trial.should_prune)
+        if stop is not None:
+            item.outcome = item.probe.stop(stop.state, reason=stop.reason)
 
     # -- telling ----------------------------------------------------------------------------------
     def tell_finished(self, trials: Sequence[TrialRecord]) -> bool:
@@ -364,7 +379,8 @@ class TrialRunner:
                 # The method's guard as a constraint: free GPU memory must stay above 5 GB.
                 trial.set_constraint("free_gpu_memory", MIN_FREE_GB - float(free))
         console = self.console
-        if outcome.state is ProbeState.COMPLETE:
+        closes_as = self.stopper.closes_as(outcome)
+        if closes_as == TrialState.COMPLETE:
             assert outcome.score is not None
             if item.role is Role.INCUMBENT:  # against the incumbent's mean, itself included
                 eta = eta_of(outcome.score, [score for _, score in incumbents])
@@ -376,7 +392,7 @@ class TrialRunner:
                                    interval=(eta.low, eta.high))
             return False
         set_attrs(trial, reason_attrs(outcome.reason))
-        if outcome.state in (ProbeState.PRUNED, ProbeState.STOPPED):
+        if closes_as == TrialState.PRUNED:
             tell(study, trial, state=TrialState.PRUNED)
             console.trial_finished(study, trial.number, item.role, item.overrides, reason=outcome.reason,
                                    state="pruned")
@@ -391,10 +407,9 @@ class TrialRunner:
                 trial.set_constraint("oom", 1.0)
         record = self.study.record(trial._trial_id)
         tell(study, trial, state=TrialState.FAIL)
-        retried = False
-        if failure is not None and failure.retryable and record.attempt < self.spec.probe.max_retries:
-            again = dataclasses.replace(record.assignment, attempt=record.attempt + 1)
-            retried = liveness.requeue(study, record.frozen, reason=outcome.reason, assignment=again) is not None
+        again = self.stopper.retry(outcome, record)
+        retried = again is not None and liveness.requeue(study, record.frozen, reason=outcome.reason,
+                                                         assignment=again) is not None
         console.trial_finished(study, trial.number, item.role, item.overrides,
                                reason=outcome.reason + (" (queued again)" if retried else ""), state="failed",
                                requeued=retried, stderr_tail=outcome.stderr_tail,

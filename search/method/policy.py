@@ -1,9 +1,9 @@
 """The stage policy: the method's rules over an immutable view of a stage's trial records.
 
-Pure: no storage, no launcher and no clock of its own (the time is passed in). The stage
-loop (``search/engine/stage_loop.py``) asks it whether a trial may start, whether the stage is
-stable, which confirmations to queue, which seed a run gets, which config leads and what the
-stage decides; the stage study (``search/engine/stage_study.py``) carries out what it says.
+Pure: no storage, no launcher and no clock of its own (the time is passed in). The proposer
+(``search/method/proposer.py``) asks it which confirmations to queue, the stopper
+(``search/method/stopper.py``) whether a trial may start, the trial runner whether an asked
+trial starts and on which seed, the driver which config leads and what the stage decides.
 """
 
 from __future__ import annotations

@@ -9,21 +9,35 @@ median rule on jittery curves.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import optuna
 from optuna.trial import TrialState
 
 from verl_sweep.search.database.records import Role, role_of, seed_of
-from verl_sweep.spaces.stages import KL_PARAMS, LRSpace, MiniBatchSpace
-
-#: a move of both is a coupled move (``_paced_otherwise``)
-COUPLED_PARAMS = (MiniBatchSpace.param, LRSpace.param)
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from verl_sweep.search.spec.study_file import PrunerSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """Which trial params make a run start at another pace than the incumbent: a change of any
+    of ``alone``, or of every one of ``together`` (a coupled move). The stage says which
+    (``verl_sweep.search.method.stage.PACE``); the pruner knows no space."""
+
+    alone: frozenset[str] = frozenset()
+    together: tuple[str, ...] = ()
+
+    def differs(self, params: dict[str, object], incumbent: dict[str, object]) -> bool:
+        """Does a candidate start at another pace than the incumbent, so that its early running
+        rate misreads its end?"""
+        if any(params.get(p) != incumbent.get(p) for p in self.alone):
+            return True
+        return bool(self.together) and all(p in params and params[p] != incumbent.get(p) for p in self.together)
 
 
 class IncumbentPruner(optuna.pruners.BasePruner):
@@ -32,19 +46,20 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     the stage's best finished candidate's, for ``patience`` reports in a row.
     Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
     already ran to step N, and an early running rate must not overrule that evidence.
-    A candidate that changes the KL pull, or the mini-batch and lr both, is not pruned before
-    ``late_from`` (``_paced_otherwise``): it starts slower and may end higher (from step 100,
-    the KL stage of the simulated heldout_oom_kl stopped every candidate at steps 125-200, its
-    best worth +8%)."""
+    A candidate paced otherwise (``pace``: one that changes the KL pull, or the mini-batch and
+    lr both) is not pruned before ``late_from``: it starts slower and may end higher (from step
+    100, the KL stage of the simulated heldout_oom_kl stopped every candidate at steps 125-200,
+    its best worth +8%)."""
 
     def __init__(self, *, margin: float = 0.03, n_warmup_steps: int = 100, patience: int = 2,
-                 late_from: int = 0) -> None:
+                 late_from: int = 0, pace: Pace = Pace()) -> None:
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), but got {margin}.")
         self.margin = margin
         self.n_warmup_steps = n_warmup_steps
         self.patience = patience
         self.late_from = late_from
+        self.pace = pace
         #: the stage's finished and running trials as its loop holds them
         #: (``StageStudy.pruning_trials``); None: read them from the study
         self.trials: Callable[[], Sequence[FrozenTrial]] | None = None
@@ -58,7 +73,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         trials = (self.trials() if self.trials is not None
                   else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
         incumbents = [t for t in trials if role_of(t) is Role.INCUMBENT]
-        if incumbents and _paced_otherwise(trial.params, incumbents[0].params):
+        if incumbents and self.pace.differs(trial.params, incumbents[0].params):
             steps = [s for s in steps if s >= self.late_from]
             if len(steps) < self.patience:
                 return False
@@ -128,18 +143,6 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         return sum(chosen) / len(chosen) if chosen else None
 
 
-def _paced_otherwise(params: dict[str, object], incumbent: dict[str, object]) -> bool:
-    """Does a candidate start at another pace than the incumbent, so that its early running
-    rate misreads its end? One that changes the KL pull (it starts slower and may end higher),
-    or a coupled move that changes the mini-batch and lr both: fewer updates per step at a
-    larger lr start slower and may end higher (simulated blind_noise_by_mini: (480, 2.8e-6),
-    3.6% above the incumbent (384, 2.4e-6) at the probe's end, ran at 0.87-0.93 of it at
-    steps 50-125)."""
-    if any(params.get(p) != incumbent.get(p) for p in KL_PARAMS):
-        return True
-    return all(p in params and params[p] != incumbent.get(p) for p in COUPLED_PARAMS)
-
-
 # -- building a stage's pruner by name (``pruner.name`` in a study file) ---------------------------
 def _percentile(p: "PrunerSettings", warmup: int) -> optuna.pruners.BasePruner:
     return optuna.pruners.PatientPruner(
@@ -149,14 +152,14 @@ def _percentile(p: "PrunerSettings", warmup: int) -> optuna.pruners.BasePruner:
 
 
 #: pruner name -> how to build it from the stage's settings and the step pruning may start at
-PRUNERS: dict[str, Callable[["PrunerSettings", int, int], optuna.pruners.BasePruner]] = {
-    "none": lambda p, warmup, late: optuna.pruners.NopPruner(),
-    "incumbent": lambda p, warmup, late: IncumbentPruner(margin=p.margin, n_warmup_steps=warmup,
-                                                         patience=p.patience, late_from=late),
-    "median": lambda p, warmup, late: optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials,
-                                                                  n_warmup_steps=warmup),
-    "wilcoxon": lambda p, warmup, late: optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=warmup),
-    "patient": lambda p, warmup, late: _percentile(p, warmup),
+PRUNERS: dict[str, Callable[["PrunerSettings", int, int, Pace], optuna.pruners.BasePruner]] = {
+    "none": lambda p, warmup, late, pace: optuna.pruners.NopPruner(),
+    "incumbent": lambda p, warmup, late, pace: IncumbentPruner(margin=p.margin, n_warmup_steps=warmup,
+                                                               patience=p.patience, late_from=late, pace=pace),
+    "median": lambda p, warmup, late, pace: optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials,
+                                                                        n_warmup_steps=warmup),
+    "wilcoxon": lambda p, warmup, late, pace: optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=warmup),
+    "patient": lambda p, warmup, late, pace: _percentile(p, warmup),
 }
 
 
@@ -165,12 +168,13 @@ def reports_to_prune(settings: "PrunerSettings") -> int:
     return settings.patience if settings.name in ("incumbent", "patient") else 1
 
 
-def build_pruner(settings: "PrunerSettings", *, prune_from: int, late_from: int = 0) -> optuna.pruners.BasePruner:
+def build_pruner(settings: "PrunerSettings", *, prune_from: int, late_from: int = 0,
+                 pace: Pace = Pace()) -> optuna.pruners.BasePruner:
     """The stage's pruner, rebuilt from its saved settings on every resume; ``prune_from``: no
     pruning before this step (``verl_sweep.search.method.stage.Stage.prune_from``); ``late_from``: nor before this one
-    for a candidate that changes the KL pull (the incumbent pruner)."""
+    for a candidate paced otherwise (``pace``; the incumbent pruner)."""
     try:
         make = PRUNERS[settings.name]
     except KeyError:
         raise ValueError(f"pruner must be one of {', '.join(sorted(PRUNERS))}, but got {settings.name!r}.") from None
-    return make(settings, prune_from, late_from)
+    return make(settings, prune_from, late_from, pace)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -106,9 +107,18 @@ def test_one_import_name_lands_in_site_packages(tmp_path: Path) -> None:
     """Installed into a fresh target, verl-sweep adds ``verl_sweep`` (every module of its four
     folders inside it) and its metadata, nothing else: generic top-level names such as
     ``spaces`` or ``objectives`` would overwrite other projects' packages of those names."""
+    # From a copy of the checkout's files: a build in the checkout would leave build/ there, and
+    # a build/ left by an earlier one would ship modules since removed.
+    source = tmp_path / "source"
+    files = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     target = tmp_path / "site"
     result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                             "--no-index", "--target", str(target), str(REPO)],
+                             "--no-index", "--target", str(target), str(source)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     top = {p.name for p in target.iterdir()} - {"bin"}

@@ -11,6 +11,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from verl_sweep.search.method.pruning import IncumbentPruner
+from verl_sweep.search.method.stage import PACE
 
 pytestmark = pytest.mark.fast
 
@@ -73,7 +74,7 @@ def _with_params(study: optuna.Study, params: dict[str, object], values: dict[in
 def test_a_candidate_that_changes_the_kl_pull_is_pruned_only_late(params: dict[str, object]) -> None:
     """A stronger KL pull starts slower and may end higher: before ``late_from`` its running
     rate is not held against it; from there on the usual rule applies."""
-    pruner = IncumbentPruner(n_warmup_steps=100, patience=2, late_from=375)
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2, late_from=375, pace=PACE)
     study = optuna.create_study(direction="maximize")  # the incumbent has KL off: no KL params
     study.add_trial(create_trial(
         state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
@@ -91,7 +92,7 @@ def test_a_coupled_move_is_pruned_only_late_but_a_one_knob_move_from_the_warm_up
     """Fewer updates per step at a larger lr start slower and may end higher: a candidate that
     moves the mini-batch and lr both is held to its running rate only from ``late_from``; one
     that moves either alone (the mini-batch or lr stage's candidates) from the warm-up."""
-    pruner = IncumbentPruner(n_warmup_steps=100, patience=2, late_from=375)
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2, late_from=375, pace=PACE)
 
     def candidate(params: dict[str, object], values: dict[int, float]) -> tuple[optuna.Study, optuna.trial.FrozenTrial]:
         study = optuna.create_study(direction="maximize")
