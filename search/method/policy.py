@@ -33,15 +33,13 @@ EXTRA_RERUN_MIN_WAIT = 0.9
 #: a leader above 1 + tolerance whose interval clears the incumbent (η 1) but still reaches
 #: 1 + tolerance wins once it has this many runs (its first run, picked as the stage's best,
 #: is then diluted by two fresh seeds). With a 2-run incumbent the interval's half
-#: width cannot fall below ~1.2× a run's seed spread, so gains of 4-7% (true) that the report
-#: landscapes' mini-batch, KL, lr and λ stages found were kept out in 6 of 10 stage decisions
-#: at η 1.03-1.09 over 3 runs.
+#: width cannot fall below ~1.2× a run's seed spread, so without this, gains of a few percent
+#: are never decided (docs/method.md, Evidence).
 CLEAR_OF_INCUMBENT_RUNS = 3
 #: a leader above 1 + tolerance that has had every run it may get (``confirm_max_runs``) and
 #: is still undecided wins if it beats the incumbent with at least this probability (normal
 #: on the log scale of its interval): further runs cannot be had, and keeping the incumbent
-#: throws away the better bet. On simulated 3x noise that grows with lr, true lr gains of 5-9%
-#: measured η 1.04-1.05 over 5 runs with intervals reaching 0.96-0.97.
+#: throws away the better bet (docs/method.md, Evidence).
 LIKELY_BETTER = 0.8
 Trials = Sequence[TrialRecord]
 #: a candidate's η over its runs: (value, low, high, number of runs)
@@ -49,9 +47,8 @@ Pooled = tuple[float, float, float, int]
 
 
 #: a first learning stage whose incumbent runs' mean ``Score.late_gain`` is at least this saw
-#: the reward still rising at its fastest in the probe's last quarter: a slow start. (On the
-#: shipped worlds a bending curve measures 0.2-0.8 for any mini-batch or lr; one whose
-#: midpoint lies past the probe's end ~1.)
+#: the reward still rising at its fastest in the probe's last quarter: a slow start. (A curve
+#: that bends inside the probe reads well below it; docs/method.md, Evidence.)
 SLOW_START_LATE_GAIN = 0.9
 
 
@@ -344,9 +341,8 @@ class StagePolicy:
         above the incumbent (η > 1) but not significantly above 1 + tolerance, its interval
         reaching above it. A seed moves two configs' curves alike, so each such run turns a run
         compared with the incumbent's mean (whose spread over its 2 runs never shrinks) into a
-        paired one. On the simulated 3x-noise world a true +6% lr gain stayed at P(η > 1) 0.77
-        over 5 runs, 3 of them unpaired, or fell to η 1.012 when one unpaired seed was bad for
-        every config. Each seed is tried once (a failed run is not queued again here)."""
+        paired one (docs/method.md, Evidence). Each seed is tried once (a failed run is not
+        queued again here)."""
         ranked = ranked_candidates(trials)[0] if ranked is None else ranked
         if not ranked or self.rules.confirm_top == 0:
             return []
@@ -428,7 +424,7 @@ class StagePolicy:
         runs = "1 run" if n_runs == 1 else f"{n_runs} runs"
         threshold = self.threshold
         if value <= threshold:
-            # "not above", not "within": on the H200 a candidate at η 0.859 read "is within 2%"
+            # "not above", not "within": a candidate far below the bar must not read "within 2%"
             return dataclasses.replace(keep, summary=f"kept the incumbent: best η {value:.3f} (trial {best.number}, "
                                                      f"{runs}) is not above 1 + {tolerance}")
         overrides = dict(best.overrides)

@@ -47,9 +47,8 @@ class IncumbentPruner(optuna.pruners.BasePruner):
     Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
     already ran to step N, and an early running rate must not overrule that evidence.
     A candidate paced otherwise (``pace``: one that changes the KL pull, or the mini-batch and
-    lr both) is not pruned before ``late_from``: it starts slower and may end higher (from step
-    100, the KL stage of the simulated heldout_oom_kl stopped every candidate at steps 125-200,
-    its best worth +8%)."""
+    lr both) is not pruned before ``late_from``: it starts slower and may end higher
+    (docs/method.md, Evidence)."""
 
     def __init__(self, *, margin: float = 0.03, n_warmup_steps: int = 100, patience: int = 2,
                  late_from: int = 0, pace: Pace = Pace()) -> None:
@@ -82,15 +81,14 @@ class IncumbentPruner(optuna.pruners.BasePruner):
                 and t.value is not None and t.number != trial.number]
         leaders = [max(done, key=lambda t: float(t.value))] if done else []  # type: ignore[arg-type]
         # ... once it beat the incumbent by more than the margin: closer, its curve is the
-        # incumbent's within noise, and the incumbent's bar has the margin (noisy_hetero: lr
-        # 5e-6, +6% true, stopped at step 450 of 500 by a leader at η 1.012).
+        # incumbent's within noise, and the incumbent's bar has the margin (docs/method.md, Evidence).
         leaders = [t for t in leaders if float(t.value) > 1 + self.margin]  # type: ignore[arg-type]
         seed = seed_of(trial)
         # Below the leader alone stops a run only from the probe's middle, and not while it is
         # closing in on it: neighbours of the leader often start slower and end higher
         # (couplings: a larger mini-batch at a larger lr), and early running rates of two
-        # configs a few percent apart differ by their noise (blind_couple_up_far: ±5% at step
-        # 150), so the candidate's ratio to the leader is projected to the leader's last step.
+        # configs a few percent apart differ by their noise (docs/method.md, Evidence), so the
+        # candidate's ratio to the leader is projected to the leader's last step.
         overtakes = self._overtakes(trial, leaders, steps, seed)
         # Probes that run side by side are a step or two apart: compare at the candidate's
         # latest steps that a reference run has reached too, not only at its very latest.

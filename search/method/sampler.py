@@ -49,15 +49,13 @@ class SeesInfeasibleFailures:
     of memory (``trials.py`` sets the ``oom`` constraint before it fails them).
 
     Optuna's TPE reads only complete and pruned trials, so it never saw an OOM and kept
-    proposing the same region: on the sharp-OOM landscape 60 of a systems stage's 78
-    candidates ran out of memory above a memory fraction of 0.8, and the stage measured too
-    few of the rest to find the fastest layout. Optuna's own constrained TPE already puts
+    proposing the same region, measuring too few of the rest (docs/method.md, Evidence). Optuna's own constrained TPE already puts
     infeasible trials in the bad group, after every feasible one (``_split_trials``); this
     only lets it see the failed ones. A failure of any other kind still says nothing.
 
     Not for a space that bounds the knob by its OOMs itself (the token budget): there the
     region is already cut off, and the OOMs in the bad group pulled TPE away from the edge
-    where the best budget sits (``oom_sharp`` rep 4: tokens stage 0.881 → 0.838 of best)."""
+    where the best budget sits (docs/method.md, Evidence)."""
 
     def _sample(self, study: Any, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
         return super()._sample(_WithInfeasibleFailures(study), trial, search_space)  # type: ignore[misc]

@@ -29,9 +29,8 @@ if TYPE_CHECKING:
 
 
 #: candidates that start slower and may end higher: one that changes the KL pull, or a coupled
-#: move of the mini-batch and lr both (fewer updates per step at a larger lr: simulated
-#: blind_noise_by_mini's (480, 2.8e-6), 3.6% above the incumbent (384, 2.4e-6) at the probe's
-#: end, ran at 0.87-0.93 of it at steps 50-125)
+#: move of the mini-batch and lr both (fewer updates per step at a larger lr; docs/method.md,
+#: Evidence)
 PACE = Pace(alone=KL_PARAMS, together=(MiniBatchSpace.param, LRSpace.param))
 
 
@@ -183,7 +182,7 @@ class Stage:
     # -- checks -----------------------------------------------------------------------------------
     def probe_length_problem(self) -> str | None:
         """A probe too short to be scored after its warm-up: every run of the stage would fail
-        (on the H200, 8-step probes with 1 warm-up step all ended "cannot be scored")."""
+        (docs/method.md, Evidence)."""
         need, steps, warmup = self.metric.min_steps, self.probe_steps, self.warmup_steps
         if steps - warmup >= need:
             return None
@@ -194,7 +193,7 @@ class Stage:
 
     def pruner_reach_warning(self) -> str | None:
         """A pruner that cannot act before the probe ends: it would cost nothing, and do nothing
-        (the H200's 11-step probes reported once, at their last step)."""
+        (a probe that reports once, at its last step)."""
         step = self.first_prune_step()
         if step is None or step < self.probe_steps:
             return None
