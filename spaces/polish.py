@@ -76,9 +76,8 @@ class PolishSpace(CompositeSpace):
 
     kind = "polish"
     OPTIONS = frozenset({"mini_batch", "kl", "lr"})
-    #: a mini-batch, KL or lr gain an earlier stage found but could not decide (on
-    #: the report landscapes true 4-7% gains of the mini-batch stage) is tried again here,
-    #: on the chain's winner
+    #: a mini-batch, KL or lr gain an earlier stage found but could not decide is tried again
+    #: here, on the chain's winner (docs/method.md, Evidence)
     takes_earlier_leaders = True
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,

@@ -23,16 +23,6 @@ from support import REPO
 pytestmark = pytest.mark.fast
 PACKAGES = ("search", "spaces", "objectives", "launchers")
 
-#: files whose narrative comments another change moves to docs/method.md, Evidence: they may
-#: still match until it is merged (empty this once it is; a listed file that no longer
-#: matches fails ``test_pending_files_still_pending``, so the list stays exact)
-PENDING: frozenset[str] = frozenset(
-    {
-        "spaces/polish.py",
-        "spaces/stages.py",
-        "spaces/systems.py",
-    }
-)
 
 #: landscape names that are also ordinary words or our own identifiers: a mention says nothing
 _COMMON_NAMES = frozenset({"default", "slow_start"})
@@ -121,19 +111,12 @@ def _scan() -> dict[str, list[tuple[int, str, str]]]:
 
 
 def test_comments_state_rules_not_stories() -> None:
-    hits = {rel: found for rel, found in _scan().items() if rel not in PENDING}
+    hits = _scan()
     lines = [f"{rel}:{line}: {what}: {words!r}" for rel, found in hits.items() for line, what, words in found]
     assert not lines, (
         "a comment or docstring tells a story instead of a rule; keep the rule in the code and move "
         "the evidence to docs/method.md, Evidence:\n" + "\n".join(lines)
     )
-
-
-def test_pending_files_still_pending() -> None:
-    """The allow-list stays exact: a pending file that no longer tells a story leaves it."""
-    hits = _scan()
-    done = sorted(rel for rel in PENDING if rel not in hits)
-    assert not done, f"no story left in {done}: remove them from PENDING"
 
 
 @pytest.mark.parametrize(

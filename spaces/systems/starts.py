@@ -1,0 +1,47 @@
+"""The systems stage's starting points: the fewest, largest passes that fit.
+
+When host work per pass sets the pace, a step shrinks with the number of passes, and memory
+is what bounds their size. Only where the layout has one choice (one GPU): there the
+batching is the whole search; where layouts differ, the sampler's own first draws over
+them do better."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_sweep.spaces import limits as L
+from verl_sweep.spaces.overrides import Config
+from verl_sweep.spaces.systems.choices import SystemsChoices
+from verl_sweep.spaces.systems.fitting import MemoryFit
+
+
+def starting_points(s: SystemsChoices, fit: MemoryFit, incumbent: dict[str, Any] | None, base: Config,
+                    n: int) -> list[dict[str, Any]]:
+    """Up to ``n`` points from the ``incumbent``'s layout and memory fraction: gradient
+    checkpointing on, CUDA graphs on, vLLM's batch as large as can matter, and the largest
+    micro-batches (static), then the largest token limits (dynamic batching), whose
+    estimated peak fits (``MemoryFit.grown``)."""
+    c, names = s.choices, s.knobs
+    if incumbent is None or n < 1 or len(c["rollout_tp"]) > 1 or len(c["ulysses"]) > 1:
+        return []
+    sp = L.ulysses_size(base)
+    common = {**incumbent}
+    for name, value in (("gradient_checkpointing", True), ("activation_offload", False),
+                        ("max_num_seqs", c["max_num_seqs"][-1]), ("enforce_eager", False),
+                        ("free_cache_engine", True)):
+        if len(c[name]) > 1 and value in c[name]:
+            common[name] = value
+    for stale in [k for k in common if (knob := names.knob(k)) is not None and knob.batching]:
+        del common[stale]
+    points: list[dict[str, Any]] = []
+    for dynamic in (False, True):
+        if dynamic not in c["use_dynamic_bsz"]:
+            continue
+        point = {**common}
+        if len(c["use_dynamic_bsz"]) > 1:
+            point["use_dynamic_bsz"] = dynamic
+        knobs = {name: names.values(name) for name in names.batching(sp, dynamic)}
+        grown = fit.grown(point, knobs, base)
+        if grown is not None and grown != incumbent and grown not in points:
+            points.append(grown)
+    return points[:n]
