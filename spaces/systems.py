@@ -8,14 +8,14 @@ import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from verl_sweep.spaces import bounds as B
-from verl_sweep.spaces import engines as E
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces import memory as M
+from verl_sweep import verl_knowledge as E  # E, L and M name one package: verl's knowledge
+from verl_sweep import verl_knowledge as L
+from verl_sweep import verl_knowledge as M
 from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
 from verl_sweep.spaces.batching import static_batching_fill
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces.oom import hardware_tag, oom_ceiling, study_trials
-from verl_sweep.spaces.overrides import Config, get, merge
+from verl_sweep.verl_knowledge import Config, get, merge
 
 if TYPE_CHECKING:
     import optuna
@@ -45,13 +45,10 @@ FREE_CACHE_ENGINE = "actor_rollout_ref.rollout.free_cache_engine"
 #: a starting point's estimated peak stays within this share of the usable memory (the
 #: estimate's own error, and the allocator's fragmentation at larger passes)
 FIT_HEADROOM = 0.8
-#: verl 0.9.1's defaults for the keys above (rollout.yaml, ref.yaml)
-DEFAULTS: dict[str, Any] = {ROLLOUT_LOG_PROB_MICRO: None, REF_LOG_PROB_MICRO: None, MAX_NUM_SEQS: 256,
-                            ENFORCE_EAGER: False, FREE_CACHE_ENGINE: True}
 
 
 def _base_value(base: Config, key: str) -> Any:
-    return base.get(key, L.VERL_DEFAULTS.get(key, DEFAULTS.get(key)))
+    return base.get(key, L.VERL_DEFAULTS.get(key))
 
 
 def effective(config: Config, key: str) -> Any:
@@ -84,9 +81,9 @@ def rollout_expert_parallel(base: Config, tp: int) -> Config:
     """verl 0.9.1's RolloutConfig wants EP = TP × DP once rollout expert parallelism is on (not
     for trtllm): a layout that changes the rollout TP moves EP with it."""
     ep = L.setting(base, E.ROLLOUT_EP)
-    if not L._is_int(ep) or ep <= 1 or L.setting(base, L.ROLLOUT_NAME) == "trtllm":
+    if not L.is_int(ep) or ep <= 1 or L.setting(base, L.ROLLOUT_NAME) == "trtllm":
         return {}
-    return {E.ROLLOUT_EP: tp * L._int_setting(base, L.ROLLOUT_DP)}
+    return {E.ROLLOUT_EP: tp * L.int_setting(base, L.ROLLOUT_DP)}
 
 
 class SystemsSpace(Space):
@@ -138,17 +135,17 @@ class SystemsSpace(Space):
         # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and the vLLM
         # pool holds the base's token budget within the memory range: each TP with its own
         # memory floor (a tuned base's larger budget raises it), never the worst one for all.
-        dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
+        dp_r, pp = L.int_setting(base, L.ROLLOUT_DP), L.int_setting(base, L.ROLLOUT_PP)
         self.floors = M.rollout_memory_floors(model, hardware, base, self.memory)
         tps = list(self.floors)
         self.lines.append(
             f"systems: rollout TP ∈ {tps} (divides GPUs/node and heads; TP·DP {dp_r}·PP {pp} divides "
             f"{hardware.n_gpus} GPUs; memory floor per TP, the pool holding token budget "
-            f"{max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len):,}: "
+            f"{max(L.int_setting(base, L.TOKEN_BUDGET), model.max_seq_len):,}: "
             + ", ".join(f"TP {t} ≥ {f:g}" for t, f in self.floors.items()) + ")"
         )
         # Ulysses: valid sizes that keep the base's static mini-batch valid.
-        mini = L._int_setting(base, L.MINI_BATCH)
+        mini = L.int_setting(base, L.MINI_BATCH)
         sps = [
             s for s in L.ulysses_sizes(model, hardware).value
             if L.mini_batch_problem(mini, {**base, L.ULYSSES: s, L.ULYSSES_LEGACY: s}, hardware) is None
@@ -157,8 +154,8 @@ class SystemsSpace(Space):
         # Sequences a step: the update's per-GPU batch is the mini-batch's, the log-prob
         # passes' the train batch's; vLLM's sequences a batch beyond one replica's share of the
         # step's sequences cannot matter.
-        n = L._int_setting(base, L.ROLLOUT_N)
-        train = L._int_setting(base, L.TRAIN_BATCH)
+        n = L.int_setting(base, L.ROLLOUT_N)
+        train = L.int_setting(base, L.TRAIN_BATCH)
         dps = {s: max(1, hardware.n_gpus // s) for s in sps}
         self.micro_choices = {
             s: _divisors(mini * n // dps[s], MICRO_BATCH_CHOICES, _base_value(base, L.MICRO_BATCH),
@@ -367,7 +364,7 @@ class SystemsSpace(Space):
         the incumbent's layout and memory fraction: gradient checkpointing on, CUDA graphs on,
         vLLM's batch as large as can matter, and the largest micro-batches (static), then the
         largest token limits (dynamic batching), whose estimated peak stays within
-        ``FIT_HEADROOM`` of the usable memory (``verl_sweep.spaces.memory``).
+        ``FIT_HEADROOM`` of the usable memory (``verl_sweep.verl_knowledge.memory``).
 
         Only where the layout has one choice (one GPU): there the batching is the whole
         search; where layouts differ, the sampler's own first draws over them do better."""

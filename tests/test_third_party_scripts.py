@@ -14,7 +14,7 @@ import pytest
 
 import verl_examples as V
 from conftest import REPO
-from verl_sweep.spaces.verl_check import verl_available
+from verl_sweep.verl_knowledge import verl_available
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(300),
