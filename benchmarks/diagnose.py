@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import methods as M
-from benchmarks.run import _true_eta, reference, rep_spec, true_steps
+from benchmarks.run import true_eta_of, reference, rep_spec, true_steps
 
 
 class _StageTrace(M.StageTrace):
@@ -63,7 +63,7 @@ def diagnose(landscape_name: str, rep: int) -> dict[str, Any]:
         trace = _StageTrace(launcher)
         M.run_staged(spec, launcher, trace=trace)
         launcher.close()
-    true = lambda c: _true_eta(landscape, c, base_rate, steps)  # noqa: E731
+    true = lambda c: true_eta_of(landscape, c, base_rate, steps)  # noqa: E731
     out = []
     for s in trace.stages:
         measured = [(true(c), role, e) for _, role, c, e in s["trials"]]

@@ -23,10 +23,10 @@ import math
 from typing import TYPE_CHECKING, Any, Mapping
 
 from verl_sweep.search.spec.study_file import StudySpec
-from verl_sweep.spaces import limits as L
+from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.base import Space
-from verl_sweep.spaces.facts import Algorithm
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Algorithm
+from verl_sweep.verl_knowledge import Config
 from verl_sweep.spaces import systems as S
 from verl_sweep.spaces.stages import KLSpace, LamSpace, LRSpace, MiniBatchSpace, SystemsSpace, TokenBudgetSpace
 
@@ -81,7 +81,7 @@ class FairJointSpace(Space):
                                                if k in ("low", "high", "log")}, **facts)  # fmt: skip
         self.lr = LRSpace(base=base, options=_stage_options(spec, "lr"), **facts)
         self.lam = LamSpace(base=base, options=_stage_options(spec, "lam"), **facts) if "lam" in kinds else None
-        self.switch_key, self.coef_key = L.kl_keys(spec.algorithm)
+        self.switch_key, self.coef_key = V.kl_keys(spec.algorithm)
         params: list[Param] = []
         if self.systems is not None:
             c = self.systems.choices
@@ -98,7 +98,7 @@ class FairJointSpace(Space):
         self.mini_by_sp: dict[int, list[int]] = {1: list(self.mini.choices)}
         if self.systems is not None:
             for sp in self.systems.choices["ulysses"]:
-                on_sp = {**base, L.ULYSSES: sp, L.ULYSSES_LEGACY: sp}
+                on_sp = {**base, V.ULYSSES: sp, V.ULYSSES_LEGACY: sp}
                 self.mini_by_sp[sp] = list(MiniBatchSpace(base=on_sp, options=_stage_options(spec, "mini_batch"), **facts).choices)
         union = sorted({m for sizes in self.mini_by_sp.values() for m in sizes})
         step = math.gcd(*[b - a for a, b in zip(union, union[1:])]) if len(union) > 2 else 0
@@ -113,7 +113,7 @@ class FairJointSpace(Space):
             high = tokens.bound.high
             if self.systems is not None:  # the highest bound the chain's token stage can reach
                 for tp in self.systems.choices["rollout_tp"]:
-                    tuned = {**base, L.GPU_MEMORY: self.systems.memory.high, L.ROLLOUT_TP: tp}
+                    tuned = {**base, V.GPU_MEMORY: self.systems.memory.high, V.ROLLOUT_TP: tp}
                     reach = TokenBudgetSpace(base=tuned, options=_stage_options(spec, "token_budget"), **facts)
                     high = max(high, reach.bound.high)
             params.append(Param("token_budget", "int", tokens.bound.low, high))
@@ -129,25 +129,25 @@ class FairJointSpace(Space):
         v = values
         config: Config = {}
         if self.systems is not None:
-            config[L.ROLLOUT_TP] = int(v["rollout_tp"])
-            config[L.STRATEGY] = v["strategy"]
-            config[L.FORWARD_PREFETCH] = bool(v["forward_prefetch"])  # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike
+            config[V.ROLLOUT_TP] = int(v["rollout_tp"])
+            config[V.STRATEGY] = v["strategy"]
+            config[V.FORWARD_PREFETCH] = bool(v["forward_prefetch"])  # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike
             sp = int(v["ulysses"])
-            config[L.ULYSSES] = sp
-            config[L.ULYSSES_LEGACY] = sp
+            config[V.ULYSSES] = sp
+            config[V.ULYSSES_LEGACY] = sp
             if sp > 1:
-                config[L.USE_REMOVE_PADDING] = True
-            config[L.USE_DYNAMIC_BSZ] = bool(v["use_dynamic_bsz"])
-            if config[L.USE_DYNAMIC_BSZ]:
+                config[V.USE_REMOVE_PADDING] = True
+            config[V.USE_DYNAMIC_BSZ] = bool(v["use_dynamic_bsz"])
+            if config[V.USE_DYNAMIC_BSZ]:
                 # The dynamic-batch limit must cover the longest sequence: the smallest valid
                 # limit at or above the one asked (the systems stage asks among those only).
                 valid = self.systems.token_lens[sp]
                 asked = int(v["ppo_max_token_len_per_gpu"])
-                config[L.MAX_TOKEN_LEN] = min((t for t in valid if t >= asked), default=valid[-1])
+                config[V.MAX_TOKEN_LEN] = min((t for t in valid if t >= asked), default=valid[-1])
                 for key in (S.ROLLOUT_LOG_PROB_DYNAMIC, S.REF_LOG_PROB_DYNAMIC):
                     config[key] = True
                 for key in (S.ROLLOUT_LOG_PROB_TOKENS, S.REF_LOG_PROB_TOKENS):
-                    config[key] = config[L.MAX_TOKEN_LEN] * int(v["log_prob_token_factor"])
+                    config[key] = config[V.MAX_TOKEN_LEN] * int(v["log_prob_token_factor"])
             else:
                 # Static batching: the micro-batches valid for this Ulysses size nearest to the
                 # ones asked (None: the baseline's own, unset), as the systems stage asks them.
@@ -155,79 +155,79 @@ class FairJointSpace(Space):
                     config[key] = False
                 micro = _nearest(self.systems.micro_choices.get(sp, []), v["micro_batch"])
                 if micro is not None:
-                    config[L.MICRO_BATCH] = micro
+                    config[V.MICRO_BATCH] = micro
                 log_prob = _nearest(self.systems.log_prob_choices.get(sp, []), v["log_prob_micro_batch"])
                 if log_prob is not None:
                     config[S.ROLLOUT_LOG_PROB_MICRO] = config[S.REF_LOG_PROB_MICRO] = log_prob
             config[S.MAX_NUM_SEQS] = int(v["max_num_seqs"])
             config[S.ENFORCE_EAGER] = bool(v["enforce_eager"])
             config[S.FREE_CACHE_ENGINE] = bool(v["free_cache_engine"])
-            config[L.GRADIENT_CHECKPOINTING] = bool(v["gradient_checkpointing"])
-            config[L.ACTIVATION_OFFLOAD] = bool(v["activation_offload"])
-            config[L.GPU_MEMORY] = float(v["gpu_memory_utilization"])
+            config[V.GRADIENT_CHECKPOINTING] = bool(v["gradient_checkpointing"])
+            config[V.ACTIVATION_OFFLOAD] = bool(v["activation_offload"])
+            config[V.GPU_MEMORY] = float(v["gpu_memory_utilization"])
         sizes = self.mini_by_sp.get(int(v["ulysses"]) if self.systems is not None else 1, self.mini_by_sp[1])
-        config[L.MINI_BATCH] = min(sizes, key=lambda m: (abs(m - int(v["mini_batch"])), m))
+        config[V.MINI_BATCH] = min(sizes, key=lambda m: (abs(m - int(v["mini_batch"])), m))
         config[self.switch_key] = bool(v["use_kl"])
         if config[self.switch_key]:
             config[self.coef_key] = float(v["kl_coef"])
             if self.algorithm is Algorithm.PPO:
-                config[L.KL_CTRL_TYPE] = "fixed"
+                config[V.KL_CTRL_TYPE] = "fixed"
         if "token_budget" in self.by_name:
-            config[L.TOKEN_BUDGET] = int(v["token_budget"])
-            config[L.CHUNKED_PREFILL] = True
-        config[L.LR] = float(v["lr"])
+            config[V.TOKEN_BUDGET] = int(v["token_budget"])
+            config[V.CHUNKED_PREFILL] = True
+        config[V.LR] = float(v["lr"])
         if self.lam is not None:
-            config[L.LAM] = float(v["lam"])
+            config[V.LAM] = float(v["lam"])
         return config
 
     def params_for(self, config: Mapping[str, Any]) -> dict[str, Any] | None:
         """A point of this space whose config equals ``config`` on every key the space sets
         (keys it does not set must equal the baseline's), or None when there is none."""
-        g = lambda key: L.setting(config, key)  # noqa: E731
+        g = lambda key: V.setting(config, key)  # noqa: E731
         values: dict[str, Any] = {}
         if self.systems is not None:
-            sp = L.ulysses_size(config)
-            dynamic = bool(g(L.USE_DYNAMIC_BSZ))
+            sp = V.ulysses_size(config)
+            dynamic = bool(g(V.USE_DYNAMIC_BSZ))
             values.update(
-                rollout_tp=g(L.ROLLOUT_TP), strategy=g(L.STRATEGY),
-                forward_prefetch=bool(g(L.FORWARD_PREFETCH)),
+                rollout_tp=g(V.ROLLOUT_TP), strategy=g(V.STRATEGY),
+                forward_prefetch=bool(g(V.FORWARD_PREFETCH)),
                 ulysses=sp, use_dynamic_bsz=dynamic,
-                ppo_max_token_len_per_gpu=g(L.MAX_TOKEN_LEN) if dynamic else self.by_name["ppo_max_token_len_per_gpu"].choices[0],
-                gradient_checkpointing=bool(g(L.GRADIENT_CHECKPOINTING)),
-                activation_offload=bool(g(L.ACTIVATION_OFFLOAD)),
-                gpu_memory_utilization=g(L.GPU_MEMORY),
-                micro_batch=None if dynamic else g(L.MICRO_BATCH),
+                ppo_max_token_len_per_gpu=g(V.MAX_TOKEN_LEN) if dynamic else self.by_name["ppo_max_token_len_per_gpu"].choices[0],
+                gradient_checkpointing=bool(g(V.GRADIENT_CHECKPOINTING)),
+                activation_offload=bool(g(V.ACTIVATION_OFFLOAD)),
+                gpu_memory_utilization=g(V.GPU_MEMORY),
+                micro_batch=None if dynamic else g(V.MICRO_BATCH),
                 log_prob_micro_batch=None if dynamic else S.effective(dict(config), S.ROLLOUT_LOG_PROB_MICRO),
                 max_num_seqs=S.effective(dict(config), S.MAX_NUM_SEQS),
                 enforce_eager=bool(S.effective(dict(config), S.ENFORCE_EAGER)),
                 free_cache_engine=bool(S.effective(dict(config), S.FREE_CACHE_ENGINE)),
             )  # fmt: skip
-            limit, log_prob_limit = g(L.MAX_TOKEN_LEN), S.effective(dict(config), S.ROLLOUT_LOG_PROB_TOKENS)
+            limit, log_prob_limit = g(V.MAX_TOKEN_LEN), S.effective(dict(config), S.ROLLOUT_LOG_PROB_TOKENS)
             factor = log_prob_limit // limit if dynamic and isinstance(limit, int) and isinstance(log_prob_limit, int) else None
             values["log_prob_token_factor"] = factor if factor else self.by_name["log_prob_token_factor"].choices[0]
             for name in ("micro_batch", "log_prob_micro_batch"):  # unset under dynamic batching
                 if values[name] is None and None not in self.by_name[name].choices:
                     values[name] = self.by_name[name].choices[0]
         on = bool(g(self.switch_key))
-        values.update(mini_batch=g(L.MINI_BATCH), use_kl=on, lr=g(L.LR))
+        values.update(mini_batch=g(V.MINI_BATCH), use_kl=on, lr=g(V.LR))
         coef = g(self.coef_key)
         values["kl_coef"] = coef if on else min(max(float(coef or 0.001), self.kl.bound.low), self.kl.bound.high)
         if "token_budget" in self.by_name:
-            values["token_budget"] = g(L.TOKEN_BUDGET)
+            values["token_budget"] = g(V.TOKEN_BUDGET)
         if self.lam is not None:
-            values["lam"] = g(L.LAM)
+            values["lam"] = g(V.LAM)
         for name, value in values.items():
             p = self.by_name[name]
             if not p.contains(value):
                 return None
             if p.kind == "float":  # within rounding of a bound: exactly on it
                 values[name] = min(p.high, max(p.low, float(value)))
-        from verl_sweep.spaces.overrides import merge
+        from verl_sweep.verl_knowledge import merge
 
         rebuilt = merge(self.base, self.to_config(values))
         for key in set(rebuilt) | set(config):
             a, b = S.effective(rebuilt, key), S.effective(dict(config), key)
-            if key in (L.CHUNKED_PREFILL, L.KL_CTRL_TYPE) or (key == self.coef_key and not on):
+            if key in (V.CHUNKED_PREFILL, V.KL_CTRL_TYPE) or (key == self.coef_key and not on):
                 continue
             if a != b and not (isinstance(a, float) and isinstance(b, (int, float)) and math.isclose(a, b)):
                 return None
@@ -260,7 +260,7 @@ class FairJointSpace(Space):
         cs = ConfigurationSpace(seed=seed)
         for p in self.params:
             if p.kind == "cat":
-                cs.add(Categorical(p.name, [_cs_value(c) for c in p.choices]))
+                cs.add(Categorical(p.name, [cs_value(c) for c in p.choices]))
             elif p.kind == "int" and p.step > 1:
                 # ConfigSpace integers have no step: index the valid values instead.
                 cs.add(Integer(p.name + "__index", (0, int((p.high - p.low) // p.step))))
@@ -276,7 +276,7 @@ class FairJointSpace(Space):
         for p in self.params:
             if p.kind == "cat":
                 raw = values[p.name]
-                out[p.name] = next(c for c in p.choices if _cs_value(c) == raw)
+                out[p.name] = next(c for c in p.choices if cs_value(c) == raw)
             elif p.kind == "int" and p.step > 1:
                 out[p.name] = int(p.low) + int(values[p.name + "__index"]) * p.step
             elif p.kind == "int":
@@ -289,7 +289,7 @@ class FairJointSpace(Space):
         out: dict[str, Any] = {}
         for p in self.params:
             if p.kind == "cat":
-                out[p.name] = _cs_value(values[p.name])
+                out[p.name] = cs_value(values[p.name])
             elif p.kind == "int" and p.step > 1:
                 out[p.name + "__index"] = (int(values[p.name]) - int(p.low)) // p.step
             else:
@@ -318,6 +318,6 @@ def _nearest(valid: list[Any], asked: Any) -> Any:
     return min(numbers, key=lambda v: (abs(v - asked), v))
 
 
-def _cs_value(value: Any) -> Any:
+def cs_value(value: Any) -> Any:
     """ConfigSpace categoricals hold str/int/float; booleans and None travel as strings."""
     return str(value) if isinstance(value, bool) or value is None else value

@@ -26,7 +26,7 @@ from verl_sweep.search.views.console import Console
 from verl_sweep.search.engine.driver import StageResult, StudyRunner
 from verl_sweep.search.engine.events import StudyListener
 from verl_sweep.search.spec.study_file import StudySpec
-from verl_sweep.spaces.overrides import Config, merge, to_overrides
+from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class StageTrace(StudyListener):
 
 
 def _storage() -> Any:
-    from verl_sweep.search.database._optuna_forks import storage_class
+    from verl_sweep.search.database.optuna_forks import storage_class
 
     # One private in-memory database per run: the driver needs an RDB storage (heartbeats);
     # the storage class users get (search/database/storage.py), so the benchmark times what they run.
@@ -109,10 +109,11 @@ def run_staged(spec: StudySpec, launcher: ReplayLauncher, *, trace: StageTrace |
     trace = trace or StageTrace(launcher)
     StudyRunner(spec, _storage(), launcher, console=Console(quiet=True), listeners=[trace], poll_interval_s=POLL_S).run()
     points = [(0.0, spec.baseline_config()), *trace.stage_ends]
-    return finish_trace(Trace(points), launcher, spec.probe.steps, _startup(launcher), trace.stopped_early)
+    return finish_trace(Trace(points), launcher, spec.probe.steps, launcher_startup_s(launcher), trace.stopped_early)
 
 
-def _startup(launcher: ReplayLauncher) -> float:
+def launcher_startup_s(launcher: ReplayLauncher) -> float:
+    """The launcher's start-up seconds (120 where it knows none)."""
     return launcher.startup_s if launcher.startup_s is not None else 120.0
 
 
@@ -159,42 +160,42 @@ class ManualProcedure:
         return outcome.score if outcome.state is ProbeState.COMPLETE else None
 
     def run(self) -> Trace:
-        from verl_sweep.spaces import limits as L
+        from verl_sweep import verl_knowledge as V
 
         current = self.spec.baseline_config()
         self.points = [(0.0, dict(current))]
         score = self.probe(current)
         if score is None:
             raise RuntimeError("the baseline probe failed; the manual procedure cannot start")
-        base_mb = int(L.setting(current, L.MINI_BATCH))
-        batch = int(L.setting(current, "data.train_batch_size"))
+        base_mb = int(V.setting(current, V.MINI_BATCH))
+        batch = int(V.setting(current, "data.train_batch_size"))
 
         def mb(value: float) -> Config:
             step = 16  # per-GPU mini-batch (×n ÷ 8 GPUs) must stay divisible by the micro-batch
-            return {L.MINI_BATCH: int(max(step, min(batch, round(value / step) * step)))}
+            return {V.MINI_BATCH: int(max(step, min(batch, round(value / step) * step)))}
 
         current, score = self.tune(current, score, first=mb(0.7 * base_mb),
-                                   lower=lambda c: mb(c[L.MINI_BATCH] - 0.1 * base_mb),
-                                   raise_=lambda c: mb(c[L.MINI_BATCH] + 0.15 * base_mb))  # fmt: skip
-        _, coef_key = L.kl_keys(self.spec.algorithm)
-        switch_key, _ = L.kl_keys(self.spec.algorithm)
-        kl_on = bool(L.setting(current, switch_key))
+                                   lower=lambda c: mb(c[V.MINI_BATCH] - 0.1 * base_mb),
+                                   raise_=lambda c: mb(c[V.MINI_BATCH] + 0.15 * base_mb))  # fmt: skip
+        _, coef_key = V.kl_keys(self.spec.algorithm)
+        switch_key, _ = V.kl_keys(self.spec.algorithm)
+        kl_on = bool(V.setting(current, switch_key))
 
         def kl(value: float) -> Config:
             return {switch_key: True, coef_key: float(min(0.01, max(0.0005, value)))}
 
-        start_kl = float(L.setting(current, coef_key) or 0.001) if kl_on else 0.001
+        start_kl = float(V.setting(current, coef_key) or 0.001) if kl_on else 0.001
         current, score = self.tune(current, score, first=kl(start_kl * 2 if kl_on else 0.001),
                                    lower=lambda c: kl(_num(c, coef_key, 0.001) * 0.5), raise_=lambda c: kl(_num(c, coef_key, 0.001) * 2.0))  # fmt: skip
         current, score = self.tokens(current, score)
-        lr_now = float(L.setting(current, L.LR) or 1e-6)
+        lr_now = float(V.setting(current, V.LR) or 1e-6)
 
         def lr(value: float) -> Config:
-            return {L.LR: float(min(5e-6, max(5e-7, value)))}
+            return {V.LR: float(min(5e-6, max(5e-7, value)))}
 
         current, score = self.tune(current, score, first=lr(2e-6 if lr_now != 2e-6 else 3e-6),
-                                   lower=lambda c: lr(_num(c, L.LR, 1e-6) / 1.5), raise_=lambda c: lr(_num(c, L.LR, 1e-6) * 1.5))  # fmt: skip
-        return finish_trace(Trace(self.points), self.launcher, self.spec.probe.steps, _startup(self.launcher))
+                                   lower=lambda c: lr(_num(c, V.LR, 1e-6) / 1.5), raise_=lambda c: lr(_num(c, V.LR, 1e-6) * 1.5))  # fmt: skip
+        return finish_trace(Trace(self.points), self.launcher, self.spec.probe.steps, launcher_startup_s(self.launcher))
 
     def _eta(self, score: Score | None, incumbent: Score) -> float:
         return 0.0 if score is None else eta_of(score, [incumbent]).value
@@ -234,11 +235,11 @@ class ManualProcedure:
     def tokens(self, current: Config, score: Score) -> tuple[Config, Score]:
         """The source's formula (GPU GB × 0.65 × 1024² ÷ (hidden/8)), rounded down to
         thousands; −10% after each OOM; kept if η > 1.02."""
-        from verl_sweep.spaces import limits as L
+        from verl_sweep import verl_knowledge as V
 
         value = int(self.spec.hardware.gpu_memory_gb * 0.65 * 1024**2 / (self.spec.model.hidden_size / 8) // 1000 * 1000)
         for _ in range(self.MAX_MOVES):
-            candidate = merge(current, {L.TOKEN_BUDGET: value, L.CHUNKED_PREFILL: True})
+            candidate = merge(current, {V.TOKEN_BUDGET: value, V.CHUNKED_PREFILL: True})
             s = self.probe(candidate)
             if s is None:  # OOM (or another failure): lower the budget
                 value = int(value * 0.9)
@@ -260,9 +261,9 @@ def replay_launcher(root: Path, landscape: str) -> ReplayLauncher:
 
 
 def _num(config: Config, key: str, default: float) -> float:
-    from verl_sweep.spaces import limits as L
+    from verl_sweep import verl_knowledge as V
 
-    value = L.setting(config, key)
+    value = V.setting(config, key)
     return float(default if value is None else value)
 
 

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.joint import FairJointSpace
-from benchmarks.methods import POLL_S, Trace, finish_trace, gpu_hours, _startup
+from benchmarks.methods import POLL_S, Trace, finish_trace, gpu_hours, launcher_startup_s
 from verl_sweep.launchers.base import RunSpec
 from verl_sweep.launchers.replay import ReplayLauncher
 from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
 from verl_sweep.search.spec.study_file import StudySpec
-from verl_sweep.spaces.overrides import Config, merge, to_overrides
+from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Evaluator:
             self.points.append((self.spent(), config))
 
     def trace(self) -> Trace:
-        return finish_trace(Trace(self.points), self.launcher, self.spec.probe.steps, _startup(self.launcher),
+        return finish_trace(Trace(self.points), self.launcher, self.spec.probe.steps, launcher_startup_s(self.launcher),
                             self.stopped_early)  # fmt: skip
 
 

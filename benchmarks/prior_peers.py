@@ -29,7 +29,7 @@ import datetime
 import logging
 from typing import Any, Callable, Literal
 
-from benchmarks.joint import FairJointSpace, Param, _cs_value as _cs
+from benchmarks.joint import FairJointSpace, Param, cs_value as _cs
 from benchmarks.peers import MIN_STEPS, BudgetSpent, Evaluator, cpu_gp_sampler
 
 logger = logging.getLogger(__name__)

@@ -170,7 +170,7 @@ def true_steps(landscape: Any, spec: Any) -> int:
 # -- the noise-free reference --------------------------------------------------------------------
 
 
-def _true_eta(landscape: Any, config: dict[str, Any], baseline_rate: float, steps: int) -> float:
+def true_eta_of(landscape: Any, config: dict[str, Any], baseline_rate: float, steps: int) -> float:
     rate = landscape.true_rate(config, steps)
     return rate / baseline_rate if math.isfinite(rate) else 0.0
 
@@ -183,7 +183,7 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     a stage). Judged at :func:`true_steps`. Cached in ``CACHE`` (or read from the shipped
     ``SHIPPED``) by the landscape file's and the study's content."""
     from verl_sweep.launchers.simulator import load_landscape
-    from verl_sweep.spaces.overrides import merge
+    from verl_sweep.verl_knowledge import merge
 
     from benchmarks.joint import FairJointSpace
     from verl_sweep.spaces.registry import build_space
@@ -204,7 +204,7 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
 
     # 1. TPE on the noise-free model over the whole joint space.
     def objective(trial: "optuna.trial.Trial") -> float:
-        return _true_eta(landscape, merge(base, space.suggest(trial, base)), base_rate, steps)
+        return true_eta_of(landscape, merge(base, space.suggest(trial, base)), base_rate, steps)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
@@ -228,7 +228,7 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
                 grid = sorted({int(p.low) + int(round((g - p.low) / p.step)) * p.step for g in grid})
             for option in grid:
                 values = {**best_values, p.name: option}
-                v = _true_eta(landscape, merge(base, space.to_config(values)), base_rate, steps)
+                v = true_eta_of(landscape, merge(base, space.to_config(values)), base_rate, steps)
                 if v > best:
                     best, best_values = v, values
     best_config = merge(base, space.to_config(best_values))
@@ -238,11 +238,11 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
         stage_space = build_space(stage.space, model=spec.model, hardware=spec.hardware, algorithm=spec.algorithm,
                                   base=chain, options=stage.params, where=f"stages[{index}]", baseline=base)
         stage_study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed + index))
-        stage_best, stage_config = _true_eta(landscape, chain, base_rate, steps), chain
+        stage_best, stage_config = true_eta_of(landscape, chain, base_rate, steps), chain
         for _ in range(n_random):
             trial = stage_study.ask()
             config = merge(chain, stage_space.suggest(trial, chain))
-            v = _true_eta(landscape, config, base_rate, steps)
+            v = true_eta_of(landscape, config, base_rate, steps)
             stage_study.tell(trial, v)
             if v > stage_best:
                 stage_best, stage_config = v, config
@@ -313,7 +313,7 @@ def run_one(task: tuple[str, str, int, bool, float]) -> dict[str, Any]:
     true_eta: dict[str, float] = {}  # a choice held over many points is judged once
     for key, (_, config) in zip(keys, trace.points):
         if key not in true_eta:
-            true_eta[key] = _true_eta(landscape, config, base_rate, steps)
+            true_eta[key] = true_eta_of(landscape, config, base_rate, steps)
     points = [(gpu_h, true_eta[key]) for key, (gpu_h, _) in zip(keys, trace.points)]
     return {
         "landscape": landscape_name, "method": method, "rep": rep,

@@ -143,12 +143,14 @@ def parse_console_line(line: str) -> StepMetrics | None:
     return StepMetrics(step=int(match.group(1)), data=data)
 
 
-def _merge(series: dict[int, dict[str, float | None]], record: StepMetrics) -> None:
-    # Last write wins key by key: a later line for the same step overrides the values it has.
+def merge_step(series: dict[int, dict[str, float | None]], record: StepMetrics) -> None:
+    """Add ``record`` to ``series`` (step -> values). Last write wins key by key: a later line
+    for the same step overrides the values it has."""
     series.setdefault(record.step, {}).update(record.data)
 
 
-def _ordered(series: Mapping[int, Mapping[str, float | None]]) -> list[StepMetrics]:
+def ordered_steps(series: Mapping[int, Mapping[str, float | None]]) -> list[StepMetrics]:
+    """``series`` as records, ordered by step."""
     return [StepMetrics(step, dict(series[step])) for step in sorted(series)]
 
 
@@ -168,8 +170,8 @@ def read_all(path: Path | str, *, include_validation: bool = False) -> list[Step
     for line in complete.splitlines():
         record = parse_json_line(line) if line.strip() else None
         if record is not None and (record.step > 0 or include_validation):
-            _merge(series, record)
-    return _ordered(series)
+            merge_step(series, record)
+    return ordered_steps(series)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +274,7 @@ class MetricsFollower:
         else (a step seen before, one out of order) has it rebuilt."""
         ordered, step = self._ordered, record.step
         new_last = step not in self._series and (not ordered or step > ordered[-1].step)
-        _merge(self._series, record)
+        merge_step(self._series, record)
         if ordered is not None and new_last:
             ordered.append(record)  # holds just what the series has for the step: no copy needed
         else:
@@ -283,7 +285,7 @@ class MetricsFollower:
     def series(self) -> list[StepMetrics]:
         """All training steps so far, ordered, one per step (step 0 excluded)."""
         if self._ordered is None:
-            self._ordered = _ordered(self._series)
+            self._ordered = ordered_steps(self._series)
         return list(self._ordered)
 
     @property

@@ -27,8 +27,8 @@ from verl_sweep.objectives.metrics import (
     MetricSource,
     MetricsFollower,
     StepMetrics,
-    _merge,
-    _ordered,
+    merge_step,
+    ordered_steps,
     parse_console_line,
     parse_json_line,
 )
@@ -175,10 +175,10 @@ class TensorBoardSource(MetricSource):
             for value in event.summary.value:
                 number = _scalar(value)
                 if number is not None:
-                    _merge(self._pending, StepMetrics(int(event.step), {value.tag: number[0]}))
+                    merge_step(self._pending, StepMetrics(int(event.step), {value.tag: number[0]}))
         # A step's keys may arrive in several flushes: the newest step waits for a later one.
         done = sorted(self._pending) if final else sorted(self._pending)[:-1]
-        records = _ordered({step: self._pending.pop(step) for step in done})
+        records = ordered_steps({step: self._pending.pop(step) for step in done})
         return Batch(records, restarted=restarted)
 
 

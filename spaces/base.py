@@ -6,7 +6,7 @@ import abc
 import enum
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Sequence
 
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Config
 
 if TYPE_CHECKING:
     import optuna

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts
-from verl_sweep.spaces.limits import (MICRO_BATCH, MINI_BATCH, ROLLOUT_N, USE_DYNAMIC_BSZ, USE_KL_IN_REWARD, USE_KL_LOSS,
-                           _int_setting, data_parallel_ranks, setting)
-from verl_sweep.spaces.overrides import get
+from verl_sweep.verl_knowledge import (MICRO_BATCH, MINI_BATCH, ROLLOUT_N, USE_DYNAMIC_BSZ, USE_KL_IN_REWARD, USE_KL_LOSS,
+                                       Algorithm, HardwareFacts, data_parallel_ranks, get, int_setting, setting)
 
 ROLLOUT_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
 REF_LOG_PROB_MICRO = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
@@ -29,7 +27,7 @@ def static_batching_fill(config: Mapping[str, Any], hardware: HardwareFacts, *, 
     divides the per-GPU mini-batch. {} under dynamic batching or when all are set."""
     if setting(config, USE_DYNAMIC_BSZ):
         return {}
-    mini, n = _int_setting(config, MINI_BATCH), _int_setting(config, ROLLOUT_N)
+    mini, n = int_setting(config, MINI_BATCH), int_setting(config, ROLLOUT_N)
     per_gpu = max(1, mini * n // data_parallel_ranks(config, hardware))
     micro = next(m for m in (4, 2, 1) if per_gpu % m == 0)
     wanted = {MICRO_BATCH: "actor_rollout_ref.actor.ppo_micro_batch_size",

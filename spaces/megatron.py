@@ -17,12 +17,11 @@ import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from verl_sweep.spaces import bounds as B
-from verl_sweep.spaces import engines as E
-from verl_sweep.spaces import limits as L
+from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.memory import rollout_memory_floors
-from verl_sweep.spaces.overrides import Config, get
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import rollout_memory_floors
+from verl_sweep.verl_knowledge import Config, get
 from verl_sweep.spaces.systems import rollout_expert_parallel
 
 if TYPE_CHECKING:
@@ -62,23 +61,23 @@ def layout_problem(tp: int, pp: int, cp: int, *, model: ModelFacts, hardware: Ha
         return f"CP {cp} needs a sequence length divisible by {2 * cp} ({model.max_seq_len})"
     if hardware.n_gpus % world:
         return f"TP·PP·CP ({world}) must divide the GPU count ({hardware.n_gpus})"
-    ep = E.positive_int(base, E.MEGATRON_EP)
+    ep = V.positive_int(base, V.MEGATRON_EP)
     etp = get(base, ETP)
-    etp = etp if L._is_int(etp) and etp >= 1 else tp
+    etp = etp if V.is_int(etp) and etp >= 1 else tp
     if (hardware.n_gpus // pp) % (ep * etp) or (hardware.n_gpus // pp) % (ep * tp):
         return f"the expert grid EP {ep} × ETP {etp} (and EP × TP) must divide GPUs ÷ PP ({hardware.n_gpus // pp})"
-    if get(base, E.MEGATRON_VPP) is not None and pp != E.megatron_layout(base)[1]:
+    if get(base, V.MEGATRON_VPP) is not None and pp != V.megatron_layout(base)[1]:
         return "the base sets a virtual pipeline: PP stays the base's"
-    config = {**base, E.MEGATRON_TP: tp, E.MEGATRON_PP: pp, E.MEGATRON_CP: cp}
-    if not L.setting(config, L.USE_DYNAMIC_BSZ):
-        mini = L._int_setting(config, L.MINI_BATCH)
-        problem = L.mini_batch_problem(mini, config, hardware)
+    config = {**base, V.MEGATRON_TP: tp, V.MEGATRON_PP: pp, V.MEGATRON_CP: cp}
+    if not V.setting(config, V.USE_DYNAMIC_BSZ):
+        mini = V.int_setting(config, V.MINI_BATCH)
+        problem = V.mini_batch_problem(mini, config, hardware)
         if problem:
             return problem
-        micro = L.setting(config, L.MICRO_BATCH)
+        micro = V.setting(config, V.MICRO_BATCH)
         dp = hardware.n_gpus // world
-        train, n = L._int_setting(config, L.TRAIN_BATCH), L._int_setting(config, L.ROLLOUT_N)
-        if L._is_int(micro) and micro >= 1 and (train * n) % (dp * micro):
+        train, n = V.int_setting(config, V.TRAIN_BATCH), V.int_setting(config, V.ROLLOUT_N)
+        if V.is_int(micro) and micro >= 1 and (train * n) % (dp * micro):
             return f"train batch × n ({train * n}) must be divisible by DP {dp} × micro-batch {micro}"
     return None
 
@@ -98,11 +97,11 @@ class MegatronSystemsSpace(Space):
         if not isinstance(sub, Mapping):
             raise SpaceError(f"{where}.gpu_memory_utilization: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
         check_options(sub, B.BOUND_OPTIONS, f"{where}.gpu_memory_utilization")
-        self.memory = B.GPU_MEMORY_UTILIZATION.including(get(base, L.GPU_MEMORY)).narrowed(
+        self.memory = B.GPU_MEMORY_UTILIZATION.including(get(base, V.GPU_MEMORY)).narrowed(
             sub, where=f"{where}.gpu_memory_utilization")
         self.hardware = hardware
         self.mirror_ref = {key: get(base, key) == get(base, actor)
-                           for key, actor in ((REF_TP, E.MEGATRON_TP), (REF_PP, E.MEGATRON_PP), (REF_CP, E.MEGATRON_CP))
+                           for key, actor in ((REF_TP, V.MEGATRON_TP), (REF_PP, V.MEGATRON_PP), (REF_CP, V.MEGATRON_CP))
                            if get(base, key) is not None}
         layouts = []
         for tp in range(1, hardware.gpus_per_node + 1):
@@ -125,26 +124,26 @@ class MegatronSystemsSpace(Space):
         dp_text = ", ".join(f"{name} (DP {hardware.n_gpus // (parse_layout(name)[0] * parse_layout(name)[1] * parse_layout(name)[2])})"
                             for name in layouts[:12]) + (" …" if len(layouts) > 12 else "")
         self.lines = [
-            f"systems (Megatron): {L.GPU_MEMORY} — {self.memory.describe()}",
+            f"systems (Megatron): {V.GPU_MEMORY} — {self.memory.describe()}",
             f"systems (Megatron): actor layouts TP×PP×CP, DP = {hardware.n_gpus} GPUs ÷ (TP·PP·CP): {dp_text}",
             "systems (Megatron): rollout TP ∈ " + ", ".join(f"{t} (memory ≥ {f:g})" for t, f in self.floors.items()),
         ]
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         tp, pp, cp = parse_layout(trial.suggest_categorical("layout", self.choices["layouts"]))
-        config: Config = {E.MEGATRON_TP: tp, E.MEGATRON_PP: pp, E.MEGATRON_CP: cp}
+        config: Config = {V.MEGATRON_TP: tp, V.MEGATRON_PP: pp, V.MEGATRON_CP: cp}
         for key, value in ((REF_TP, tp), (REF_PP, pp), (REF_CP, cp)):
             if self.mirror_ref.get(key):
                 config[key] = value
         rollout_tp = trial.suggest_categorical("rollout_tp", self.choices["rollout_tp"])
-        config[L.ROLLOUT_TP] = rollout_tp
+        config[V.ROLLOUT_TP] = rollout_tp
         config.update(rollout_expert_parallel(base, rollout_tp))
-        config[L.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.floors[rollout_tp], self.memory.high)
+        config[V.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.floors[rollout_tp], self.memory.high)
         return config
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        name = layout_name(*E.megatron_layout(base))
-        rollout_tp, memory = L.setting(base, L.ROLLOUT_TP), L.setting(base, L.GPU_MEMORY)
+        name = layout_name(*V.megatron_layout(base))
+        rollout_tp, memory = V.setting(base, V.ROLLOUT_TP), V.setting(base, V.GPU_MEMORY)
         if name not in self.choices["layouts"] or rollout_tp not in self.floors:
             return None
         if not isinstance(memory, (int, float)) or not self.floors[rollout_tp] <= memory <= self.memory.high:
@@ -157,7 +156,7 @@ class MegatronSystemsSpace(Space):
         own = self.incumbent_params(base)
         if n < 1 or name not in self.choices["layouts"] or (own and own["layout"] == name):
             return []
-        rollout_tp = L.setting(base, L.ROLLOUT_TP)
+        rollout_tp = V.setting(base, V.ROLLOUT_TP)
         if rollout_tp not in self.floors:
             rollout_tp = self.choices["rollout_tp"][0]
         memory = min(self.memory.high, max(self.floors[rollout_tp], 0.6))
@@ -173,13 +172,13 @@ def systems_space(*, model: ModelFacts, hardware: HardwareFacts, algorithm: Algo
     lay out their own meshes, which stage 0 cannot search yet (SpaceError)."""
     from verl_sweep.spaces.systems import SystemsSpace
 
-    kind = E.engine(base)
+    kind = V.engine(base)
     facts: dict[str, Any] = {"model": model, "hardware": hardware, "algorithm": algorithm}
     if kind == "megatron":
         return MegatronSystemsSpace(base=base, options=options, where=where, **facts)
     if kind != "dp":
         raise SpaceError(f"{where_or(where, 'systems')}: the systems stage searches FSDP and Megatron layouts, but the "
-                         f"base config uses {E.MODEL_ENGINE}={kind}. Remove the systems stage (the learning stages run "
+                         f"base config uses {V.MODEL_ENGINE}={kind}. Remove the systems stage (the learning stages run "
                          "on any engine).")
     return SystemsSpace(base=base, options=options, where=where, **facts)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from verl_sweep.spaces.facts import HardwareFacts
+from verl_sweep.verl_knowledge import HardwareFacts
 
 if TYPE_CHECKING:
     import optuna

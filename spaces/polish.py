@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from verl_sweep.spaces import limits as L
+from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.base import Space, check_options, where_or
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import Config
 from verl_sweep.spaces.stages import KLSpace, LRSpace, MiniBatchSpace
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class KLSwitchSpace(Space):
         on = self.kl.incumbent_params(base)
         if on is not None:
             return {self.param: True, **on}
-        return None if L.setting(base, self.kl.switch_key) else {self.param: False}
+        return None if V.setting(base, self.kl.switch_key) else {self.param: False}
 
     def explain(self) -> list[str]:
         return [f"kl: {self.kl.switch_key} off (the chain's) or on, {self.kl.coef_key} — {self.kl.bound.describe()}"]
@@ -87,7 +87,7 @@ class PolishSpace(CompositeSpace):
         check_options(options, self.OPTIONS, where)
         facts: dict[str, Any] = {"model": model, "hardware": hardware, "algorithm": algorithm}
         # The mini-batch bound is ±25% of the study's baseline, not of the chain's winner.
-        origin = {**base, L.MINI_BATCH: L.setting(baseline or base, L.MINI_BATCH)}
+        origin = {**base, V.MINI_BATCH: V.setting(baseline or base, V.MINI_BATCH)}
         self.parts: list[Space] = [
             MiniBatchSpace(base=origin, options=options.get("mini_batch", {}), where=f"{where}.mini_batch", **facts),
             LRSpace(base=base, options=options.get("lr", {}), where=f"{where}.lr", **facts),

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Protocol, cast
 
 from verl_sweep.spaces.base import Moves, Space, SpaceError
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces.megatron import systems_space
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Config
 from verl_sweep.spaces.polish import PolishSpace
 from verl_sweep.spaces.stages import EntropySpace, KLSpace, LamSpace, LRSpace, MiniBatchSpace, TokenBudgetSpace
 

@@ -13,13 +13,13 @@ import math
 from typing import TYPE_CHECKING, Any, Mapping
 
 from verl_sweep.spaces import bounds as B
+from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces import limits as L
-from verl_sweep.spaces import memory as M
 from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
 from verl_sweep.spaces.batching import reference_fill
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
-from verl_sweep.spaces.overrides import Config, get
+from verl_sweep.verl_knowledge import Config, get
 from verl_sweep.spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class _BoundedSpace(Space):
         return values
 
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
-        return [{self.param: v} for v in self._spread(n, exclude=L.setting(base, self.key))]
+        return [{self.param: v} for v in self._spread(n, exclude=V.setting(base, self.key))]
 
 
 class MiniBatchSpace(Space):
@@ -105,9 +105,9 @@ class MiniBatchSpace(Space):
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
         where = where_or(where, "mini_batch")
         check_options(options, self.OPTIONS, where)
-        baseline = L.setting(base, L.MINI_BATCH)
+        baseline = V.setting(base, V.MINI_BATCH)
         if isinstance(baseline, bool) or not isinstance(baseline, int):
-            raise SpaceError(f"{L.MINI_BATCH}: must be an integer in the base config, but got {baseline!r}. Fix the base config.")
+            raise SpaceError(f"{V.MINI_BATCH}: must be an integer in the base config, but got {baseline!r}. Fix the base config.")
         self.bound = B.mini_batch_bound(baseline).narrowed(
             {k: v for k, v in options.items() if k != "choices"}, where=where
         )
@@ -121,11 +121,11 @@ class MiniBatchSpace(Space):
             for i, value in enumerate(asked):
                 if value not in choices:
                     problem = (
-                        L.mini_batch_problem(value, base, hardware) if isinstance(value, int) else None
+                        V.mini_batch_problem(value, base, hardware) if isinstance(value, int) else None
                     ) or f"outside [{int(self.bound.low)}, {int(self.bound.high)}] ({self.bound.source})"
                     raise SpaceError(
                         f"{where}.choices[{i}]: must be a valid mini-batch size, but got {value!r} "
-                        f"({problem}). Pick from {L._short_list(choices)}."
+                        f"({problem}). Pick from {L.short_list(choices)}."
                     )
             choices = sorted(set(asked))
         if not choices:
@@ -149,13 +149,13 @@ class MiniBatchSpace(Space):
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         step = self._grid_step
         if step is not None:
-            return {L.MINI_BATCH: trial.suggest_int(self.param, self.choices[0], self.choices[-1], step=step)}
-        return {L.MINI_BATCH: trial.suggest_categorical(self.param, self.choices)}
+            return {V.MINI_BATCH: trial.suggest_int(self.param, self.choices[0], self.choices[-1], step=step)}
+        return {V.MINI_BATCH: trial.suggest_categorical(self.param, self.choices)}
 
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
         """The method's first moves: down toward 0.7× the baseline (here the −25% bound),
         a smaller step down, and one up (+15%)."""
-        baseline = int(L.setting(base, L.MINI_BATCH))
+        baseline = int(V.setting(base, V.MINI_BATCH))
         points: list[dict[str, Any]] = []
         for factor in (0.75, 0.85, 1.15, 0.95, 1.05)[:n]:
             value = min(self.choices, key=lambda c: abs(c - factor * baseline))
@@ -164,11 +164,11 @@ class MiniBatchSpace(Space):
         return points
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        value = L.setting(base, L.MINI_BATCH)
+        value = V.setting(base, V.MINI_BATCH)
         return {self.param: value} if value in self.choices else None
 
     def explain(self) -> list[str]:
-        return [f"mini_batch: {L.MINI_BATCH} — {self.bound.describe()}", *self.lines]
+        return [f"mini_batch: {V.MINI_BATCH} — {self.bound.describe()}", *self.lines]
 
 
 #: trial params of a KL pull (``KLSpace``, ``KLSwitchSpace``): a run that changes them starts
@@ -186,13 +186,13 @@ class KLSpace(Space):
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
         where = where_or(where, "kl")
-        self.switch_key, self.coef_key = L.kl_keys_in_use(algorithm, base)
+        self.switch_key, self.coef_key = V.kl_keys_in_use(algorithm, base)
         #: the in-reward KL has a controller (fixed/adaptive); the KL loss a coefficient only
-        self.in_reward = self.switch_key == L.USE_KL_IN_REWARD
+        self.in_reward = self.switch_key == V.USE_KL_IN_REWARD
         allowed = self.OPTIONS if self.in_reward else B.BOUND_OPTIONS
         check_options(options, allowed, where)
         self.algorithm, self.model, self.hardware = algorithm, model, hardware
-        on_coef = L.setting(base, self.coef_key) if L.setting(base, self.switch_key) else None
+        on_coef = V.setting(base, self.coef_key) if V.setting(base, self.switch_key) else None
         self.bound = B.KL_COEF.including(on_coef).narrowed({k: options[k] for k in B.BOUND_OPTIONS if k in options},
                                                            where=where)
         self.types: list[str] = ["fixed", "adaptive"]
@@ -215,15 +215,15 @@ class KLSpace(Space):
             self.switch_key: True,
             self.coef_key: trial.suggest_float(self.param, self.bound.low, self.bound.high, log=True),
         }
-        if not L.setting(base, self.switch_key):  # switched on: verl then builds a reference policy,
+        if not V.setting(base, self.switch_key):  # switched on: verl then builds a reference policy,
             config.update(reference_fill({**base, **config}))  # under static batching with a micro-batch,
             config.update(self._room_for_reference(base, config))  # its memory taken from vLLM's share
         if self.in_reward:
             kind = trial.suggest_categorical("kl_ctrl_type", self.types)
-            config[L.KL_CTRL_TYPE] = kind
+            config[V.KL_CTRL_TYPE] = kind
             if kind == "adaptive":  # target and horizon are read only by the adaptive controller
-                config[L.KL_CTRL_TARGET] = trial.suggest_float("target_kl", self.target.low, self.target.high)
-                config[L.KL_CTRL_HORIZON] = trial.suggest_int(
+                config[V.KL_CTRL_TARGET] = trial.suggest_float("target_kl", self.target.low, self.target.high)
+                config[V.KL_CTRL_HORIZON] = trial.suggest_int(
                     "horizon", int(self.horizon.low), int(self.horizon.high), log=True
                 )
         return config
@@ -233,26 +233,26 @@ class KLSpace(Space):
         says the GPU is full with it (stage 0 may have taken the memory up to that edge): the
         reference's memory must come from somewhere, and verl would otherwise run out of it.
         {} where it fits as it is (or no fraction would)."""
-        fraction = L.setting(base, L.GPU_MEMORY)
+        fraction = V.setting(base, V.GPU_MEMORY)
         if not self.fits_memory or isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
             return {}
-        fit = M.fitting_fraction(self.model, self.hardware, {**base, **config}, base=base)
-        return {L.GPU_MEMORY: fit} if 0 < fit < fraction else {}
+        fit = V.fitting_fraction(self.model, self.hardware, {**base, **config}, base=base)
+        return {V.GPU_MEMORY: fit} if 0 < fit < fraction else {}
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        if not L.setting(base, self.switch_key):
+        if not V.setting(base, self.switch_key):
             return None
-        coef = L.setting(base, self.coef_key)
+        coef = V.setting(base, self.coef_key)
         if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not self.bound.contains(coef):
             return None
         params: dict[str, Any] = {self.param: float(coef)}
         if self.in_reward:
-            kind = L.setting(base, L.KL_CTRL_TYPE)
+            kind = V.setting(base, V.KL_CTRL_TYPE)
             if kind not in self.types:
                 return None
             params["kl_ctrl_type"] = kind
             if kind == "adaptive":
-                target, horizon = L.setting(base, L.KL_CTRL_TARGET), L.setting(base, L.KL_CTRL_HORIZON)
+                target, horizon = V.setting(base, V.KL_CTRL_TARGET), V.setting(base, V.KL_CTRL_HORIZON)
                 if not (self.target.contains(target) and self.horizon.contains(horizon)):
                     return None
                 params.update(target_kl=float(target), horizon=int(horizon))
@@ -275,7 +275,7 @@ class KLSpace(Space):
     def explain(self) -> list[str]:
         lines = [f"kl: {self.switch_key}=true, {self.coef_key} — {self.bound.describe()}"]
         if self.in_reward:
-            lines.append(f"kl: {L.KL_CTRL_TYPE} ∈ {self.types}; adaptive adds {self.target.describe()}, "
+            lines.append(f"kl: {V.KL_CTRL_TYPE} ∈ {self.types}; adaptive adds {self.target.describe()}, "
                          f"{self.horizon.describe()}")
         return lines
 
@@ -285,7 +285,7 @@ class TokenBudgetSpace(_BoundedSpace):
 
     kind = "token_budget"
     param = "token_budget"
-    key = L.TOKEN_BUDGET
+    key = V.TOKEN_BUDGET
     oom_clamped = True
     moves = Moves.SPEED
 
@@ -304,10 +304,10 @@ class TokenBudgetSpace(_BoundedSpace):
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         # Chunked prefill on: otherwise verl raises the budget to max_model_len behind our back.
-        return {self.key: int(self._suggest_value(trial)), L.CHUNKED_PREFILL: True}
+        return {self.key: int(self._suggest_value(trial)), V.CHUNKED_PREFILL: True}
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        value = L.setting(base, self.key)
+        value = V.setting(base, self.key)
         return {self.param: int(value)} if self._in_bound(value) else None
 
     def explain(self) -> list[str]:
@@ -319,20 +319,20 @@ class LRSpace(_BoundedSpace):
 
     kind = "lr"
     param = "lr"
-    key = L.LR
+    key = V.LR
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
         where = where_or(where, "lr")
         check_options(options, B.BOUND_OPTIONS, where)
-        super().__init__(B.LR.including(get(base, L.LR)).narrowed(options, where=where), hardware=hardware,
+        super().__init__(B.LR.including(get(base, V.LR)).narrowed(options, where=where), hardware=hardware,
                          where=where)
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         return {self.key: self._suggest_value(trial)}
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        value = L.setting(base, self.key)
+        value = V.setting(base, self.key)
         return {self.param: float(value)} if self._in_bound(value) else None
 
 
@@ -341,21 +341,21 @@ class LamSpace(_BoundedSpace):
 
     kind = "lam"
     param = "lam"
-    key = L.LAM
+    key = V.LAM
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
         where = where_or(where, "lam")
         L.require_gae(algorithm, where=where)
         check_options(options, B.BOUND_OPTIONS, where)
-        super().__init__(B.LAM.including(get(base, L.LAM)).narrowed(options, where=where), hardware=hardware,
+        super().__init__(B.LAM.including(get(base, V.LAM)).narrowed(options, where=where), hardware=hardware,
                          where=where)
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         return {self.key: self._suggest_value(trial)}
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        value = L.setting(base, self.key)
+        value = V.setting(base, self.key)
         return {self.param: float(value)} if self._in_bound(value) else None
 
 
@@ -375,7 +375,7 @@ class EntropySpace(_BoundedSpace):
         super().__init__(B.ENTROPY_COEFF.narrowed(options, where=where), hardware=hardware, where=where)
 
     def _value(self, base: Config) -> Any:
-        value = L.setting(base, self.key)
+        value = V.setting(base, self.key)
         return self.VERL_DEFAULT if value is None else value
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:

@@ -1,8 +1,9 @@
 """verl-sweep: staged, noise-aware hyperparameter search for verl (GRPO/PPO) runs.
 
-One import name, four packages: ``verl_sweep.search`` (the staged driver, its CLI and the
-study database), ``verl_sweep.spaces`` (search spaces and verl's rules), ``verl_sweep.objectives``
-(a probe: launch, follow, score) and ``verl_sweep.launchers`` (where runs go). In the
+One import name, five packages: ``verl_sweep.search`` (the staged driver, its CLI and the
+study database), ``verl_sweep.spaces`` (search spaces), ``verl_sweep.verl_knowledge`` (verl's
+keys, defaults, rules, memory model and templates), ``verl_sweep.objectives`` (a probe: launch,
+follow, score) and ``verl_sweep.launchers`` (where runs go). In the
 repository they are the top-level folders of the same names (pyproject.toml maps them).
 """
 from pathlib import Path as _Path

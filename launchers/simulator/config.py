@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 # verl 0.9.1 defaults of every key the simulator reads (from _generated_ppo_trainer.yaml), so
-# the dynamics do not depend on whether verl is installed.
+# the dynamics do not depend on whether verl is installed. A copy of verl_knowledge's table on
+# purpose: the simulator stands in for verl, so verl-sweep's own table must not decide what it runs.
 DEFAULTS: dict[str, Any] = {
     "algorithm.adv_estimator": "gae",
     "algorithm.lam": 1.0,

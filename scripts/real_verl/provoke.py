@@ -20,7 +20,7 @@ from verl_sweep.launchers.local import LocalLauncher
 from verl_sweep.objectives.failures import tail
 from verl_sweep.objectives.probe import Probe, ProbeSettings
 from verl_sweep.search.spec.study_file import load_study
-from verl_sweep.spaces.overrides import merge, to_overrides
+from verl_sweep.verl_knowledge import merge, to_overrides
 
 #: name -> (override that breaks the baseline, what it provokes)
 CASES = {

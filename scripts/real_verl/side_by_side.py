@@ -34,8 +34,8 @@ from verl_sweep.objectives.score import Metric
 from verl_sweep.objectives.utilisation import read_samples
 from verl_sweep.search.spec.study_file import StudySpec, load_study
 from verl_sweep.spaces import build_space
-from verl_sweep.spaces.overrides import merge, parse_overrides, to_overrides
-from verl_sweep.spaces.templates import template_for
+from verl_sweep.verl_knowledge import merge, parse_overrides, to_overrides
+from verl_sweep.verl_knowledge import template_for
 
 PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor")
 DEFAULT_RUN_S = 900.0

@@ -25,7 +25,7 @@ from verl_sweep.launchers.local import LocalLauncher
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.commands.launch_script import LaunchCommand
 from verl_sweep.search.spec.study_file import NAME_PATTERN, ProbeSettings, default_stages
-from verl_sweep.spaces.engines import ENGINES, MODEL_ENGINE, SEARCHED_ENGINES, engine
+from verl_sweep.verl_knowledge import ENGINES, MODEL_ENGINE, SEARCHED_ENGINES, engine
 
 MODEL_PATH = "actor_rollout_ref.model.path"
 #: rollout engines that read rollout.max_num_batched_tokens in verl 0.9.1 (SGLang never gets it)
@@ -136,7 +136,7 @@ def find_model_config(model_path: str | None, model_config: Path | None) -> Path
 
 def model_facts(config_path: Path, baseline: dict[str, Any]) -> dict[str, Any]:
     from verl_sweep.launchers.user_files import UserFileError, load_json
-    from verl_sweep.spaces.model_config import facts_from_config
+    from verl_sweep.verl_knowledge import facts_from_config
 
     try:
         config = load_json(config_path, what="model config.json")
@@ -258,7 +258,8 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
     """The default stages that fit the config (``learning`` False: only those that move speed
     alone), as study-file data, and why any was left out."""
     from verl_sweep.search.method.stage import space_learns
-    from verl_sweep.spaces import Algorithm, HardwareFacts, ModelFacts, limits
+    from verl_sweep.spaces.limits import token_budget
+    from verl_sweep.verl_knowledge import TOKEN_BUDGET, Algorithm, HardwareFacts, ModelFacts
 
     remarks = []
     kind = engine(baseline)
@@ -279,8 +280,8 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
                                f"{rollout} (a knob its probes could not move)")
                 continue
             facts = ModelFacts(**model)
-            budget = limits.token_budget(facts, HardwareFacts(**hardware), spec_base(algorithm, baseline, model, hardware))
-            own = baseline.get(limits.TOKEN_BUDGET)
+            budget = token_budget(facts, HardwareFacts(**hardware), spec_base(algorithm, baseline, model, hardware))
+            own = baseline.get(TOKEN_BUDGET)
             if budget.suggested_max < budget.floor and not (isinstance(own, int) and own >= budget.floor):
                 remarks.append(f"no token-budget stage: by verl-sweep's estimate the vLLM pool holds "
                                f"{budget.memory_cap:,} tokens, below the floor {budget.floor:,} ({budget.lines[1]})")

@@ -354,7 +354,7 @@ def _module_exists(module: str) -> bool:
 
 
 def _installed_verl() -> str:
-    from verl_sweep.spaces.verl_check import verl_version
+    from verl_sweep.verl_knowledge import verl_version
 
     return verl_version() or "0.9.1"
 

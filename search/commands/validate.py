@@ -11,8 +11,8 @@ from verl_sweep.search.method.preflight import memory_refusal
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.spec.study_file import StudySpec
 from verl_sweep.search.views.trackers import tracker_lines
-from verl_sweep.spaces import SpaceError, check_config
-from verl_sweep.spaces.overrides import Config, merge
+from verl_sweep.spaces import SpaceError
+from verl_sweep.verl_knowledge import Config, check_config, merge
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def baseline_warnings(spec: StudySpec, base: Config) -> list[str]:
     the knob searches the safe range widened to hold the baseline (``ParamBound.including``),
     so the search starts where the user is and may move into the safe range."""
     from verl_sweep.spaces import SAFE_BOUNDS, token_budget
-    from verl_sweep.spaces.overrides import get
+    from verl_sweep.verl_knowledge import get
 
     warnings = []
     keys = dict(_BASELINE_BOUNDS)
@@ -126,7 +126,7 @@ def memory_problems(spec: StudySpec, base: Config, lines: list[str]) -> list[str
     the usable share of the GPU but not beyond what it may reach is a warning (it is the
     user's own run, and verl's own examples run where the estimate says they cannot: LoRA,
     offload and MoE are beyond it); the stages' configs may then reach its peak."""
-    from verl_sweep.spaces.memory import estimate, fit_problem
+    from verl_sweep.verl_knowledge import estimate, fit_problem
 
     found = estimate(spec.model, spec.hardware, base)
     if found is None:
@@ -159,7 +159,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     (every stage's configs hold it, so each would repeat it, or fail for its sake). A key verl
     does not have comes first: verl's launcher stops on it before anything else is read, and
     the rules would read the rest of the baseline as verl never would."""
-    from verl_sweep.spaces.limits import doubts, notes, type_problems
+    from verl_sweep.verl_knowledge import doubts, notes, type_problems
 
     problems: list[str] = []
     lines: list[str] = []
@@ -197,10 +197,10 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
     problems += probe_fit_problems(spec, base, spaces, lines)
     verl = None
     if with_verl and not problems:
-        from verl_sweep.spaces import verl_check
+        from verl_sweep.verl_knowledge import VerlValidator, verl_available, verl_version
 
-        if verl_check.verl_available():
-            verl = verl_check.VerlValidator()
+        if verl_available():
+            verl = VerlValidator()
         else:
             lines.append("verl is not installed here: checked with verl-sweep's rules only")
     with verl if verl is not None else _no_verl():
@@ -219,7 +219,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
                                  for p in verl.validate(config)]
                     n_checked += 1
         if verl is not None:
-            lines.append(f"checked {n_checked} configs with verl {verl_check.verl_version()}'s own config and validation "
+            lines.append(f"checked {n_checked} configs with verl {verl_version()}'s own config and validation "
                          f"(the baseline, each stage's extremes and {n_samples} samples)")
     if not problems:
         from verl_sweep.search.views.plan import plan_lines
@@ -231,12 +231,12 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
 def compose_problem(base: Config) -> str | None:
     """Why verl's Hydra would refuse the baseline's keys, or None (also without verl here, and
     where a config package the baseline names is not here to say which keys it adds)."""
-    from verl_sweep.spaces import verl_check
-    from verl_sweep.spaces.verl_messages import missing_config_packages
+    from verl_sweep.verl_knowledge import VerlValidator, verl_available
+    from verl_sweep.verl_knowledge import missing_config_packages
 
-    if not verl_check.verl_available() or missing_config_packages(base):
+    if not verl_available() or missing_config_packages(base):
         return None
-    with verl_check.VerlValidator() as verl:
+    with VerlValidator() as verl:
         return verl.compose_problem(base)
 
 

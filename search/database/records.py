@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial, TrialState
 
     from verl_sweep.search.spec.study_file import StageSettings, StudySpec
-    from verl_sweep.spaces.overrides import Config
+    from verl_sweep.verl_knowledge import Config
 
 
 class Role(str, enum.Enum):

@@ -3,7 +3,7 @@
 Optuna reports every database problem as ``StorageInternalError``; the real cause is in
 ``__cause__``, so it is unwrapped here and shown with the password masked. On PostgreSQL each
 process keeps one pooled connection, pinged after it lay idle (see ``PG_POOL`` for why). The storage is
-Optuna's RDBStorage with faster reads and writes of trials (``search/database/_optuna_forks/rdb.py``).
+Optuna's RDBStorage with faster reads and writes of trials (``search/database/optuna_forks/rdb.py``).
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def _open(url: str, shown: str, *, create: bool) -> "optuna.storages.RDBStorage"
     import optuna
     import sqlalchemy
 
-    from verl_sweep.search.database._optuna_forks import storage_class
+    from verl_sweep.search.database.optuna_forks import storage_class
     from verl_sweep.search.database.liveness import requeue_stale_trial
 
     try:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import optuna
 
 from verl_sweep.launchers.base import Launcher
-from verl_sweep.search.database import _optuna_forks
+from verl_sweep.search.database import optuna_forks
 from verl_sweep.search.spec.errors import Interrupted, SweepError
 from verl_sweep.search.engine.events import Broadcast, StudyListener
 from verl_sweep.search.database.records import FLAT_BAND, Decision, StageResult
@@ -36,7 +36,7 @@ from verl_sweep.search.database.study_root import load_spec, save_spec, stored_s
 from verl_sweep.search.method.preflight import check_memory
 from verl_sweep.spaces import build_space
 from verl_sweep.spaces.base import Space
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Config
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class StudyRunner:
     ) -> None:
         """``console`` shows the study; ``listeners`` follow its events too (``verl_sweep.search.engine.events``:
         a benchmark's trace, a tracker)."""
-        _optuna_forks.install()
+        optuna_forks.install()
         self.spec = spec
         # A worker (not the driver that reports the result) leaves once the last stage has
         # nothing left but other processes' runs: its GPUs go back to the cluster.

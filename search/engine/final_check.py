@@ -27,7 +27,7 @@ from verl_sweep.search.database import liveness
 from verl_sweep.search.database.records import (Assignment, Role, TrialRecord, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records,
                             set_attrs, started_attrs)
 from verl_sweep.search.spec.study_file import FINAL_STAGE, StudySpec
-from verl_sweep.spaces.overrides import Config, merge, to_overrides
+from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
 if TYPE_CHECKING:
     from verl_sweep.launchers.base import Launcher

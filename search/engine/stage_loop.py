@@ -28,7 +28,7 @@ from verl_sweep.search.engine.stage_study import StageClock, StageStudy
 from verl_sweep.search.database.storage import HEARTBEAT_INTERVAL_S, with_retries
 from verl_sweep.search.engine.trials import TrialRunner
 from verl_sweep.spaces.base import Space, SpaceError
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Config
 
 if TYPE_CHECKING:
     import optuna

@@ -29,7 +29,7 @@ from verl_sweep.search.database.records import (
     wall_clock_attr, wasted_attrs,
 )
 from verl_sweep.search.method.sampler import build_sampler
-from verl_sweep.spaces.overrides import Config, merge
+from verl_sweep.verl_knowledge import Config, merge
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

@@ -35,8 +35,8 @@ from verl_sweep.search.database.records import (
 )
 from verl_sweep.spaces import hardware_tag
 from verl_sweep.spaces.base import SpaceError
-from verl_sweep.spaces.memory import baseline_allowance, estimate, fit_limit_gb, fit_problem, over_limit_problem
-from verl_sweep.spaces.overrides import Config, merge, to_overrides
+from verl_sweep.verl_knowledge import baseline_allowance, estimate, fit_limit_gb, fit_problem, over_limit_problem
+from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
 if TYPE_CHECKING:
     from verl_sweep.launchers.base import Launcher
@@ -141,7 +141,7 @@ class TrialRunner:
 
     def _memory_allowance(self) -> float:
         """The baseline's estimated peak where the baseline is the user's run that fits
-        (``verl_sweep.spaces.memory.baseline_allowance``), or where the pre-flight accepted it within the
+        (``verl_sweep.verl_knowledge.memory.baseline_allowance``), or where the pre-flight accepted it within the
         GPU's memory (configs up to the user's own run are not refused), computed once."""
         if not hasattr(self, "_allowance_gb"):
             model, hardware, baseline = self.spec.model, self.spec.hardware, self.spec.baseline_config()
@@ -152,7 +152,7 @@ class TrialRunner:
 
     def _memory_problem(self, config: Config) -> str | None:
         """Why ``config`` must not start on real GPUs, by the memory estimate: beyond what any
-        config of the study may reach (``verl_sweep.spaces.memory.fit_limit_gb``), or over the usable
+        config of the study may reach (``verl_sweep.verl_knowledge.memory.fit_limit_gb``), or over the usable
         share of the GPU beyond the baseline's own peak. A simulator's own world decides what
         runs out of memory (the study's baseline is refused on every launcher before)."""
         if not self.launcher.real_gpus:

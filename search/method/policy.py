@@ -21,7 +21,7 @@ from verl_sweep.search.spec.errors import SweepError
 from verl_sweep.search.database.records import (
     FOLLOW_UP_ORIGIN, START_ORIGIN, Assignment, CloseReason, Decision, Role, StageResult, TrialRecord, requeued_numbers,
 )
-from verl_sweep.spaces.overrides import Config, merge
+from verl_sweep.verl_knowledge import Config, merge
 
 if TYPE_CHECKING:
     from verl_sweep.search.method.stage import Stage

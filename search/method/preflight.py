@@ -18,12 +18,12 @@ MEMORY_REMEDY = ("Lower the memory fraction or the micro-batch, switch gradient 
 def memory_refusal(spec: StudySpec) -> str | None:
     """The memory pre-flight's refusal of a study, on every launcher (a simulator's too): its
     baseline's estimated peak exceeds the GPU's memory, and its bf16 weights do not fit even
-    vLLM's share (``verl_sweep.spaces.memory.fit_limit_gb``: where they do, the estimate is known to be
+    vLLM's share (``verl_sweep.verl_knowledge.memory.fit_limit_gb``: where they do, the estimate is known to be
     short for the run, LoRA, offload or MoE, and the baseline is the user's own run). One line
     naming the phase that sets the peak and its arithmetic; None when it fits or has no
     estimate. The one check of ``validate`` and ``run`` (``validate_study``), ``resume`` and
     ``worker`` (``check_memory``, at the start of ``StudyRunner.run``)."""
-    from verl_sweep.spaces.memory import fit_limit_gb, over_limit_problem
+    from verl_sweep.verl_knowledge import fit_limit_gb, over_limit_problem
 
     base = spec.baseline_config()
     problem = over_limit_problem(spec.model, spec.hardware, base,

@@ -30,8 +30,7 @@ from optuna.trial import TrialState
 
 from verl_sweep.search.database.records import FOLLOW_UP_ORIGIN, START_ORIGIN, Assignment, Role, StageView, TrialRecord
 from verl_sweep.search.method.policy import QueuedRun, structured_points
-from verl_sweep.spaces import template_for
-from verl_sweep.spaces.overrides import Config, merge
+from verl_sweep.verl_knowledge import Config, merge, template_for
 
 if TYPE_CHECKING:
     from verl_sweep.search.method.policy import StagePolicy

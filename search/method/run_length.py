@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from verl_sweep.spaces.overrides import get
+from verl_sweep.verl_knowledge import get
 
 #: the longest learning probe, as a fraction of the run
 MAX_PROBE_FRACTION = 0.25

@@ -1,7 +1,7 @@
 """The samplers a stage uses, rebuilt from its saved settings on every resume.
 
-TPE is Optuna's, with the speed-ups of ``search/database/_optuna_forks/tpe.py`` where the installed
-Optuna has the private code they rely on (``verl_sweep.search.database._optuna_forks.install``), and one
+TPE is Optuna's, with the speed-ups of ``search/database/optuna_forks/tpe.py`` where the installed
+Optuna has the private code they rely on (``verl_sweep.search.database.optuna_forks.install``), and one
 change of what it learns from: a run that ran out of memory counts as a bad point
 (``SeesInfeasibleFailures``).
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from verl_sweep.search.database import _optuna_forks
+from verl_sweep.search.database import optuna_forks
 from verl_sweep.search.spec.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def build_sampler(stage: "StageSettings", n_existing_trials: int, *,
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=settings.n_startup_trials)
     if settings.name == "grid":
         raise BadInputError(f"stages {stage.name}: sampler 'grid' is not supported yet; use tpe or random.")
-    return (tpe_class() if learn_ooms else _optuna_forks.tpe_sampler_class())(
+    return (tpe_class() if learn_ooms else optuna_forks.tpe_sampler_class())(
         seed=seed, n_startup_trials=settings.n_startup_trials, constant_liar=True,
         multivariate=settings.multivariate, group=settings.multivariate,
     )
@@ -84,7 +84,7 @@ def tpe_class() -> type[optuna.samplers.TPESampler]:
     The mixin overrides TPE's private ``_sample`` and calls the study's private
     ``_get_trials``: fenced like the forks (whose one log line says so), on an Optuna whose
     private code changed the stages get the base TPE."""
-    base = _optuna_forks.tpe_sampler_class()
-    if not _optuna_forks.install():
+    base = optuna_forks.tpe_sampler_class()
+    if not optuna_forks.install():
         return base
     return type(f"InfeasibleAware{base.__name__}", (SeesInfeasibleFailures, base), {})

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from verl_sweep.search.spec.study_file import Budget, StageSettings, StudySpec
     from verl_sweep.spaces.base import Space
-    from verl_sweep.spaces.overrides import Config
+    from verl_sweep.verl_knowledge import Config
 
 
 #: candidates that start slower and may end higher: one that changes the KL pull, or a coupled

@@ -25,8 +25,8 @@ from verl_sweep.launchers import DEFAULT_KIND
 from verl_sweep.launchers.user_files import UserFileError, load_json, parse_yaml, read_user_text
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.spec.masking import mask_url
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.overrides import OverrideError, check_key, format_value, merge
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import OverrideError, check_key, format_value, merge
 
 #: the name of the final check's study beside the stages' (``<study>.final``)
 FINAL_STAGE = "final"
@@ -320,7 +320,7 @@ class StudySpec(_Strict):
     def baseline_config(self) -> dict[str, Any]:
         """The baseline overrides plus what the study's facts imply (algorithm, GPU count,
         sequence lengths); the base config of stage 1."""
-        from verl_sweep.spaces.engines import implied_engine
+        from verl_sweep.verl_knowledge import implied_engine
 
         implied = {
             "algorithm.adv_estimator": self.algorithm.adv_estimator,
@@ -457,7 +457,7 @@ def describe_error(error: Any) -> str:
 #: what a model's config.json may fill in (the file's own names are the study's)
 _CONFIG_JSON_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
                        "intermediate_size", "vocab_size")
-#: what a config.json implies besides (``verl_sweep.spaces.model_config``): the KV cache's shape, the size
+#: what a config.json implies besides (``verl_sweep.verl_knowledge.model_config``): the KV cache's shape, the size
 _DERIVED_FIELDS = ("head_dim", "kv_cache_layers", "kv_lora_dim", "n_params_b", "expert_params_b")
 
 
@@ -465,7 +465,7 @@ def _with_config_json(data: dict[str, Any], source_dir: Path | None) -> tuple[di
     """The study with ``model.config_json`` read (through the one user-file reader) and the
     sizes it has filled in where the file leaves them out, so that they are validated like
     values written in the file. Returns the data and the fields taken from config.json."""
-    from verl_sweep.spaces.model_config import facts_from_config, language_config
+    from verl_sweep.verl_knowledge import facts_from_config, language_config
 
     model = data.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("config_json"), str):

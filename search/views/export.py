@@ -16,8 +16,8 @@ import yaml
 
 from verl_sweep.search.database.records import StageResult
 from verl_sweep.search.spec.study_file import StudySpec
-from verl_sweep.spaces.engines import MODEL_ENGINE
-from verl_sweep.spaces.overrides import Config, get, merge, nest, to_overrides
+from verl_sweep.verl_knowledge import MODEL_ENGINE
+from verl_sweep.verl_knowledge import Config, get, merge, nest, to_overrides
 
 #: the method's guards: keep the last 3 checkpoints
 GUARDS: Config = {"trainer.max_actor_ckpt_to_keep": 3, "trainer.max_critic_ckpt_to_keep": 3}

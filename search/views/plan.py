@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from verl_sweep.search.spec.study_file import StudySpec
-from verl_sweep.spaces.overrides import Config, get
+from verl_sweep.verl_knowledge import Config, get
 
 PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16
 TRAIN_EFFICIENCY = 0.40  # model FLOPs utilisation of the update and log-prob passes

@@ -20,7 +20,7 @@ from verl_sweep.search.method.policy import incumbent_run_etas
 from verl_sweep.search.database.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.spec.study_file import StudySpec
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Config
 
 if TYPE_CHECKING:
     import optuna

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from verl_sweep.spaces import bounds as B
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces import memory as M
+from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.base import SpaceError, check_options
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces.oom import hardware_tag
-from verl_sweep.spaces.overrides import Config, get
+from verl_sweep.verl_knowledge import Config, get
 from verl_sweep.spaces.systems.keys import (
     DEPRECATED_CRITIC_MICRO, DEPRECATED_LOG_PROB_MICRO, DEPRECATED_MICRO, ENFORCE_EAGER, FREE_CACHE_ENGINE,
     MAX_NUM_SEQS, ROLLOUT_LOG_PROB_MICRO, ROLLOUT_LOG_PROB_TOKENS, base_value)
@@ -64,37 +63,37 @@ def declare(*, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
     if not isinstance(sub, Mapping):
         raise SpaceError(f"{where}.gpu_memory_utilization: must be a mapping like {{low: .., high: ..}}, but got {sub!r}. Use a mapping.")
     check_options(sub, B.BOUND_OPTIONS, f"{where}.gpu_memory_utilization")
-    memory = B.GPU_MEMORY_UTILIZATION.including(get(base, L.GPU_MEMORY)).narrowed(
+    memory = B.GPU_MEMORY_UTILIZATION.including(get(base, V.GPU_MEMORY)).narrowed(
         sub, where=f"{where}.gpu_memory_utilization")
-    lines: list[str] = [f"systems: {L.GPU_MEMORY} — {memory.describe()}"]
+    lines: list[str] = [f"systems: {V.GPU_MEMORY} — {memory.describe()}"]
 
     # Rollout TP: divides GPUs/node and heads, TP·DP·PP divides the GPUs, and the vLLM
     # pool holds the base's token budget within the memory range: each TP with its own
     # memory floor (a tuned base's larger budget raises it), never the worst one for all.
-    dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
-    floors = M.rollout_memory_floors(model, hardware, base, memory)
+    dp_r, pp = V.int_setting(base, V.ROLLOUT_DP), V.int_setting(base, V.ROLLOUT_PP)
+    floors = V.rollout_memory_floors(model, hardware, base, memory)
     tps = list(floors)
     lines.append(
         f"systems: rollout TP ∈ {tps} (divides GPUs/node and heads; TP·DP {dp_r}·PP {pp} divides "
         f"{hardware.n_gpus} GPUs; memory floor per TP, the pool holding token budget "
-        f"{max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len):,}: "
+        f"{max(V.int_setting(base, V.TOKEN_BUDGET), model.max_seq_len):,}: "
         + ", ".join(f"TP {t} ≥ {f:g}" for t, f in floors.items()) + ")"
     )
     # Ulysses: valid sizes that keep the base's static mini-batch valid.
-    mini = L._int_setting(base, L.MINI_BATCH)
+    mini = V.int_setting(base, V.MINI_BATCH)
     sps = [
-        s for s in L.ulysses_sizes(model, hardware).value
-        if L.mini_batch_problem(mini, {**base, L.ULYSSES: s, L.ULYSSES_LEGACY: s}, hardware) is None
+        s for s in V.ulysses_sizes(model, hardware).value
+        if V.mini_batch_problem(mini, {**base, V.ULYSSES: s, V.ULYSSES_LEGACY: s}, hardware) is None
     ]
-    lines.append(f"systems: ulysses ∈ {sps} ({L.ulysses_sizes(model, hardware).lines[0]}; keeps mini-batch {mini} valid)")
+    lines.append(f"systems: ulysses ∈ {sps} ({V.ulysses_sizes(model, hardware).lines[0]}; keeps mini-batch {mini} valid)")
     # Sequences a step: the update's per-GPU batch is the mini-batch's, the log-prob
     # passes' the train batch's; vLLM's sequences a batch beyond one replica's share of the
     # step's sequences cannot matter.
-    n = L._int_setting(base, L.ROLLOUT_N)
-    train = L._int_setting(base, L.TRAIN_BATCH)
+    n = V.int_setting(base, V.ROLLOUT_N)
+    train = V.int_setting(base, V.TRAIN_BATCH)
     dps = {s: max(1, hardware.n_gpus // s) for s in sps}
     micro_choices = {
-        s: _divisors(mini * n // dps[s], MICRO_BATCH_CHOICES, base_value(base, L.MICRO_BATCH),
+        s: _divisors(mini * n // dps[s], MICRO_BATCH_CHOICES, base_value(base, V.MICRO_BATCH),
                      deprecated_set=base.get(DEPRECATED_MICRO) is not None)
         for s in sps if (mini * n) % dps[s] == 0}
     log_prob_choices = {
@@ -138,10 +137,10 @@ def declare(*, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,
     kept: dict[str, Any] = {name: base_value(base, key) for name, key in (
         ("max_num_seqs", MAX_NUM_SEQS), ("enforce_eager", ENFORCE_EAGER), ("free_cache_engine", FREE_CACHE_ENGINE))}
     if len(tps) > 1 or len(sps) > 1:
-        limit, log_prob_limit = base.get(L.MAX_TOKEN_LEN), base.get(ROLLOUT_LOG_PROB_TOKENS)
+        limit, log_prob_limit = base.get(V.MAX_TOKEN_LEN), base.get(ROLLOUT_LOG_PROB_TOKENS)
         factor = (log_prob_limit // limit if isinstance(limit, int) and isinstance(log_prob_limit, int) and limit
                   and log_prob_limit % limit == 0 else 1)
-        kept.update(micro_batch=base_value(base, L.MICRO_BATCH), log_prob_token_factor=factor,
+        kept.update(micro_batch=base_value(base, V.MICRO_BATCH), log_prob_token_factor=factor,
                     log_prob_micro_batch=base_value(base, ROLLOUT_LOG_PROB_MICRO))
     choices: dict[str, list[Any]] = {}
     for name in LISTS:

@@ -1,4 +1,4 @@
-"""Fitting a systems point to the memory estimate (``verl_sweep.spaces.memory``): its estimated
+"""Fitting a systems point to the memory estimate (``verl_sweep.verl_knowledge.memory``): its estimated
 peak, whether it fits, its batching knobs grown as far as they fit, its memory fraction
 lowered until it fits."""
 
@@ -7,9 +7,8 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces import memory as M
-from verl_sweep.spaces.overrides import Config, merge
+from verl_sweep import verl_knowledge as V
+from verl_sweep.verl_knowledge import Config, merge
 from verl_sweep.spaces.systems.choices import SystemsChoices
 from verl_sweep.spaces.systems.knobs import MEMORY
 
@@ -45,12 +44,12 @@ class MemoryFit:
     def peak_gb(self, params: dict[str, Any], base: Config) -> float | None:
         """The point's estimated peak GPU memory (0: not estimated; None: it cannot be built)."""
         config = self.config_of(params, base)
-        found = None if config is None else M.estimate(self.choices.model, self.choices.hardware, config)
+        found = None if config is None else V.estimate(self.choices.model, self.choices.hardware, config)
         return None if config is None else 0.0 if found is None else found.peak_gb
 
     def headroom_gb(self) -> float:
         """The default limit of ``fits``."""
-        return FIT_HEADROOM * M.usable_gb(self.choices.hardware)
+        return FIT_HEADROOM * V.usable_gb(self.choices.hardware)
 
     def fits(self, params: dict[str, Any], base: Config, *, limit_gb: float | None = None) -> bool:
         """Whether the estimated peak of the point stays within ``limit_gb`` (by default
@@ -79,7 +78,7 @@ class MemoryFit:
         config = self.config_of(params, base)
         if config is None or MEMORY not in params:
             return params
-        fit = M.fitting_fraction(self.choices.model, self.choices.hardware, config, base=base)
+        fit = V.fitting_fraction(self.choices.model, self.choices.hardware, config, base=base)
         if params[MEMORY] <= fit:
             return params
-        return {**params, MEMORY: fit} if fit >= self.choices.floors[config[L.ROLLOUT_TP]] else None
+        return {**params, MEMORY: fit} if fit >= self.choices.floors[config[V.ROLLOUT_TP]] else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Config
 from verl_sweep.spaces.systems.choices import SystemsChoices
 from verl_sweep.spaces.systems.fitting import MemoryFit
 from verl_sweep.spaces.systems.knobs import MEMORY

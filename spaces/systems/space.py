@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from verl_sweep.spaces.base import Moves, Space, where_or
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.overrides import Config
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import Config
 from verl_sweep.spaces.systems import suggest as ask
 from verl_sweep.spaces.systems.choices import LISTS, OPTIONS, declare
 from verl_sweep.spaces.systems.fitting import MemoryFit

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.overrides import Config
+from verl_sweep import verl_knowledge as V
+from verl_sweep.verl_knowledge import Config
 from verl_sweep.spaces.systems.choices import SystemsChoices
 from verl_sweep.spaces.systems.fitting import MemoryFit
 
@@ -24,7 +24,7 @@ def starting_points(s: SystemsChoices, fit: MemoryFit, incumbent: dict[str, Any]
     c, names = s.choices, s.knobs
     if incumbent is None or n < 1 or len(c["rollout_tp"]) > 1 or len(c["ulysses"]) > 1:
         return []
-    sp = L.ulysses_size(base)
+    sp = V.ulysses_size(base)
     common = {**incumbent}
     for name, value in (("gradient_checkpointing", True), ("activation_offload", False),
                         ("max_num_seqs", c["max_num_seqs"][-1]), ("enforce_eager", False),

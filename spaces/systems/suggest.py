@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces import memory as M
+from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.batching import static_batching_fill
 from verl_sweep.spaces.oom import oom_ceiling, study_trials
-from verl_sweep.spaces.overrides import Config, merge
+from verl_sweep.verl_knowledge import Config, merge
 from verl_sweep.spaces.systems.choices import SystemsChoices
 from verl_sweep.spaces.systems.keys import (
     ENFORCE_EAGER, FREE_CACHE_ENGINE, MAX_NUM_SEQS, REF_LOG_PROB_DYNAMIC, REF_LOG_PROB_MICRO, REF_LOG_PROB_TOKENS,
@@ -24,22 +23,22 @@ def suggest(s: SystemsChoices, trial: "optuna.trial.BaseTrial", base: Config, *,
     """The overrides of the point ``trial`` asks for. The order of the questions is part of
     the contract: a sampler's draws (and stored studies) depend on it."""
     c, names = s.choices, s.knobs
-    config: Config = {L.ROLLOUT_TP: _pick(trial, "rollout_tp", c["rollout_tp"])}
-    config.update(rollout_expert_parallel(base, config[L.ROLLOUT_TP]))
+    config: Config = {V.ROLLOUT_TP: _pick(trial, "rollout_tp", c["rollout_tp"])}
+    config.update(rollout_expert_parallel(base, config[V.ROLLOUT_TP]))
     strategy = _pick(trial, "strategy", c["strategy"])
-    config[L.STRATEGY] = strategy
+    config[V.STRATEGY] = strategy
     # verl 0.9.1 prefetches under FSDP1 and FSDP2 alike (verl/utils/fsdp_utils.py, apply_fsdp2).
-    config[L.FORWARD_PREFETCH] = _pick(trial, "forward_prefetch", c["forward_prefetch"])
+    config[V.FORWARD_PREFETCH] = _pick(trial, "forward_prefetch", c["forward_prefetch"])
     sp = _pick(trial, "ulysses", c["ulysses"])
-    config[L.ULYSSES] = sp
-    config[L.ULYSSES_LEGACY] = sp  # the ref policy follows the actor-level key
+    config[V.ULYSSES] = sp
+    config[V.ULYSSES_LEGACY] = sp  # the ref policy follows the actor-level key
     if sp > 1:
-        config[L.USE_REMOVE_PADDING] = True
+        config[V.USE_REMOVE_PADDING] = True
     dynamic = _pick(trial, "use_dynamic_bsz", c["use_dynamic_bsz"])
-    config[L.USE_DYNAMIC_BSZ] = dynamic
+    config[V.USE_DYNAMIC_BSZ] = dynamic
     if dynamic:
         limit = _pick(trial, names.name("ppo_max_token_len_per_gpu", sp), s.token_lens[sp])
-        config[L.MAX_TOKEN_LEN] = limit
+        config[V.MAX_TOKEN_LEN] = limit
         # The log-prob passes follow the update's switch (verl's oc.select) but may take
         # larger token limits: they keep no activations for a backward pass.
         factor = _pick(trial, "log_prob_token_factor", c["log_prob_token_factor"])
@@ -54,25 +53,25 @@ def suggest(s: SystemsChoices, trial: "optuna.trial.BaseTrial", base: Config, *,
         if s.micro_choices.get(sp):
             micro = _pick(trial, names.name("micro_batch", sp), s.micro_choices[sp])
             if micro is not None:
-                config[L.MICRO_BATCH] = micro
+                config[V.MICRO_BATCH] = micro
         if s.log_prob_choices.get(sp):
             log_prob = _pick(trial, names.name("log_prob_micro_batch", sp), s.log_prob_choices[sp])
             if log_prob is not None:
                 config[ROLLOUT_LOG_PROB_MICRO] = config[REF_LOG_PROB_MICRO] = log_prob
-        if L.setting(base, L.USE_DYNAMIC_BSZ):
+        if V.setting(base, V.USE_DYNAMIC_BSZ):
             # the base batched dynamically and set no micro-batches, which verl needs once
             # batching is static (its validate_config refuses the config without them)
             config.update(static_batching_fill({**base, **config}, s.hardware, algorithm=s.algorithm))
-    config[L.GRADIENT_CHECKPOINTING] = _pick(trial, "gradient_checkpointing", c["gradient_checkpointing"])
-    config[L.ACTIVATION_OFFLOAD] = _pick(trial, "activation_offload", c["activation_offload"])
+    config[V.GRADIENT_CHECKPOINTING] = _pick(trial, "gradient_checkpointing", c["gradient_checkpointing"])
+    config[V.ACTIVATION_OFFLOAD] = _pick(trial, "activation_offload", c["activation_offload"])
     config[MAX_NUM_SEQS] = _pick(trial, "max_num_seqs", c["max_num_seqs"])
     config[ENFORCE_EAGER] = _pick(trial, "enforce_eager", c["enforce_eager"])
     config[FREE_CACHE_ENGINE] = _pick(trial, "free_cache_engine", c["free_cache_engine"])
     # Asked last: its floor (the pool must hold the token budget at this TP) and its ceiling
     # (OOMs of this same layout, and the memory estimate) depend on the knobs chosen above.
-    low = s.floors[config[L.ROLLOUT_TP]]
-    fit = M.fitting_fraction(s.model, s.hardware, merge(base, config), base=base) if fits_memory else 1.0
-    config[L.GPU_MEMORY] = trial.suggest_float(MEMORY, low, max(low, min(_memory_high(s, trial), fit)))
+    low = s.floors[config[V.ROLLOUT_TP]]
+    fit = V.fitting_fraction(s.model, s.hardware, merge(base, config), base=base) if fits_memory else 1.0
+    config[V.GPU_MEMORY] = trial.suggest_float(MEMORY, low, max(low, min(_memory_high(s, trial), fit)))
     return config
 
 
@@ -94,24 +93,24 @@ def _memory_high(s: SystemsChoices, trial: "optuna.trial.BaseTrial") -> float:
 def incumbent_params(s: SystemsChoices, base: Config) -> dict[str, Any] | None:
     """The point whose config is ``base``'s own (None: ``base`` is not a point of the space)."""
     c, names = s.choices, s.knobs
-    sp = L.ulysses_size(base)
-    dynamic = bool(L.setting(base, L.USE_DYNAMIC_BSZ))
+    sp = V.ulysses_size(base)
+    dynamic = bool(V.setting(base, V.USE_DYNAMIC_BSZ))
     wanted: list[tuple[str, Any, list[Any]]] = [
-        ("rollout_tp", L.setting(base, L.ROLLOUT_TP), c["rollout_tp"]),
-        ("strategy", L.setting(base, L.STRATEGY), c["strategy"]),
+        ("rollout_tp", V.setting(base, V.ROLLOUT_TP), c["rollout_tp"]),
+        ("strategy", V.setting(base, V.STRATEGY), c["strategy"]),
         ("ulysses", sp, c["ulysses"]),
         ("use_dynamic_bsz", dynamic, c["use_dynamic_bsz"]),
-        ("gradient_checkpointing", bool(L.setting(base, L.GRADIENT_CHECKPOINTING)), c["gradient_checkpointing"]),
-        ("activation_offload", bool(L.setting(base, L.ACTIVATION_OFFLOAD)), c["activation_offload"]),
+        ("gradient_checkpointing", bool(V.setting(base, V.GRADIENT_CHECKPOINTING)), c["gradient_checkpointing"]),
+        ("activation_offload", bool(V.setting(base, V.ACTIVATION_OFFLOAD)), c["activation_offload"]),
         ("max_num_seqs", base_value(base, MAX_NUM_SEQS), c["max_num_seqs"]),
         ("enforce_eager", bool(base_value(base, ENFORCE_EAGER)), c["enforce_eager"]),
         ("free_cache_engine", bool(base_value(base, FREE_CACHE_ENGINE)), c["free_cache_engine"]),
-        ("forward_prefetch", bool(L.setting(base, L.FORWARD_PREFETCH)), c["forward_prefetch"]),
+        ("forward_prefetch", bool(V.setting(base, V.FORWARD_PREFETCH)), c["forward_prefetch"]),
     ]
     if sp not in c["ulysses"]:
         return None  # a Ulysses size the space does not ask: no parameter names for it
     if dynamic:
-        limit = L.setting(base, L.MAX_TOKEN_LEN)
+        limit = V.setting(base, V.MAX_TOKEN_LEN)
         wanted.append((names.name("ppo_max_token_len_per_gpu", sp), limit, s.token_lens.get(sp, [])))
         log_prob_limit = base.get(ROLLOUT_LOG_PROB_TOKENS, limit)
         factor = log_prob_limit // limit if isinstance(log_prob_limit, int) and isinstance(limit, int) and limit else None
@@ -120,7 +119,7 @@ def incumbent_params(s: SystemsChoices, base: Config) -> dict[str, Any] | None:
         wanted.append(("log_prob_token_factor", factor, c["log_prob_token_factor"]))
     else:
         if s.micro_choices.get(sp):
-            wanted.append((names.name("micro_batch", sp), base_value(base, L.MICRO_BATCH), s.micro_choices[sp]))
+            wanted.append((names.name("micro_batch", sp), base_value(base, V.MICRO_BATCH), s.micro_choices[sp]))
         if s.log_prob_choices.get(sp):
             log_prob = base_value(base, ROLLOUT_LOG_PROB_MICRO)
             ref = base_value(base, REF_LOG_PROB_MICRO)
@@ -133,8 +132,8 @@ def incumbent_params(s: SystemsChoices, base: Config) -> dict[str, Any] | None:
             return None
         if len(valid) > 1:  # a knob with one value is set, not asked (see suggest)
             params[name] = value
-    memory = L.setting(base, L.GPU_MEMORY)
-    own_tp = L.setting(base, L.ROLLOUT_TP)
+    memory = V.setting(base, V.GPU_MEMORY)
+    own_tp = V.setting(base, V.ROLLOUT_TP)
     if not isinstance(memory, (int, float)) or own_tp not in s.floors \
             or not s.floors[own_tp] <= memory <= s.memory.high:
         return None
@@ -143,7 +142,7 @@ def incumbent_params(s: SystemsChoices, base: Config) -> dict[str, Any] | None:
 
 
 def _uses_ref(base: Config) -> bool:
-    return bool(L.setting(base, L.USE_KL_LOSS) or L.setting(base, L.USE_KL_IN_REWARD))
+    return bool(V.setting(base, V.USE_KL_LOSS) or V.setting(base, V.USE_KL_IN_REWARD))
 
 
 def _pick(trial: "optuna.trial.BaseTrial", name: str, choices: list[Any]) -> Any:

@@ -149,7 +149,7 @@ def test_every_peer_space_holds_the_best_reachable_config(landscape: str, tmp_pa
     from benchmarks import run as R
     from benchmarks.joint import FairJointSpace
     from verl_sweep.launchers.simulator import load_landscape
-    from verl_sweep.spaces.overrides import merge
+    from verl_sweep.verl_knowledge import merge
 
     monkeypatch.setattr(R, "CACHE", tmp_path)
     monkeypatch.setattr(R, "SHIPPED", tmp_path)  # computed here, never a kept reference
@@ -188,7 +188,7 @@ def _same_config(a: dict, b: dict) -> None:
 def test_joint_space_turns_kl_off_and_reaches_the_chains_token_bound() -> None:
     from benchmarks.joint import FairJointSpace
     from benchmarks.run import demo_spec
-    from verl_sweep.spaces import limits as L
+    from verl_sweep import verl_knowledge as L
 
     space = FairJointSpace(demo_spec("default"))
     assert space.by_name["use_kl"].choices == (False, True)
@@ -253,7 +253,7 @@ def test_each_peer_searches_on_a_shipped_world_until_the_budget(method: str, tmp
     `default` world, configs of its own choosing, its incumbent one it ran, stopped at the
     budget. The prior peers' run is the test below."""
     from benchmarks.peers import PEERS
-    from verl_sweep.spaces.overrides import to_overrides
+    from verl_sweep.verl_knowledge import to_overrides
 
     assert method in PEERS
     _, _, trace = _peer_on_default_world(method, tmp_path, budget_gpu_h=800.0)
@@ -272,7 +272,7 @@ def test_each_peer_searches_on_a_shipped_world_until_the_budget(method: str, tmp
 def test_the_prior_peers_start_from_the_study_baseline_and_spend_the_budget(method: str, tmp_path: Path) -> None:
     """PriorBand, Syne Tune and the joint Optuna study get verl-sweep's head start: their first
     probe is the study's baseline, run to full length; they stop at the GPU-hour budget."""
-    from verl_sweep.spaces.overrides import parse_overrides
+    from verl_sweep.verl_knowledge import parse_overrides
 
     spec, launcher, trace = _peer_on_default_world(method, tmp_path, budget_gpu_h=400.0)
     specs = sorted(tmp_path.rglob("spec.json"), key=lambda p: json.loads(p.read_text())["run_id"])
@@ -289,7 +289,7 @@ def test_the_polish_follows_a_coupling_in_the_other_direction() -> None:
     mini-batch down and lr up from the chain's winner (the old polish assumed the other way and
     kept the one-knob answer, 0 of 4 runs within 95% of the best)."""
     from benchmarks.run import run_one
-    from verl_sweep.spaces import limits as L
+    from verl_sweep import verl_knowledge as L
 
     run = run_one(("couple_down", "verl-sweep", 1, False, 0.0))
     chain, final = run["points"][-2], run["points"][-1]
@@ -302,7 +302,7 @@ def default_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """One verl-sweep study on the `default` world (replay launcher): its spec and storage."""
     from benchmarks import methods as M
     from benchmarks.run import rep_spec
-    from verl_sweep.search.database._optuna_forks import storage_class
+    from verl_sweep.search.database.optuna_forks import storage_class
     from verl_sweep.search.views.console import Console
     from verl_sweep.search.engine.driver import StudyRunner
 

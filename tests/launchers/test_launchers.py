@@ -169,7 +169,7 @@ def test_probes_sharing_a_gpu_get_a_fixed_kv_cache(tmp_path: Path, probes_per_gp
 
 
 def test_verl_composes_the_fixed_kv_cache_override() -> None:
-    from verl_sweep.spaces.verl_check import validate_with_verl
+    from verl_sweep.verl_knowledge import validate_with_verl
 
     from verl_sweep.search.spec.study_file import load_study
 

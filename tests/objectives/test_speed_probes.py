@@ -19,10 +19,10 @@ from verl_sweep.launchers.base import Launcher, RunHandle, RunSpec, RunState, Ru
 from verl_sweep.objectives.metrics import StepMetrics
 from verl_sweep.objectives.score import Metric, throughput_settled
 from verl_sweep.spaces import build_space
-from verl_sweep.spaces import limits as L
+from verl_sweep import verl_knowledge as L
 from verl_sweep.spaces import systems as S
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.overrides import merge
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import merge
 
 DATA = REPO / "tests" / "data" / "real-verl-0.9.1"
 H200 = HardwareFacts(gpus_per_node=1, gpu_memory_gb=141)
@@ -157,7 +157,7 @@ def test_the_quickstart_baseline_is_the_incumbent_and_round_trips() -> None:
     # value, else verl's default; the log-prob passes follow the update's static batching)
     follows = {S.ROLLOUT_LOG_PROB_DYNAMIC: False, S.REF_LOG_PROB_DYNAMIC: False}
     for key, value in config.items():
-        meant = QUICKSTART.get(key, L.VERL_DEFAULTS.get(key, S.DEFAULTS.get(key, follows.get(key))))
+        meant = QUICKSTART.get(key, L.VERL_DEFAULTS.get(key, follows.get(key)))
         assert value == meant, key
 
 
@@ -187,7 +187,7 @@ def test_the_shipped_h200_study_validates_with_verl() -> None:
 
 
 def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
-    from verl_sweep.spaces import memory as M
+    from verl_sweep import verl_knowledge as M
 
     space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
                         options=VLLM_KNOBS)
@@ -215,7 +215,7 @@ def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
 def _recorded_config(name: str) -> dict[str, Any]:
     import json
 
-    from verl_sweep.spaces.overrides import parse_overrides
+    from verl_sweep.verl_knowledge import parse_overrides
 
     overrides = json.loads((DATA / "h200-0.5b" / f"{name}.spec.json").read_text())["overrides"]
     return dict(parse_overrides([o for o in overrides if "=" in o]))
@@ -226,7 +226,7 @@ def test_the_memory_estimate_holds_the_h200_peaks_within_a_quarter(name: str) ->
     """NVML's peak of each recorded probe (1 s samples, the probe alone on the GPU) against the
     pre-flight's estimate of its config: within ±25% (measured: −0.9% and −0.5%)."""
     from verl_sweep.objectives.utilisation import read_samples, summarise
-    from verl_sweep.spaces import memory as M
+    from verl_sweep import verl_knowledge as M
 
     config = _recorded_config(name)
     measured = summarise(read_samples(DATA / "h200-0.5b" / f"{name}.gpu_samples.jsonl"))
@@ -308,7 +308,7 @@ def test_on_a_node_with_layouts_the_batching_is_swept_when_listed() -> None:
 
 @pytest.mark.parametrize("bad", [{L.GPU_MEMORY: None}, {L.GPU_MEMORY: "0.5"}, {L.MICRO_BATCH: "4"}, {L.STRATEGY: 3}])
 def test_the_memory_estimate_leaves_a_malformed_config_to_the_rules(bad: dict[str, Any]) -> None:
-    from verl_sweep.spaces import memory as M
+    from verl_sweep import verl_knowledge as M
 
     config = {**QUICKSTART, **bad}
     assert M.estimate(QWEN_05B, H200, config) is None and M.fit_problem(QWEN_05B, H200, config) is None

@@ -1,5 +1,6 @@
-"""The import directions of STYLE.md: spaces/ and launchers/ are leaves, objectives/ knows only
-the launcher interface, search/ composes everything; heavy packages are imported lazily."""
+"""The import directions of STYLE.md: verl_knowledge/ is the leaf, spaces/ and launchers/ know only
+it, objectives/ knows only the launcher interface, search/ composes everything; heavy packages are
+imported lazily."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from support import REPO
 
 pytestmark = pytest.mark.fast
 
-OURS = {"search", "spaces", "objectives", "launchers"}  # folders; installed as verl_sweep.<folder>
+OURS = {"search", "spaces", "objectives", "launchers", "verl_knowledge"}  # folders; installed as verl_sweep.<folder>
 ALLOWED = {
-    "spaces": {"spaces"},
-    "launchers": {"launchers"},
+    "verl_knowledge": {"verl_knowledge"},
+    "spaces": {"spaces", "verl_knowledge"},
+    "launchers": {"launchers", "verl_knowledge"},
     "objectives": {"objectives", "spaces", "launchers.base", "launchers.run_dir"},
     "search": OURS,
 }
@@ -82,6 +84,7 @@ def test_only_the_one_import_name_is_used() -> None:
 def test_packages_import_without_heavy_dependencies() -> None:
     code = (
         "import sys, verl_sweep.search.commands.cli, verl_sweep.search.engine.driver, verl_sweep.launchers, verl_sweep.spaces, "
+        "verl_sweep.verl_knowledge, "
         "verl_sweep.objectives.probe\n"
         "heavy = [m for m in ('ray', 'torch', 'verl', 'hydra') if m in sys.modules]\n"
         "print(heavy)\n"

@@ -273,7 +273,7 @@ def test_a_worker_with_wait_joins_a_study_created_after_it_started(tmp_path: Pat
 
 def test_override_values_cannot_smuggle_keys_or_shell(tmp_path: Path) -> None:
     """Values are quoted for Hydra and passed as argv items: no extra key, no shell."""
-    from verl_sweep.spaces.overrides import parse_override, to_overrides
+    from verl_sweep.verl_knowledge.overrides import parse_override, to_overrides
 
     hostile = "x,+trainer.evil=1; touch /tmp/verl-sweep-pwned2 $(id) `id`"
     [item] = to_overrides({"trainer.project_name": hostile})
@@ -383,7 +383,7 @@ def _one_line(result: Any, message: str, *, code: int = 2) -> str:
 
 
 def _needs_verl() -> None:
-    from verl_sweep.spaces import verl_check
+    from verl_sweep.verl_knowledge import verl_check
 
     if not verl_check.verl_available():
         pytest.skip("needs verl")

@@ -176,7 +176,7 @@ def mutated_baselines(draw: Any) -> bytes:
 @given(mutated_baselines())
 def test_mutated_baselines_through_verl(content: bytes) -> None:
     """`validate`, verl's compose and validation included: exit 0, or exit 2 with short lines."""
-    from verl_sweep.spaces import verl_check
+    from verl_sweep.verl_knowledge import verl_check
 
     if not verl_check.verl_available():  # imports verl, before the clock starts
         pytest.skip("needs verl")

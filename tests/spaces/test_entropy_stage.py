@@ -15,7 +15,8 @@ from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.spec.study_file import default_stages
 from verl_sweep.search.database.study_root import save_spec, stored_stage_result
 from verl_sweep.search.commands.validate import validate_study
-from verl_sweep.spaces import Algorithm, SpaceError, build_space
+from verl_sweep.spaces import SpaceError, build_space
+from verl_sweep.verl_knowledge import Algorithm
 
 pytestmark = pytest.mark.fast
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from verl_sweep.spaces import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.overrides import merge
+from verl_sweep import verl_knowledge as L
+from verl_sweep.spaces import limits as SL
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import merge
 
 pytestmark = pytest.mark.fast
 
@@ -157,7 +158,7 @@ BUDGETS = [
 def test_token_budget_arithmetic(
     model: ModelFacts, hardware: HardwareFacts, fraction: float, tp: int, seed: int, cap: int, bound: int, suggested: int,
 ) -> None:
-    budget = L.token_budget(model, hardware, {L.GPU_MEMORY: fraction, L.ROLLOUT_TP: tp})
+    budget = SL.token_budget(model, hardware, {L.GPU_MEMORY: fraction, L.ROLLOUT_TP: tp})
     assert (budget.seed, budget.memory_cap, budget.bound) == (seed, cap, bound)
     assert budget.suggested_max == suggested
     assert budget.suggested_max <= budget.bound
@@ -165,14 +166,14 @@ def test_token_budget_arithmetic(
 
 
 def test_token_budget_defaults_and_floor() -> None:
-    budget = L.token_budget(M7_LONG, H8x80, {})  # silent base → verl defaults 0.5 / TP 2
+    budget = SL.token_budget(M7_LONG, H8x80, {})  # silent base → verl defaults 0.5 / TP 2
     assert "gpu_memory_utilization 0.5" in budget.lines[1] and "rollout TP 2" in budget.lines[1]
     assert budget.floor == 8192
 
 
 @pytest.mark.parametrize("value, rounded", [(106_496, 100_000), (91_136, 91_000), (2048, 2000), (99, 99), (1_234_567, 1_200_000)])
 def test_round_down_two_significant_figures(value: int, rounded: int) -> None:
-    assert L.round_down_2sf(value) == rounded
+    assert SL.round_down_2sf(value) == rounded
 
 
 def test_ulysses_and_tp_sizes() -> None:
@@ -186,9 +187,9 @@ def test_ulysses_and_tp_sizes() -> None:
 
 
 def test_valid_mini_batches_lists_exactly_the_valid_values() -> None:
-    values = L.valid_mini_batches({L.ROLLOUT_N: 1}, H8x80, low=384, high=640).value
+    values = SL.valid_mini_batches({L.ROLLOUT_N: 1}, H8x80, low=384, high=640).value
     assert values == list(range(384, 641, 8))
-    assert L.valid_mini_batches({L.TRAIN_BATCH: 500}, H8x80, low=384, high=640).value == list(range(384, 501, 8))
+    assert SL.valid_mini_batches({L.TRAIN_BATCH: 500}, H8x80, low=384, high=640).value == list(range(384, 501, 8))
 
 
 QWEN3_8B = ModelFacts(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=36,
@@ -203,7 +204,7 @@ def test_the_token_budget_charges_the_real_kv_cache() -> None:
     hidden ÷ 8 KiB rule charged 524,288 (3.6×)."""
     assert QWEN3_8B.kv_bytes_per_token() == 147_456
     assert L.bytes_per_token(M7) == 524_288 and round(524_288 / 147_456, 1) == 3.6
-    budget = L.token_budget(QWEN3_8B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 2})
+    budget = SL.token_budget(QWEN3_8B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 2})
     assert budget.memory_cap == int((80 * 0.6 - 8.19) * 1024**3 / 147_456)
     assert "KV 147,456 B a token (36 layers × 2 × 8 KV heads × 128 × 2 B)" in budget.lines[0]
 
@@ -211,8 +212,8 @@ def test_the_token_budget_charges_the_real_kv_cache() -> None:
 def test_moe_experts_are_split_over_rollout_tp_and_dp() -> None:
     """Qwen3-30B-A3B at rollout TP 1 on 80 GB: 61 GB of weights on one GPU leave no pool at 0.6
     (the old bound: 0); with DP 8 (EP = TP × DP) the experts are spread over 8 GPUs."""
-    one = L.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1})
-    spread = L.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1, L.ROLLOUT_DP: 8,
+    one = SL.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1})
+    spread = SL.token_budget(QWEN3_30B_A3B, H8x80, {L.GPU_MEMORY: 0.6, L.ROLLOUT_TP: 1, L.ROLLOUT_DP: 8,
                                                    "actor_rollout_ref.rollout.expert_parallel_size": 8})
     assert one.memory_cap == 0 and spread.memory_cap > 200_000
     assert "experts 28.99B × 2 bytes ÷ TP·DP 8" in spread.lines[1]
@@ -226,7 +227,7 @@ def test_each_rollout_tp_keeps_its_own_memory_floor() -> None:
     """The floor of the worst TP is not every layout's: TP 1 needs a larger fraction than TP 8
     to hold 32B's weights and the budget, and each layout is offered from its own floor."""
     from verl_sweep.spaces import bounds as B
-    from verl_sweep.spaces.memory import rollout_memory_floors
+    from verl_sweep.verl_knowledge import rollout_memory_floors
 
     floors = rollout_memory_floors(M32, H8x80, {**OK_GRPO, L.TOKEN_BUDGET: 60_000, L.ROLLOUT_TP: 8, L.GPU_MEMORY: 0.9},
                                    B.GPU_MEMORY_UTILIZATION)

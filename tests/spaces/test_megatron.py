@@ -13,10 +13,10 @@ import pytest
 from verl_sweep.search.spec.study_file import parse_study
 from verl_sweep.search.commands.validate import sample_configs, validate_study
 from verl_sweep.spaces import build_space
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.engines import MEGATRON_CP, MEGATRON_PP, MEGATRON_TP
+from verl_sweep import verl_knowledge as L
+from verl_sweep.verl_knowledge import MEGATRON_CP, MEGATRON_PP, MEGATRON_TP
 from verl_sweep.spaces.megatron import MegatronSystemsSpace, layout_problem
-from verl_sweep.spaces.verl_check import VerlValidator, verl_available
+from verl_sweep.verl_knowledge import VerlValidator, verl_available
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(600)]

@@ -9,11 +9,13 @@ from typing import Any
 import optuna
 import pytest
 
-from verl_sweep.spaces import SPACES, Algorithm, HardwareFacts, ModelFacts, Moves, SpaceError, build_space
+from verl_sweep.spaces import SPACES, Moves, SpaceError, build_space
 from verl_sweep.spaces.base import Space
-from verl_sweep.spaces import limits as L
+from verl_sweep import verl_knowledge as L
+from verl_sweep.spaces import limits as SL
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces.bounds import KL_COEF, ParamBound
-from verl_sweep.spaces.overrides import merge
+from verl_sweep.verl_knowledge import merge
 from verl_sweep.spaces.stages import FAILURE_KIND_ATTR, HARDWARE_ATTR, hardware_tag, oom_ceiling
 
 pytestmark = pytest.mark.fast
@@ -303,7 +305,7 @@ def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
 
 
 def test_templates_follow_the_brief() -> None:
-    from verl_sweep.spaces.templates import MEGATRON_TP, MODEL_ENGINE, template_for
+    from verl_sweep.verl_knowledge import MEGATRON_TP, MODEL_ENGINE, template_for
 
     small = template_for(MODEL_7B, A100x8, Algorithm.GRPO)
     assert small.config[L.ROLLOUT_TP] == 4 and small.config[L.GPU_MEMORY] == 0.6
@@ -433,7 +435,7 @@ def test_systems_after_the_token_stage_raises_the_memory_floor() -> None:
     assert 0.3 < min(space.floors.values()) and max(space.floors.values()) < space.memory.high
     for config in sample(space, base, n=60, seed=3):
         merged = merge(base, config)
-        assert L.token_budget(MODEL_7B, A100x8, merged).memory_cap >= 60_000, config
+        assert SL.token_budget(MODEL_7B, A100x8, merged).memory_cap >= 60_000, config
         assert L.check_config(merged, model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO) == [], config
     untuned = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO,
                           base=merge(GRPO_BASE, {L.MICRO_BATCH: 8}), options={})
@@ -521,7 +523,7 @@ def test_no_space_proposes_a_config_the_memory_estimate_says_cannot_fit(kind: st
     asked last, keeps the rollout phase (and vLLM awake in the others) within it, and a
     combination of batching knobs beyond it is refused before launch (``TrialRunner``)."""
     from verl_sweep.search.commands.validate import extreme_configs
-    from verl_sweep.spaces import memory as M
+    from verl_sweep import verl_knowledge as M
 
     base = NEAR_THE_EDGE
     found = M.estimate(MODEL_7B, A100x8, base)
@@ -540,7 +542,7 @@ def test_no_space_proposes_a_config_the_memory_estimate_says_cannot_fit(kind: st
 def test_the_systems_memory_fraction_stops_where_the_rollout_would_not_fit() -> None:
     """The fraction's ceiling follows the layout: Ulysses 2 halves the data-parallel ranks and
     doubles the actor's resident states, so the rollout leaves less room to vLLM."""
-    from verl_sweep.spaces import memory as M
+    from verl_sweep import verl_knowledge as M
 
     space = build_space("systems", model=MODEL_7B, hardware=A100x8, algorithm=Algorithm.GRPO, base=NEAR_THE_EDGE,
                         options={}).on_real_gpus(True)
@@ -575,7 +577,7 @@ def test_on_a_simulator_the_spaces_leave_out_of_memory_to_its_world() -> None:
 def test_switching_kl_on_at_the_edge_takes_the_reference_from_vllms_share() -> None:
     """A reference policy needs memory: where the estimate says the GPU is full with it, the
     KL candidate comes with vLLM's fraction lowered so that it fits (on real GPUs)."""
-    from verl_sweep.spaces import memory as M
+    from verl_sweep import verl_knowledge as M
 
     off = {**NEAR_THE_EDGE, L.USE_KL_LOSS: False}
     edge = M.fitting_fraction(MODEL_7B, A100x8, off, base=off)  # stage 0 may take vLLM's share this far

@@ -20,9 +20,10 @@ import pytest
 from support import verl_examples as V
 from verl_sweep.search.spec.study_file import load_study
 from verl_sweep.search.commands.validate import sample_configs
-from verl_sweep.spaces import build_space, check_config
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.verl_check import VerlValidator, verl_available
+from verl_sweep.spaces import build_space
+from verl_sweep import verl_knowledge as L
+from verl_sweep.verl_knowledge import check_config
+from verl_sweep.verl_knowledge import VerlValidator, verl_available
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(900),

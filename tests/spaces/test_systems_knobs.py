@@ -8,9 +8,9 @@ from typing import Any
 import optuna
 import pytest
 
-from verl_sweep.spaces import Algorithm, HardwareFacts, ModelFacts, build_space
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.overrides import merge
+from verl_sweep import verl_knowledge as L
+from verl_sweep.spaces import build_space
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts, merge
 from verl_sweep.spaces.systems import Knob, SystemsSpace
 
 pytestmark = pytest.mark.fast

@@ -10,10 +10,11 @@ from typing import Any, Iterator
 import optuna
 import pytest
 
-from verl_sweep.spaces import Algorithm, HardwareFacts, ModelFacts, build_space
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.overrides import merge
-from verl_sweep.spaces.verl_check import VerlValidator, key_for, validate_with_verl, verl_available, verl_version
+from verl_sweep.spaces import build_space
+from verl_sweep import verl_knowledge as L
+from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import merge
+from verl_sweep.verl_knowledge import VerlValidator, key_for, validate_with_verl, verl_available, verl_version
 
 # Before verl (and huggingface_hub) is imported: nothing in these tests may reach the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -192,7 +193,7 @@ TEMPLATE_CASES = [
 def test_templates_compose_and_validate(
     validator: tuple[VerlValidator, str], model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm, name: str,
 ) -> None:
-    from verl_sweep.spaces.templates import CRITIC_MICRO, template_for
+    from verl_sweep.verl_knowledge import CRITIC_MICRO, template_for
 
     v, model_dir = validator
     template = template_for(model, hardware, algorithm)

@@ -294,7 +294,7 @@ def test_the_study_file_says_what_init_could_not_resolve(tmp_path: Path) -> None
 
 def test_the_corpus_facts_parse() -> None:
     """Every model stand-in gives the shape the bounds need (tests/data/model-configs)."""
-    from verl_sweep.spaces.model_config import facts_from_config
+    from verl_sweep.verl_knowledge import facts_from_config
 
     for path in CONFIGS.glob("*.json"):
         facts = facts_from_config(json.loads(path.read_text()))

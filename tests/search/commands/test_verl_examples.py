@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from support import verl_examples as V
-from verl_sweep.spaces.verl_check import verl_available
+from verl_sweep.verl_knowledge import verl_available
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(300),

@@ -1,4 +1,4 @@
-"""The forks of Optuna's private code (``search/database/_optuna_forks``) apply on the installed Optuna
+"""The forks of Optuna's private code (``search/database/optuna_forks``) apply on the installed Optuna
 (CI runs the pinned release and the newest in range: a release that changed the code they rely
 on fails here the day it ships), pass Optuna's own behavioural suites for storages and
 samplers, and stand aside, in one log line, on an Optuna whose private code changed."""
@@ -16,16 +16,16 @@ from optuna.testing.pytest_samplers import BasicSamplerTestCase, RelativeSampler
 from optuna.testing.pytest_storages import StorageTestCase
 
 from support import REPO
-from verl_sweep.search.database import _optuna_forks
-from verl_sweep.search.database._optuna_forks.rdb import SweepStorage
-from verl_sweep.search.database._optuna_forks.tpe import ReadOnceTPESampler
+from verl_sweep.search.database import optuna_forks
+from verl_sweep.search.database.optuna_forks.rdb import SweepStorage
+from verl_sweep.search.database.optuna_forks.tpe import ReadOnceTPESampler
 
 pytestmark = pytest.mark.newest
 
 
 def test_the_forks_apply_on_the_installed_optuna() -> None:
-    assert _optuna_forks.shape_differences() == [], optuna.__version__
-    assert _optuna_forks.install()
+    assert optuna_forks.shape_differences() == [], optuna.__version__
+    assert optuna_forks.install()
 
 
 def test_a_changed_private_function_or_table_is_found() -> None:
@@ -36,7 +36,7 @@ def test_a_changed_private_function_or_table_is_found() -> None:
         "optuna.storages._rdb.models:TrialModel": {"columns": ("trial_id", "number")},
         "optuna.samplers._tpe.sampler:_split_trials_once": {"params": ()},
     }
-    assert _optuna_forks.shape_differences(relied_on) == [
+    assert optuna_forks.shape_differences(relied_on) == [
         "RDBStorage.get_trial takes (self, trial_id)",
         "TPESampler._sample no longer reads _split_trials_once",
         "TrialModel's columns are trial_id, number, study_id, state, datetime_start, datetime_complete",
@@ -53,14 +53,14 @@ class TestSweepStorage(StorageTestCase):
 class TestReadOnceTPESampler(BasicSamplerTestCase):
     @pytest.fixture
     def sampler(self) -> Callable[[], optuna.samplers.BaseSampler]:
-        _optuna_forks.install()
+        optuna_forks.install()
         return lambda: ReadOnceTPESampler(n_startup_trials=2, constant_liar=True)
 
 
 class TestReadOnceMultivariateTPESampler(RelativeSamplerTestCase):
     @pytest.fixture
     def sampler(self) -> Callable[[], optuna.samplers.BaseSampler]:
-        _optuna_forks.install()
+        optuna_forks.install()
         # No startup trials: the suite asks for a relative sample after one trial. Without
         # group: the suite calls sample_relative with a search space of its own, which Optuna's
         # grouped TPE answers with {} too (test_sampler.py compares grouped TPE with Optuna's).
@@ -74,9 +74,9 @@ def test_changed_private_code_gets_stock_optuna_and_one_log_line(tmp_path: Path)
         "optuna.__version__ = '5.9.0'\n"
         "from optuna.samplers._tpe import sampler\n"
         "del sampler._split_trials\n"  # as a release that renamed it
-        "from search import _optuna_forks\n"
+        "from search import optuna_forks\n"
         "from verl_sweep.search.database.storage import open_storage\n"
-        "sampler = _optuna_forks.tpe_sampler(seed=0)\n"
+        "sampler = optuna_forks.tpe_sampler(seed=0)\n"
         f"storage = open_storage('sqlite:///{tmp_path}/study.db')\n"  # in memory is refused
         "from verl_sweep.search.method.sampler import tpe_class\n"
         "print(type(sampler).__name__, type(storage).__name__, tpe_class().__name__)\n"
@@ -87,6 +87,6 @@ def test_changed_private_code_gets_stock_optuna_and_one_log_line(tmp_path: Path)
     # One line for the forks and the stages' TPE that learns from OOMs (which overrides private
     # TPE code too, fenced the same way); nothing from verl_sweep.search.method.sampler.
     lines = [line for line in result.stderr.splitlines() if line.startswith("search.")]
-    assert lines == ["verl_sweep.search.database._optuna_forks: Optuna 5.9.0 changed private code that verl-sweep's TPE and storage "
+    assert lines == ["verl_sweep.search.database.optuna_forks: Optuna 5.9.0 changed private code that verl-sweep's TPE and storage "
                      "speed-ups rely on (_split_trials is gone): using stock Optuna's (slower asks on large "
                      "studies, TPE not learning from runs that ran out of memory). Install optuna==5.0.0 for them."]

@@ -27,7 +27,7 @@ from verl_sweep.search.engine.stage_study import TRIALS_REFRESH_S, StageStudy
 from verl_sweep.search.database.storage import open_storage
 from verl_sweep.search.spec.study_file import load_study
 from verl_sweep.spaces import build_space
-from verl_sweep.spaces.overrides import merge
+from verl_sweep.verl_knowledge import merge
 
 
 

@@ -18,7 +18,7 @@ from verl_sweep.search.engine.stage_loop import undecided_leaders
 from verl_sweep.search.engine.stage_study import StageStudy
 from verl_sweep.search.database.storage import open_storage
 from verl_sweep.spaces import build_space
-from verl_sweep.spaces import limits as L
+from verl_sweep import verl_knowledge as L
 
 pytestmark = pytest.mark.fast
 

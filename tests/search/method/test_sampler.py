@@ -13,7 +13,7 @@ import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.samplers._tpe import _truncnorm
 
-from verl_sweep.search.database._optuna_forks.tpe import ReadOnceTPESampler
+from verl_sweep.search.database.optuna_forks.tpe import ReadOnceTPESampler
 from verl_sweep.search.method.sampler import build_sampler
 from verl_sweep.search.spec.study_file import StageSettings
 

@@ -84,8 +84,8 @@ def test_pruning_saves_gpu_time_and_keeps_the_winner(pruned: dict[str, Any], tmp
 def test_stage_0_finds_a_layout_at_least_as_fast_as_the_template(pruned: dict[str, Any]) -> None:
     from verl_sweep.launchers.simulator import load_landscape
     from verl_sweep.search.spec.study_file import load_study
-    from verl_sweep.spaces import check_config, template_for
-    from verl_sweep.spaces.overrides import merge
+    from verl_sweep.verl_knowledge import check_config, template_for
+    from verl_sweep.verl_knowledge import merge
 
     spec = load_study(REPO / "studies" / "demo.yaml")
     systems = pruned["stages"][0]

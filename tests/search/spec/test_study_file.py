@@ -11,7 +11,7 @@ import pytest
 from support import cli, demo_data, write_study
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.spec.study_file import default_stages, load_study
-from verl_sweep.spaces.facts import Algorithm
+from verl_sweep.verl_knowledge import Algorithm
 
 
 def _with(change: Any) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class ModelFacts(BaseModel):
     kv_lora_dim: StrictInt | None = Field(default=None, ge=1, le=100_000)
     max_prompt_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
     max_response_length: StrictInt = Field(default=1024, ge=1, le=10_000_000)
-    #: the shape the memory pre-flight computes with (``verl_sweep.spaces.memory``); a config.json fills
+    #: the shape the memory pre-flight computes with (``verl_sweep.verl_knowledge.memory``); a config.json fills
     #: them in, and without them they are inferred from the parameter count
     num_hidden_layers: StrictInt | None = Field(default=None, ge=1, le=100_000)
     num_key_value_heads: StrictInt | None = Field(default=None, ge=1, le=10_000)

@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.bounds import ParamBound
-from verl_sweep.spaces.facts import HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge import rules as L
+from verl_sweep.verl_knowledge.defaults import VERL_DEFAULTS, int_setting, is_int, setting
+from verl_sweep.verl_knowledge.facts import HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge.keys import (ACTIVATION_OFFLOAD, FREE_CACHE_ENGINE, GPU_MEMORY, GRADIENT_CHECKPOINTING,
+                                            MAX_TOKEN_LEN, MICRO_BATCH, OPTIMIZER_OFFLOAD, PARAM_OFFLOAD, ROLLOUT_DP,
+                                            ROLLOUT_LOG_PROB_DYNAMIC, ROLLOUT_LOG_PROB_MICRO, ROLLOUT_LOG_PROB_TOKENS,
+                                            ROLLOUT_PP, ROLLOUT_TP, STRATEGY, TOKEN_BUDGET, USE_DYNAMIC_BSZ,
+                                            USE_KL_IN_REWARD, USE_KL_LOSS)
 
 GB = 1024**3
 #: a CUDA context and the allocator's slack, per process on a GPU (the trainer's and vLLM's)
@@ -40,12 +45,62 @@ PARAM_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8
 #: 80 GB GPU (docs/method.md §1)
 USABLE_FRACTION = 0.94
 
-PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
-OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
-ROLLOUT_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
-ROLLOUT_LOG_PROB_DYNAMIC = "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"
-ROLLOUT_LOG_PROB_TOKENS = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
-FREE_CACHE_ENGINE = "actor_rollout_ref.rollout.free_cache_engine"
+
+class FractionRange(Protocol):
+    """The memory fractions a stage may search (``spaces.bounds.ParamBound`` is one)."""
+
+    low: float
+    high: float
+
+    def contains(self, value: Any) -> bool: ...
+
+
+def bytes_per_token(model: ModelFacts) -> int:
+    """What one token of the rollout's KV cache takes: from the real shape (layers × 2 × KV
+    heads × head dim × 2 bytes) when the facts have it, else the method's hidden ÷ 8 rule
+    (hidden × 128 bytes: about 3.6× the real cache of Qwen3-8B)."""
+    real = model.kv_bytes_per_token()
+    return real if real else int(model.hidden_size or 0) * 128
+
+
+def kv_arithmetic(model: ModelFacts) -> str:
+    """How ``bytes_per_token`` was found, for the explain lines."""
+    if model.kv_bytes_per_token() is None:
+        return f"(hidden {model.hidden_size} ÷ 8) KiB a token (the method's rule; no layer facts)"
+    layers = model.kv_cache_layers or model.num_hidden_layers
+    if model.kv_lora_dim:
+        return f"KV {bytes_per_token(model):,} B a token ({layers} layers × latent {model.kv_lora_dim} × 2 B)"
+    kv_heads = model.num_key_value_heads or model.num_attention_heads
+    head_dim = model.head_dim or int(model.hidden_size or 0) // int(model.num_attention_heads or 1)
+    return f"KV {bytes_per_token(model):,} B a token ({layers} layers × 2 × {kv_heads} KV heads × {head_dim} × 2 B)"
+
+
+def tokens_in(model: ModelFacts, gb: float) -> int:
+    """The KV cache tokens ``gb`` of vLLM's pool holds."""
+    return int(gb * 1024**3 / bytes_per_token(model)) if gb > 0 else 0
+
+
+def weights_gb(model: ModelFacts, tp: int, expert_split: int | None = None) -> float:
+    """bf16 weights (2 bytes a parameter) on one rollout GPU: the dense part split over TP,
+    a MoE model's routed experts over TP × DP (``expert_split``)."""
+    dense = model.n_params_b - model.expert_params_b
+    return dense * 2 / tp + model.expert_params_b * 2 / (expert_split or tp)
+
+
+def expert_split(config: Mapping[str, Any]) -> int:
+    """Rollout ranks that share a MoE model's experts: TP × DP (verl 0.9.1's rollout config:
+    with EP 1 they are split TP × DP ways, with EP > 1 as whole experts, EP = TP × DP)."""
+    return int_setting(config, ROLLOUT_TP) * int_setting(config, ROLLOUT_DP)
+
+
+def memory_fraction_for(model: ModelFacts, hardware: HardwareFacts, tokens: int, tp: int, *,
+                        data_parallel: int = 1) -> float:
+    """The smallest ``gpu_memory_utilization`` whose vLLM pool holds ``tokens`` (the inverse
+    of ``token_budget``'s pool) at rollout TP ``tp``, rounded up to 0.01."""
+    needed_gb = tokens * bytes_per_token(model) / 1024**3 + weights_gb(model, tp, tp * data_parallel)
+    return math.ceil(needed_gb / hardware.gpu_memory_gb * 100 - 1e-9) / 100
+
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,22 +136,22 @@ def _shape(model: ModelFacts) -> _Shape:
 
 
 def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = config.get(key, L.VERL_DEFAULTS.get(key, default))
+    value = config.get(key, VERL_DEFAULTS.get(key, default))
     return bool(value)
 
 
 def _int(config: Mapping[str, Any], key: str, default: int) -> int:
-    value = config.get(key, L.VERL_DEFAULTS.get(key))
+    value = config.get(key, VERL_DEFAULTS.get(key))
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def estimate(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, Any]) -> MemoryEstimate | None:
     """Peak GPU memory per GPU of ``config`` (flat verl overrides), or None for an engine this
     model does not cover (Megatron and others: not FSDP)."""
-    strategy = L.setting(config, L.STRATEGY)
+    strategy = setting(config, STRATEGY)
     if strategy not in ("fsdp", "fsdp2") or config.get("model_engine", "fsdp") not in ("fsdp", None):
         return None
-    fraction_set = L.setting(config, L.GPU_MEMORY)
+    fraction_set = setting(config, GPU_MEMORY)
     if L.type_problems(config) or isinstance(fraction_set, bool) or not isinstance(fraction_set, (int, float)):
         return None  # a malformed config: the config rules say what is wrong with it
     s = _shape(model)
@@ -108,7 +163,7 @@ def estimate(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, An
     vllm_gb = fraction * hardware.gpu_memory_gb
     param_offload = _flag(config, PARAM_OFFLOAD, False)
     optimizer_offload = _flag(config, OPTIMIZER_OFFLOAD, False)
-    uses_ref = bool(L.setting(config, L.USE_KL_LOSS) or L.setting(config, L.USE_KL_IN_REWARD))
+    uses_ref = bool(setting(config, USE_KL_LOSS) or setting(config, USE_KL_IN_REWARD))
     ref_gb = 2 * params / dp / GB if uses_ref else 0.0
     states_gb = (PARAM_BYTES + GRAD_BYTES + ADAM_BYTES) * params / dp / GB
     resident_gb = ((0 if param_offload else PARAM_BYTES) + (0 if optimizer_offload else ADAM_BYTES)) * params / dp / GB
@@ -123,17 +178,17 @@ def estimate(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, An
                  f"= {rollout_gb:.1f} GB")
 
     # One micro-batch of the update: its tokens, and what each token keeps for the backward.
-    if L.setting(config, L.USE_DYNAMIC_BSZ):
-        tokens = _int(config, L.MAX_TOKEN_LEN, 16384)
+    if setting(config, USE_DYNAMIC_BSZ):
+        tokens = _int(config, MAX_TOKEN_LEN, 16384)
         how = f"dynamic batching, {tokens:,} tokens"
     else:
-        micro = _int(config, L.MICRO_BATCH, 1)
+        micro = _int(config, MICRO_BATCH, 1)
         tokens = micro * seq  # padded to the longest prompt + response without padding removal
         how = f"micro-batch {micro} × {seq} tokens"
     tokens = math.ceil(tokens / sp)  # Ulysses splits each sequence over its ranks
     layer_bytes = 2 * (6 * s.hidden + 4 * s.intermediate)  # bf16 tensors a token keeps in one layer
-    checkpointing = bool(L.setting(config, L.GRADIENT_CHECKPOINTING))
-    offload = bool(L.setting(config, L.ACTIVATION_OFFLOAD))
+    checkpointing = bool(setting(config, GRADIENT_CHECKPOINTING))
+    offload = bool(setting(config, ACTIVATION_OFFLOAD))
     if checkpointing:
         kept = 0 if offload else tokens * s.layers * 2 * s.hidden  # each layer's input
         activations_gb = (kept + tokens * layer_bytes) / GB
@@ -149,8 +204,8 @@ def estimate(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str, An
                  f"{'asleep' if vllm_in_update == SLEEPING_VLLM_GB else 'awake'} {vllm_in_update:.1f} + contexts "
                  f"{contexts_gb:.1f} = {update_gb:.1f} GB")
 
-    if _flag(config, ROLLOUT_LOG_PROB_DYNAMIC, bool(L.setting(config, L.USE_DYNAMIC_BSZ))):
-        lp_tokens = _int(config, ROLLOUT_LOG_PROB_TOKENS, _int(config, L.MAX_TOKEN_LEN, 16384))
+    if _flag(config, ROLLOUT_LOG_PROB_DYNAMIC, bool(setting(config, USE_DYNAMIC_BSZ))):
+        lp_tokens = _int(config, ROLLOUT_LOG_PROB_TOKENS, _int(config, MAX_TOKEN_LEN, 16384))
     else:
         lp_tokens = _int(config, ROLLOUT_LOG_PROB_MICRO, 1) * seq
     lp_tokens = math.ceil(lp_tokens / sp)
@@ -174,9 +229,9 @@ def baseline_allowance(model: ModelFacts, hardware: HardwareFacts, baseline: Map
     found = estimate(model, hardware, baseline)
     if found is None:
         return 0.0
-    tp = L._int_setting(baseline, L.ROLLOUT_TP)
+    tp = int_setting(baseline, ROLLOUT_TP)
     weights_gb = model.n_params_b * 2 / tp
-    share_gb = float(L.setting(baseline, L.GPU_MEMORY)) * hardware.gpu_memory_gb
+    share_gb = float(setting(baseline, GPU_MEMORY)) * hardware.gpu_memory_gb
     return found.peak_gb if weights_gb < share_gb else 0.0
 
 
@@ -202,7 +257,7 @@ def fitting_fraction(model: ModelFacts, hardware: HardwareFacts, config: Mapping
     the line (then checked: the estimates are rounded to 0.01 GB); 1 where there is no
     estimate, 0 where no fraction fits (the other knobs alone are over)."""
     limit_gb = max(hardware.gpu_memory_gb, getattr(estimate(model, hardware, base), "peak_gb", 0.0))
-    at = [estimate(model, hardware, {**config, L.GPU_MEMORY: f}) for f in (0.0, 1.0)]
+    at = [estimate(model, hardware, {**config, GPU_MEMORY: f}) for f in (0.0, 1.0)]
     if at[0] is None or at[1] is None:
         return 1.0
     high = 1.0
@@ -213,7 +268,7 @@ def fitting_fraction(model: ModelFacts, hardware: HardwareFacts, config: Mapping
         elif fixed > limit_gb:
             return 0.0
     high = max(0.0, math.floor(high * 1000) / 1000)
-    while high > 0 and getattr(estimate(model, hardware, {**config, L.GPU_MEMORY: high}), "peak_gb", 0.0) > limit_gb:
+    while high > 0 and getattr(estimate(model, hardware, {**config, GPU_MEMORY: high}), "peak_gb", 0.0) > limit_gb:
         high = round(high - 0.001, 3)
     return high
 
@@ -254,23 +309,23 @@ def fit_problem(model: ModelFacts, hardware: HardwareFacts, config: Mapping[str,
 
 
 def rollout_memory_floors(model: ModelFacts, hardware: HardwareFacts, base: Mapping[str, Any],
-                          memory: ParamBound) -> dict[int, float]:
+                          memory: FractionRange) -> dict[int, float]:
     """Each rollout TP that fits, with the lowest memory fraction its vLLM pool holds the base's
     token budget at (never below ``memory.low``). A TP whose floor is above ``memory.high``
     does not fit, except the base's own TP: the run holds it, so its floor is at most the
     base's fraction (the estimate is the one that is short). Each layout keeps its own floor:
     the worst TP's floor is not applied to the others."""
-    dp_r, pp = L._int_setting(base, L.ROLLOUT_DP), L._int_setting(base, L.ROLLOUT_PP)
-    budget = max(L._int_setting(base, L.TOKEN_BUDGET), model.max_seq_len)
-    own_tp, own_memory = L.setting(base, L.ROLLOUT_TP), L.setting(base, L.GPU_MEMORY)
+    dp_r, pp = int_setting(base, ROLLOUT_DP), int_setting(base, ROLLOUT_PP)
+    budget = max(int_setting(base, TOKEN_BUDGET), model.max_seq_len)
+    own_tp, own_memory = setting(base, ROLLOUT_TP), setting(base, GPU_MEMORY)
     floors: dict[int, float] = {}
     sizes = L.rollout_tp_sizes(model, hardware).value
-    if L._is_int(own_tp) and own_tp not in sizes:  # a run's own TP across nodes: verl ran it
+    if is_int(own_tp) and own_tp not in sizes:  # a run's own TP across nodes: verl ran it
         sizes = sorted({*sizes, own_tp})
     for tp in sizes:
         if hardware.n_gpus % (tp * dp_r * pp):
             continue
-        floor = max(memory.low, L.memory_fraction_for(model, hardware, budget, tp, data_parallel=dp_r))
+        floor = max(memory.low, memory_fraction_for(model, hardware, budget, tp, data_parallel=dp_r))
         if tp == own_tp and isinstance(own_memory, (int, float)) and memory.contains(own_memory):
             floor = min(floor, float(own_memory))
         if floor <= memory.high or tp == own_tp:

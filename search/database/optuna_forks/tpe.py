@@ -3,7 +3,7 @@
 of the study's trials per ask, one split of them into good and bad per ask, and each finished
 trial's parameters converted once, not on every ask (``ReadOnceTPESampler``).
 
-Applied only through ``verl_sweep.search.database._optuna_forks.install`` (once a process, on the Optuna version
+Applied only through ``verl_sweep.search.database.optuna_forks.install`` (once a process, on the Optuna version
 they were written against).
 """
 

@@ -124,7 +124,7 @@ def install() -> bool:
     if _installed is None:
         differences = shape_differences()
         if not differences:
-            from verl_sweep.search.database._optuna_forks import tpe
+            from verl_sweep.search.database.optuna_forks import tpe
 
             tpe.patch()
             _installed = True
@@ -145,7 +145,7 @@ def tpe_sampler(**kwargs: Any) -> optuna.samplers.TPESampler:
 def tpe_sampler_class() -> type[optuna.samplers.TPESampler]:
     """``ReadOnceTPESampler`` where installed, else Optuna's ``TPESampler``."""
     if install():
-        from verl_sweep.search.database._optuna_forks.tpe import ReadOnceTPESampler
+        from verl_sweep.search.database.optuna_forks.tpe import ReadOnceTPESampler
 
         return ReadOnceTPESampler
     return optuna.samplers.TPESampler
@@ -154,7 +154,7 @@ def tpe_sampler_class() -> type[optuna.samplers.TPESampler]:
 def storage_class() -> type[optuna.storages.RDBStorage]:
     """The RDB storage class: ``SweepStorage`` where installed, else Optuna's own."""
     if install():
-        from verl_sweep.search.database._optuna_forks.rdb import SweepStorage
+        from verl_sweep.search.database.optuna_forks.rdb import SweepStorage
 
         return SweepStorage
     return optuna.storages.RDBStorage

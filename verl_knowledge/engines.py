@@ -10,16 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from verl_sweep.spaces.overrides import get
-
-MODEL_ENGINE = "model_engine"
-STRATEGY = "actor_rollout_ref.actor.strategy"
-MEGATRON_TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
-MEGATRON_PP = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
-MEGATRON_CP = "actor_rollout_ref.actor.megatron.context_parallel_size"
-MEGATRON_EP = "actor_rollout_ref.actor.megatron.expert_model_parallel_size"
-MEGATRON_VPP = "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
-ROLLOUT_EP = "actor_rollout_ref.rollout.expert_parallel_size"
+from verl_sweep.verl_knowledge.keys import MEGATRON_CP, MEGATRON_PP, MEGATRON_TP, MODEL_ENGINE, STRATEGY
+from verl_sweep.verl_knowledge.overrides import get
 
 #: the model_engine group's options in verl 0.9.1 (trainer/config/model_engine/*.yaml)
 ENGINES = ("dp", "megatron", "veomni", "torchtitan")
@@ -73,6 +65,7 @@ def engine_problem(config: Mapping[str, Any]) -> str | None:
 
 
 def positive_int(config: Mapping[str, Any], key: str) -> int:
+    """The config's count at ``key``; 1 where it is unset or not a count (verl's default)."""
     value = get(config, key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 

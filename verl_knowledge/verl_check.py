@@ -1,7 +1,7 @@
 """Compose a config with verl's own Hydra config and run verl's CPU-side checks on it.
 
 verl is imported lazily: without it, :func:`validate_with_verl` logs one warning and accepts
-everything (the rules in :func:`verl_sweep.spaces.limits.check_config` still apply). With it, each config
+everything (the rules in :func:`verl_sweep.verl_knowledge.rules.check_config` still apply). With it, each config
 is composed from ``ppo_trainer`` (unknown keys fail here), checked by
 ``verl.utils.config.validate_config`` as ``main_ppo`` does, and the config dataclasses the
 trainer builds later (rollout, algorithm, ref, model, KL controller, advantage estimator) are
@@ -23,7 +23,7 @@ import warnings
 from types import TracebackType
 from typing import Any, Mapping
 
-from verl_sweep.spaces.overrides import to_overrides
+from verl_sweep.verl_knowledge.overrides import to_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class VerlValidator:
             try:
                 cfg = compose(self.config_name, overrides=overrides)
             except Exception as e:
-                from verl_sweep.spaces.verl_messages import compose_problem
+                from verl_sweep.verl_knowledge.verl_messages import compose_problem
 
                 return [compose_problem(e, config, self._defaults_for(config), config_dir=_config_dir())]
             self._composed = (config, cfg)
@@ -226,7 +226,7 @@ class VerlValidator:
             raise RuntimeError("VerlValidator must be entered (with VerlValidator() as v) before compose_problem.")
         from hydra import compose
 
-        from verl_sweep.spaces.verl_messages import compose_problem, refused_key
+        from verl_sweep.verl_knowledge.verl_messages import compose_problem, refused_key
 
         config = dict(config)
         first: str | None = None

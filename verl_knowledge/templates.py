@@ -1,8 +1,8 @@
 """Parallel-layout templates (docs/method.md §2) as base configs, by model size and GPU count.
 
 ``template_for(model, hardware, algorithm)`` returns a :class:`Template`: flat verl overrides
-plus the reasons, already checked by :func:`verl_sweep.spaces.limits.check_config` (a template that
-breaks a rule is a bug, so building it raises SpaceError). The study's own base config is
+plus the reasons, already checked by :func:`verl_sweep.verl_knowledge.rules.check_config` (a template that
+breaks a rule is a bug, so building it raises VerlConfigError). The study's own base config is
 merged *over* a template: the user's settings win.
 
 - ≤ 7B: FSDP; rollout TP 4 (or the largest valid ≤ 4), memory fraction 0.6; no rollout
@@ -20,19 +20,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.base import SpaceError
-from verl_sweep.spaces.facts import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.overrides import Config
-
-MODEL_ENGINE = "model_engine"
-MEGATRON_TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
-MEGATRON_PP = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
-MEGATRON_CP = "actor_rollout_ref.actor.megatron.context_parallel_size"
-PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
-ROLLOUT_LOG_PROB_MICRO = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
-REF_LOG_PROB_MICRO = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
-CRITIC_MICRO = "critic.ppo_micro_batch_size_per_gpu"
+from verl_sweep.verl_knowledge import keys as K
+from verl_sweep.verl_knowledge import rules as L
+from verl_sweep.verl_knowledge.facts import Algorithm, HardwareFacts, ModelFacts
+from verl_sweep.verl_knowledge.keys import (MEGATRON_CP, MEGATRON_PP, MEGATRON_TP, MODEL_ENGINE, PARAM_OFFLOAD,
+                                            REF_LOG_PROB_MICRO, ROLLOUT_LOG_PROB_MICRO)
+from verl_sweep.verl_knowledge.overrides import Config, VerlConfigError
 SMALL_MAX_B = 7.0
 LARGE_MIN_B = 32.0
 
@@ -51,16 +44,16 @@ def _largest(values: list[int], cap: int) -> int:
 
 def _common(model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm) -> Config:
     config: Config = {
-        L.N_GPUS_PER_NODE: hardware.gpus_per_node,
-        L.NNODES: hardware.nodes,
-        L.ROLLOUT_NAME: "vllm",
-        L.ADV_ESTIMATOR: algorithm.adv_estimator,
-        L.MAX_PROMPT: model.max_prompt_length,
-        L.MAX_RESPONSE: model.max_response_length,
-        L.CHUNKED_PREFILL: True,
+        K.N_GPUS_PER_NODE: hardware.gpus_per_node,
+        K.NNODES: hardware.nodes,
+        K.ROLLOUT_NAME: "vllm",
+        K.ADV_ESTIMATOR: algorithm.adv_estimator,
+        K.MAX_PROMPT: model.max_prompt_length,
+        K.MAX_RESPONSE: model.max_response_length,
+        K.CHUNKED_PREFILL: True,
     }
     if algorithm is Algorithm.GRPO:
-        config[L.ROLLOUT_N] = 4  # GRPO needs a group; the study's base may set its own n
+        config[K.ROLLOUT_N] = 4  # GRPO needs a group; the study's base may set its own n
     return config
 
 
@@ -76,10 +69,10 @@ def template_for(model: ModelFacts, hardware: HardwareFacts, algorithm: Algorith
         mpp = 2 if hardware.n_gpus % (mtp * 2) == 0 and hardware.n_gpus >= 16 else 1
         config.update({
             MODEL_ENGINE: "megatron", MEGATRON_TP: mtp, MEGATRON_PP: mpp, MEGATRON_CP: 1,
-            L.ROLLOUT_TP: _largest(tps, 8), L.GPU_MEMORY: 0.6, L.USE_DYNAMIC_BSZ: False,
-            L.MICRO_BATCH: 1, ROLLOUT_LOG_PROB_MICRO: 1, REF_LOG_PROB_MICRO: 1,
+            K.ROLLOUT_TP: _largest(tps, 8), K.GPU_MEMORY: 0.6, K.USE_DYNAMIC_BSZ: False,
+            K.MICRO_BATCH: 1, ROLLOUT_LOG_PROB_MICRO: 1, REF_LOG_PROB_MICRO: 1,
         })
-        lines.append(f"≥{LARGE_MIN_B:g}B: Megatron TP {mtp} × PP {mpp} (DP {hardware.n_gpus // (mtp * mpp)}), rollout TP {config[L.ROLLOUT_TP]}")
+        lines.append(f"≥{LARGE_MIN_B:g}B: Megatron TP {mtp} × PP {mpp} (DP {hardware.n_gpus // (mtp * mpp)}), rollout TP {config[K.ROLLOUT_TP]}")
     else:
         small = model.n_params_b <= SMALL_MAX_B
         name = "fsdp-small" if small else "fsdp-offload"
@@ -89,10 +82,10 @@ def template_for(model: ModelFacts, hardware: HardwareFacts, algorithm: Algorith
         sp = _largest(sps, min(L.MAX_ULYSSES, hardware.n_gpus))
         token_len = max(4096, 2 ** math.ceil(math.log2(math.ceil(model.max_seq_len / sp))))
         config.update({
-            L.ROLLOUT_TP: tp, L.ROLLOUT_PP: pp, L.GPU_MEMORY: 0.6,
-            L.USE_DYNAMIC_BSZ: True, L.MAX_TOKEN_LEN: token_len,
-            L.GRADIENT_CHECKPOINTING: True, L.STRATEGY: "fsdp2", L.ULYSSES: sp,
-            L.ULYSSES_LEGACY: sp, L.USE_REMOVE_PADDING: True,
+            K.ROLLOUT_TP: tp, K.ROLLOUT_PP: pp, K.GPU_MEMORY: 0.6,
+            K.USE_DYNAMIC_BSZ: True, K.MAX_TOKEN_LEN: token_len,
+            K.GRADIENT_CHECKPOINTING: True, K.STRATEGY: "fsdp2", K.ULYSSES: sp,
+            K.ULYSSES_LEGACY: sp, K.USE_REMOVE_PADDING: True,
         })
         if not small:
             config[PARAM_OFFLOAD] = True
@@ -102,7 +95,7 @@ def template_for(model: ModelFacts, hardware: HardwareFacts, algorithm: Algorith
         )
     problems = L.check_config(config, model=model, hardware=hardware, algorithm=algorithm)
     if problems:
-        raise SpaceError(
+        raise VerlConfigError(
             f"template {name} must pass the config rules for this model and hardware, but got "
             f"{problems[0]}. Set the layout in the study's base config instead."
         )

@@ -1,4 +1,4 @@
-"""A Hugging Face ``config.json`` → the model facts the bounds use (``verl_sweep.spaces.facts.ModelFacts``).
+"""A Hugging Face ``config.json`` → the model facts the bounds use (``verl_sweep.verl_knowledge.facts.ModelFacts``).
 
 Pure arithmetic on the mapping (no file or network access): the shape fields, the parameter
 count (estimated from the shapes; MoE experts counted apart, since vLLM splits them over its
@@ -68,7 +68,7 @@ def facts_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
             facts["kv_cache_layers"] = cached
         if _int(c, "kv_lora_rank"):  # multi-head latent attention caches one compressed vector
             facts["kv_lora_dim"] = _int(c, "kv_lora_rank") + _int(c, "qk_rope_head_dim")
-        for key in ("intermediate_size", "vocab_size"):  # the memory pre-flight's (verl_sweep.spaces.memory)
+        for key in ("intermediate_size", "vocab_size"):  # the memory pre-flight's (verl_sweep.verl_knowledge.memory)
             if _int(c, key):
                 facts[key] = _int(c, key)
         total, experts = parameter_count(c)

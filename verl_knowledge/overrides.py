@@ -23,7 +23,11 @@ _NUMBER = re.compile(r"^[-+]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d+)?$")
 _DICT_KEY_CHARS = re.compile(r"^[A-Za-z0-9_.*{}()\[\]\-/:=, ]+$")
 
 
-class OverrideError(ValueError):
+class VerlConfigError(ValueError):
+    """A verl config that breaks one of verl's rules; the message names the key, value and rule."""
+
+
+class OverrideError(VerlConfigError):
     """A key or value that cannot be written as one safe Hydra override."""
 
 
