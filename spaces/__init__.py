@@ -6,14 +6,15 @@ keys, defaults, rules, memory model and templates).
 
 from __future__ import annotations
 
-from verl_sweep.spaces.base import Moves, Space, SpaceError
+from verl_sweep.spaces.base import Moves, Space, SpaceError, register_space
 from verl_sweep.spaces.bounds import SAFE_BOUNDS, ParamBound
 from verl_sweep.spaces.limits import token_budget
 from verl_sweep.spaces.registry import SPACES, build_space, space_class
-from verl_sweep.spaces.stages import hardware_tag, oom_ceiling
+from verl_sweep.spaces.stages import BoundedSpace, hardware_tag, oom_ceiling
 
 __all__ = [
     "SPACES",
+    "BoundedSpace",
     "SAFE_BOUNDS",
     "Moves",
     "ParamBound",
@@ -22,6 +23,7 @@ __all__ = [
     "build_space",
     "hardware_tag",
     "oom_ceiling",
+    "register_space",
     "space_class",
     "token_budget",
 ]

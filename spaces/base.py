@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from verl_sweep.verl_knowledge import Config
 
@@ -37,7 +37,7 @@ class Space(abc.ABC):
     that verl accepts for the study's model and hardware (checked when the space is built).
     """
 
-    #: registry name, e.g. "mini_batch"
+    #: its name in study files (``stages[].space``) and in ``SPACES``: spelled here, once
     kind: str = ""
     #: a stage of this space first tries the leaders that earlier stages could not decide
     #: (above 1 + tolerance, interval reaching it), moved onto its own base (the polish stage)
@@ -99,6 +99,36 @@ class Space(abc.ABC):
     def explain(self) -> list[str]:
         """Human-readable lines: the bounds and the arithmetic behind them."""
         return []
+
+
+class SpaceFactory(Protocol):
+    """A space class, or a function that picks one by the base config (``systems``: FSDP's or
+    Megatron's); called with the study's facts, it builds the space. ``kind``: its name in
+    study files; ``moves``: what every space it builds moves."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def moves(self) -> Moves: ...
+
+
+#: every space a study file may name, by its kind (``register_space`` fills it; the spaces of
+#: verl-sweep register when ``verl_sweep.spaces`` is imported)
+SPACES: dict[str, SpaceFactory] = {}
+Registered = TypeVar("Registered")
+
+
+def register_space(factory: Registered) -> Registered:
+    """Register a space class (or factory) under its ``kind``: a study's stages may then name it.
+    Used as a class decorator; registering a second factory under a taken kind is an error."""
+    kind = getattr(factory, "kind", "")
+    if not kind or not isinstance(kind, str):
+        raise SpaceError(f"a space to register needs its kind, but {factory!r} has none. Set its class attribute `kind`.")
+    if SPACES.get(kind, factory) is not factory:
+        raise SpaceError(f"space kind {kind!r} is registered already ({SPACES[kind]!r}). Give the new space its own kind.")
+    SPACES[kind] = factory  # type: ignore[assignment]
+    return factory
 
 
 def check_options(options: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from verl_sweep.spaces import bounds as B
 from verl_sweep import verl_knowledge as V
-from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
+from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, register_space, where_or
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.verl_knowledge import rollout_memory_floors
 from verl_sweep.verl_knowledge import Config, get
-from verl_sweep.spaces.systems import rollout_expert_parallel
+from verl_sweep.spaces.systems import SystemsSpace, rollout_expert_parallel
 
 if TYPE_CHECKING:
     import optuna
@@ -85,7 +85,7 @@ def layout_problem(tp: int, pp: int, cp: int, *, model: ModelFacts, hardware: Ha
 class MegatronSystemsSpace(Space):
     """Stage 0 for a Megatron actor (``model_engine: megatron``); speed only."""
 
-    kind = "systems"
+    kind = SystemsSpace.kind  # the same stage as FSDP's, by the base's engine
     moves = Moves.SPEED
     OPTIONS = frozenset({"gpu_memory_utilization", "layouts", "rollout_tp"})
 
@@ -170,8 +170,6 @@ def systems_space(*, model: ModelFacts, hardware: HardwareFacts, algorithm: Algo
                   options: Mapping[str, Any], where: str = "") -> Space:
     """The systems stage for the base's engine: FSDP's or Megatron's; veomni and torchtitan
     lay out their own meshes, which stage 0 cannot search yet (SpaceError)."""
-    from verl_sweep.spaces.systems import SystemsSpace
-
     kind = V.engine(base)
     facts: dict[str, Any] = {"model": model, "hardware": hardware, "algorithm": algorithm}
     if kind == "megatron":
@@ -183,4 +181,6 @@ def systems_space(*, model: ModelFacts, hardware: HardwareFacts, algorithm: Algo
     return SystemsSpace(base=base, options=options, where=where, **facts)
 
 
+systems_space.kind = MegatronSystemsSpace.kind  # type: ignore[attr-defined]  # FSDP's is the same kind
 systems_space.moves = Moves.SPEED  # type: ignore[attr-defined]  # both engines' layouts move speed only
+register_space(systems_space)

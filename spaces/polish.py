@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from verl_sweep import verl_knowledge as V
-from verl_sweep.spaces.base import Space, check_options, where_or
+from verl_sweep.spaces.base import Space, check_options, register_space, where_or
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.verl_knowledge import Config
 from verl_sweep.spaces.stages import KLSpace, LRSpace, MiniBatchSpace
@@ -68,6 +68,7 @@ class KLSwitchSpace(Space):
         return [f"kl: {self.kl.switch_key} off (the chain's) or on, {self.kl.coef_key} — {self.kl.bound.describe()}"]
 
 
+@register_space
 class PolishSpace(CompositeSpace):
     """The final pass: mini-batch × lr (× KL strength when the chain runs with KL on) together,
     from the chain's winner. One-at-a-time stages miss coupled optima (a larger mini-batch
@@ -75,6 +76,8 @@ class PolishSpace(CompositeSpace):
     baseline, lr 5e-7 - 5e-6, KL 0.0005 - 0.01."""
 
     kind = "polish"
+    #: built with the study's baseline too: its bounds stay relative to it
+    takes_baseline = True
     OPTIONS = frozenset({"mini_batch", "kl", "lr"})
     #: a mini-batch, KL or lr gain an earlier stage found but could not decide is tried again
     #: here, on the chain's winner (docs/method.md, Evidence)

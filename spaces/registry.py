@@ -1,38 +1,19 @@
-"""Every stage space by the name a study file gives it (:data:`SPACES`); ``build_space(kind,
+"""Every stage space by the kind a study file names (:data:`SPACES`, filled by ``register_space``); ``build_space(kind,
 ...)`` builds one from the study's facts, the base config and the stage's parameter options,
 checking every bound then (SpaceError names the study-file field)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, cast
+from typing import Any, Callable, Mapping, cast
 
-from verl_sweep.spaces.base import Moves, Space, SpaceError
-from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.megatron import systems_space
-from verl_sweep.verl_knowledge import Config
-from verl_sweep.spaces.polish import PolishSpace
-from verl_sweep.spaces.stages import EntropySpace, KLSpace, LamSpace, LRSpace, MiniBatchSpace, TokenBudgetSpace
+# Importing the spaces' modules registers them (``register_space``), in this order.
+from verl_sweep.spaces import stages  # noqa: F401, I001
+from verl_sweep.spaces import megatron  # noqa: F401, I001
+from verl_sweep.spaces import polish  # noqa: F401, I001
+from verl_sweep.spaces.base import SPACES, Space, SpaceError, SpaceFactory
+from verl_sweep.verl_knowledge import Algorithm, Config, HardwareFacts, ModelFacts
 
-
-class SpaceFactory(Protocol):
-    """A space class, or a function that picks one by the base config (``systems``: FSDP's or
-    Megatron's); called with the study's facts, it builds the space. ``moves``: what every
-    space it builds moves."""
-
-    @property
-    def moves(self) -> Moves: ...
-
-
-SPACES: dict[str, SpaceFactory] = {
-    "mini_batch": MiniBatchSpace,
-    "kl": KLSpace,
-    "token_budget": TokenBudgetSpace,
-    "lr": LRSpace,
-    "lam": LamSpace,
-    "entropy": EntropySpace,
-    "systems": cast(SpaceFactory, systems_space),  # FSDP's SystemsSpace or MegatronSystemsSpace, by the base's engine
-    "polish": PolishSpace,
-}
+__all__ = ["SPACES", "SpaceFactory", "build_space", "space_class"]
 
 
 def space_class(kind: str, *, where: str = "") -> SpaceFactory:
@@ -62,7 +43,7 @@ def build_space(
     ``baseline`` is the study's baseline (the polish stage keeps its bounds relative to it).
     """
     factory = space_class(kind, where=where)
-    extra = {"baseline": dict(baseline or base)} if factory is PolishSpace else {}
+    extra = {"baseline": dict(baseline or base)} if getattr(factory, "takes_baseline", False) else {}
     make = cast(Callable[..., Space], factory)  # every registered space takes the study's facts
     return make(
         model=model, hardware=hardware, algorithm=algorithm, base=dict(base),

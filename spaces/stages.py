@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from verl_sweep.spaces import bounds as B
 from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces import limits as L
-from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, where_or
+from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, register_space, where_or
 from verl_sweep.spaces.batching import reference_fill
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
@@ -30,13 +30,26 @@ logger = logging.getLogger(__name__)
 __all__ = ["FAILURE_KIND_ATTR", "HARDWARE_ATTR", "MAX_TOKEN_LEN_CHOICES", "OOM_KIND", "SystemsSpace",
            "hardware_tag", "oom_ceiling"]
 
-class _BoundedSpace(Space):
-    """A space over one float/int parameter with a safe bound, optionally clamped by OOMs."""
+class BoundedSpace(Space):
+    """A space over one float/int knob (``param``, verl's ``key``) with a safe bound, optionally
+    clamped by OOMs. A subclass that declares its ``BOUND`` needs nothing more: built from the
+    study's facts, it asks the knob inside the bound (widened to hold the base's value,
+    narrowed by the stage's options) and maps the incumbent onto it."""
 
     param: str = ""
     key: str = ""
+    #: the knob's safe bound, for a subclass that declares it instead of passing one
+    BOUND: B.ParamBound | None = None
 
-    def __init__(self, bound: B.ParamBound, *, hardware: HardwareFacts, where: str) -> None:
+    def __init__(self, bound: B.ParamBound | None = None, *, hardware: HardwareFacts, where: str = "",
+                 base: Config | None = None, options: Mapping[str, Any] | None = None, **facts: Any) -> None:
+        if bound is None:
+            if self.BOUND is None:
+                raise SpaceError(f"{type(self).__name__} needs its BOUND. Declare the knob's safe bound on the class.")
+            where = where_or(where, self.kind)
+            check_options(options or {}, B.BOUND_OPTIONS, where)
+            value = V.setting(base or {}, self.key)
+            bound = (self.BOUND if value is None else self.BOUND.including(value)).narrowed(options or {}, where=where)
         self.bound = bound
         self.hardware_tag = hardware_tag(hardware)
         self.where = where
@@ -93,7 +106,15 @@ class _BoundedSpace(Space):
     def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
         return [{self.param: v} for v in self._spread(n, exclude=V.setting(base, self.key))]
 
+    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
+        return {self.key: self._suggest_value(trial)}
 
+    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
+        value = V.setting(base, self.key)
+        return {self.param: float(value)} if self._in_bound(value) else None
+
+
+@register_space
 class MiniBatchSpace(Space):
     """``ppo_mini_batch_size`` over the valid values within baseline ±25% (categorical)."""
 
@@ -176,6 +197,7 @@ class MiniBatchSpace(Space):
 KL_PARAMS = frozenset({"kl_coef", "use_kl", "kl_ctrl_type", "target_kl", "horizon"})
 
 
+@register_space
 class KLSpace(Space):
     """KL strength: GRPO's KL loss coefficient, or PPO's in-reward KL controller."""
 
@@ -280,7 +302,8 @@ class KLSpace(Space):
         return lines
 
 
-class TokenBudgetSpace(_BoundedSpace):
+@register_space
+class TokenBudgetSpace(BoundedSpace):
     """``rollout.max_num_batched_tokens`` in [max(2048, prompt+response), memory bound]."""
 
     kind = "token_budget"
@@ -314,7 +337,8 @@ class TokenBudgetSpace(_BoundedSpace):
         return [*super().explain(), *self.budget.lines]
 
 
-class LRSpace(_BoundedSpace):
+@register_space
+class LRSpace(BoundedSpace):
     """``actor.optim.lr`` on a log scale in 5e-7 - 5e-6."""
 
     kind = "lr"
@@ -336,7 +360,8 @@ class LRSpace(_BoundedSpace):
         return {self.param: float(value)} if self._in_bound(value) else None
 
 
-class LamSpace(_BoundedSpace):
+@register_space
+class LamSpace(BoundedSpace):
     """``algorithm.lam`` in 0.95-0.99; GAE only."""
 
     kind = "lam"
@@ -359,7 +384,8 @@ class LamSpace(_BoundedSpace):
         return {self.param: float(value)} if self._in_bound(value) else None
 
 
-class EntropySpace(_BoundedSpace):
+@register_space
+class EntropySpace(BoundedSpace):
     """``actor.entropy_coeff`` in 0-0.01 (off by default: no default stage asks it)."""
 
     kind = "entropy"
