@@ -74,7 +74,7 @@ def test_changed_private_code_gets_stock_optuna_and_one_log_line(tmp_path: Path)
         "optuna.__version__ = '5.9.0'\n"
         "from optuna.samplers._tpe import sampler\n"
         "del sampler._split_trials\n"  # as a release that renamed it
-        "from search import optuna_forks\n"
+        "from verl_sweep.search.database import optuna_forks\n"
         "from verl_sweep.search.database.storage import open_storage\n"
         "sampler = optuna_forks.tpe_sampler(seed=0)\n"
         f"storage = open_storage('sqlite:///{tmp_path}/study.db')\n"  # in memory is refused
@@ -86,7 +86,7 @@ def test_changed_private_code_gets_stock_optuna_and_one_log_line(tmp_path: Path)
     assert result.stdout.split() == ["TPESampler", "RDBStorage", "TPESampler"]
     # One line for the forks and the stages' TPE that learns from OOMs (which overrides private
     # TPE code too, fenced the same way); nothing from verl_sweep.search.method.sampler.
-    lines = [line for line in result.stderr.splitlines() if line.startswith("search.")]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("verl_sweep.search.")]
     assert lines == ["verl_sweep.search.database.optuna_forks: Optuna 5.9.0 changed private code that verl-sweep's TPE and storage "
                      "speed-ups rely on (_split_trials is gone): using stock Optuna's (slower asks on large "
                      "studies, TPE not learning from runs that ran out of memory). Install optuna==5.0.0 for them."]
