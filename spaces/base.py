@@ -45,6 +45,9 @@ class Space(abc.ABC):
     #: the space keeps every later suggestion below a value that ran out of memory (a bound
     #: learned from OOMs, ``verl_sweep.spaces.oom``), so the stage's sampler need not learn them too
     oom_clamped: bool = False
+    #: its first candidates include the source's layout for the model size and GPU count
+    #: (``verl_knowledge.template_for``)
+    tries_template: bool = False
     #: what its knobs move; read by ``verl_sweep.search.method.stage.Stage`` alone
     moves: ClassVar[Moves] = Moves.LEARNING
     #: points the space proposes after its starting points (``follow_up_points``), one as

@@ -87,6 +87,7 @@ class MegatronSystemsSpace(Space):
 
     kind = SystemsSpace.kind  # the same stage as FSDP's, by the base's engine
     moves = Moves.SPEED
+    tries_template = True
     OPTIONS = frozenset({"gpu_memory_utilization", "layouts", "rollout_tp"})
 
     def __init__(self, *, model: ModelFacts, hardware: HardwareFacts, algorithm: Algorithm,

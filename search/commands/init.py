@@ -258,6 +258,8 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
     """The default stages that fit the config (``learning`` False: only those that move speed
     alone), as study-file data, and why any was left out."""
     from verl_sweep.search.method.stage import space_learns
+    from verl_sweep.spaces.stages import TokenBudgetSpace
+    from verl_sweep.spaces.systems import SystemsSpace
     from verl_sweep.spaces.limits import token_budget
     from verl_sweep.verl_knowledge import TOKEN_BUDGET, Algorithm, HardwareFacts, ModelFacts
 
@@ -269,12 +271,12 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
     for stage in chain:
         if not learning and space_learns(stage.space):
             continue
-        if stage.space == "systems" and kind not in SEARCHED_ENGINES:
+        if stage.space == SystemsSpace.kind and kind not in SEARCHED_ENGINES:
             rest = "; the learning stages run as usual" if learning else ""
             remarks.append(f"no systems stage: {MODEL_ENGINE}={kind} lays out its own mesh, which stage 0 cannot "
                            f"search yet (it searches {', '.join(SEARCHED_ENGINES)}){rest}")
             continue
-        if stage.space == "token_budget":
+        if stage.space == TokenBudgetSpace.kind:
             if rollout not in TOKEN_BUDGET_ENGINES:
                 remarks.append(f"no token-budget stage: verl 0.9.1 never passes rollout.max_num_batched_tokens to "
                                f"{rollout} (a knob its probes could not move)")
@@ -292,7 +294,7 @@ def _stages(algorithm: str, baseline: dict[str, Any], model: dict[str, Any], har
         item = {k: v for k, v in stage.model_dump(mode="json", exclude_defaults=True).items()}
         item.setdefault("name", stage.name)
         item.setdefault("space", stage.space)
-        if stage.space not in ("systems", "token_budget"):
+        if space_learns(stage.space):  # a speed stage's short probes are not pruned
             pruner = _pruner_for(steps)
             if pruner:
                 item["pruner"] = {**item.get("pruner", {}), **pruner}

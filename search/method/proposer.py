@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 Trials = Sequence[TrialRecord]
 #: a point to queue: its params and what it is for
 Point = tuple[dict[str, Any], Assignment]
-#: space kinds whose first candidate is the source's layout for the model size and GPU count
-TEMPLATE_KINDS = frozenset({"systems"})
 
 
 class Tick(enum.Enum):
@@ -80,7 +78,7 @@ def first_points(stage: Stage, space: Space, base: Config, *, incumbent: dict[st
                  leaders: Sequence[tuple[str, Config]] = ()) -> list[Point]:
     """The stage's first candidates, in order: earlier stages' undecided leaders moved onto
     ``base`` (``leaders``: (stage name, overrides); only points of this space other than the
-    ``incumbent``'s), the space's starting points, the template layout (``TEMPLATE_KINDS``).
+    ``incumbent``'s), the space's starting points, the template layout (``Space.tries_template``).
     Each is fitted to the memory estimate first (``Space.fitted``): one that cannot fit is
     never queued. The starting points leave at least one place in the budget for the sampler."""
     spec = stage.spec
@@ -99,7 +97,7 @@ def first_points(stage: Stage, space: Space, base: Config, *, incumbent: dict[st
         point = space.fitted(point, base)
         if point and point not in taken:
             points.append((point, Assignment(role=Role.CANDIDATE, seed=seed, origin=START_ORIGIN)))
-    if space.kind in TEMPLATE_KINDS:
+    if space.tries_template:
         template = template_for(spec.model, spec.hardware, spec.algorithm)
         template_params = space.incumbent_params(merge(base, template.config))
         template_params = template_params and space.fitted(template_params, base)

@@ -149,7 +149,7 @@ class PrunerSettings(_Strict):
 
 class StageSettings(_Strict):
     name: StrictStr = Field(pattern=NAME_PATTERN)
-    space: StrictStr = Field(description="Space kind: systems, mini_batch, kl, token_budget, lr, lam, polish.")
+    space: StrictStr = Field(description="A registered space kind (verl_sweep.spaces.SPACES; a wrong one is refused with the list).")
     params: dict[str, Any] = Field(default_factory=dict)
     budget: Budget
     stop: StopRule = Field(default_factory=StopRule)
@@ -353,33 +353,37 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     """Stage 0 (parallel layout and memory, scored on throughput), the method's four steps
     with the speed-only token budget first (step 4 is lr then λ, λ only with GAE, never both
     at once), then the polish: mini-batch × lr (× KL) together from the chain's winner."""
+    from verl_sweep.spaces.polish import PolishSpace
+    from verl_sweep.spaces.stages import KLSpace, LamSpace, LRSpace, MiniBatchSpace, TokenBudgetSpace
+    from verl_sweep.spaces.systems import SystemsSpace
+
     stages = [
         # Speed probes are 30 steps: an 80-trial sweep of the 8 coupled layout knobs, modelled
         # jointly, costs about four 500-step runs; fewer trials leave the layout short of the
         # best (docs/method.md, Evidence). The last 16 are a local search around the sampler's
         # leader (``SystemsSpace``).
-        StageSettings(name="systems", space="systems", budget=Budget(max_trials=80), confirm_top=1,
+        StageSettings(name="systems", space=SystemsSpace.kind, budget=Budget(max_trials=80), confirm_top=1,
                       stop=StopRule(stable_trials=80, tolerance=SPEED_TOLERANCE),
                       sampler=SamplerSettings(multivariate=True)),
         # The token budget is the other speed-only knob (30-step probes): right after the
         # layout, so that the learning stages are judged, and their 500-step probes paid, at
         # the final throughput (docs/method.md, Evidence).
-        StageSettings(name="tokens", space="token_budget", budget=Budget(max_trials=10),
+        StageSettings(name="tokens", space=TokenBudgetSpace.kind, budget=Budget(max_trials=10),
                       stop=StopRule(tolerance=SPEED_TOLERANCE)),
-        StageSettings(name="minibatch", space="mini_batch", budget=Budget(max_trials=8)),
-        StageSettings(name="kl", space="kl", budget=Budget(max_trials=8)),
+        StageSettings(name="minibatch", space=MiniBatchSpace.kind, budget=Budget(max_trials=8)),
+        StageSettings(name="kl", space=KLSpace.kind, budget=Budget(max_trials=8)),
         # lr gains of 4-6% need more than 3 runs to clear the 2% rule
-        StageSettings(name="lr", space="lr", budget=Budget(max_trials=8), confirm_max_runs=5),
+        StageSettings(name="lr", space=LRSpace.kind, budget=Budget(max_trials=8), confirm_max_runs=5),
     ]
     # The final pass over the coupled knobs, from the chain's winner: a pattern search of a
     # first pass (2 coupled moves) and up to 6 follow-ups, then it ends (``PolishSpace``).
     # Its bar is 1 + 1%, not 2%: the chain's winner is already at the one-at-a-time optimum,
     # so what the polish can add is small (a few percent), and its leader gets up to 5 runs
     # to show it.
-    polish = StageSettings(name="polish", space="polish", budget=Budget(max_trials=12), stop=StopRule(tolerance=0.01),
+    polish = StageSettings(name="polish", space=PolishSpace.kind, budget=Budget(max_trials=12), stop=StopRule(tolerance=0.01),
                            sampler=SamplerSettings(n_startup_trials=4), confirm_max_runs=5)
     if algorithm is Algorithm.PPO:
-        stages.append(StageSettings(name="lam", space="lam", budget=Budget(max_trials=6)))
+        stages.append(StageSettings(name="lam", space=LamSpace.kind, budget=Budget(max_trials=6)))
     return [*stages, polish]
 
 

@@ -38,6 +38,7 @@ class SystemsSpace(Space):
 
     kind = "systems"
     moves = Moves.SPEED
+    tries_template = True
     #: the stage ends with a local search around the sampler's leader (``follow_up_points``)
     n_follow_ups = 16
     follow_ups_per_round = 4

@@ -264,6 +264,24 @@ def test_no_code_cites_an_issue_number() -> None:
     assert found == []
 
 
+def _resolves(dotted: str) -> bool:
+    """A module, or a module's attribute (a class, a method): ``verl_sweep.a.b.Class.method``."""
+    import importlib
+
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:n]))
+        except ImportError:
+            continue
+        for name in parts[n:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
 def test_every_module_the_architecture_names_exists() -> None:
     """docs/architecture.md is the map: each file or folder it names (``search/engine/driver.py``,
     ``spaces/``) and each dotted module (``verl_sweep.search.engine.driver``) is there."""
@@ -274,9 +292,27 @@ def test_every_module_the_architecture_names_exists() -> None:
     paths = set(re.findall(rf"(?<![\w/.-])((?:{roots})/[\w./-]*)", text))
     missing = [p for p in sorted(paths) if not (REPO / p.rstrip(".")).exists()]
     for dotted in set(re.findall(r"\bverl_sweep(?:\.\w+)+", text)):
-        parts = dotted.split(".")[1:]
-        if not any((REPO / Path(*parts[:n])).with_suffix(".py").is_file() or (REPO / Path(*parts[:n]) / "__init__.py").is_file()
-                   for n in range(len(parts), 0, -1) if n == len(parts) or n == len(parts) - 1):
-            missing.append(dotted)
+        missing += [] if _resolves(dotted) else [dotted]
     assert len(paths) >= 20, "the map names the modules it describes"
     assert missing == []
+
+
+def test_space_kinds_are_spelled_once() -> None:
+    """A space kind is its class's ``kind`` (``register_space`` fills ``SPACES`` from them): no
+    other code compares a space or a stage's space with a spelled kind, or names one as a
+    stage's ``space``, so a new stage is registered in one place."""
+    from verl_sweep.spaces import SPACES
+
+    spelled = []
+    for path, tree in _sources().items():
+        if not path.startswith(("search/", "objectives/", "launchers/")):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                parts = [node.left, *node.comparators]
+                kinds = [c for p in parts for c in ast.walk(p) if isinstance(c, ast.Constant) and c.value in SPACES]
+                if kinds and any(("space" in ast.unparse(p) or "kind" in ast.unparse(p)) for p in parts):
+                    spelled.append(f"{path}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.keyword) and node.arg == "space" and isinstance(node.value, ast.Constant):
+                spelled.append(f"{path}:{node.value.lineno} space={node.value.value!r}")
+    assert spelled == []

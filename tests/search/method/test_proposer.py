@@ -22,7 +22,7 @@ from verl_sweep.search.database.records import (
 from verl_sweep.search.engine.stage_loop import StageLoop
 from verl_sweep.search.engine.trials import TrialRunner
 from verl_sweep.search.method.policy import Start, StagePolicy
-from verl_sweep.search.method.proposer import TEMPLATE_KINDS, Proposer, Tick, first_points
+from verl_sweep.search.method.proposer import Proposer, Tick, first_points
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.method.stopper import Stopper
 from verl_sweep.search.spec.study_file import load_study
@@ -37,6 +37,7 @@ class _Space:
     """A space of one knob ``x``: 99 never fits; follow-ups step 10 past the best so far."""
 
     kind = "fake"
+    tries_template = False
     n_follow_ups = 0
     follow_ups_per_round = 1
     sampler_draws = True
@@ -126,8 +127,7 @@ def test_first_points_are_earlier_leaders_then_starting_points_then_the_template
     assert [(p, a.origin) for p, a in points] == [({"x": 5}, "leader of kl"), ({"x": 2}, START_ORIGIN),
                                                  ({"x": 3}, START_ORIGIN)]  # 99 does not fit
     assert all(a.role is Role.CANDIDATE and a.seed == SPEC.seeds[0] for _, a in points)
-    (kind,) = TEMPLATE_KINDS
-    with_template = first_points(stage, _Space(kind=kind), {"x": 1}, incumbent={"x": 0})
+    with_template = first_points(stage, _Space(tries_template=True), {"x": 1}, incumbent={"x": 0})
     assert with_template[-1][1].origin.startswith("template ")
 
 
