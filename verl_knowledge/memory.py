@@ -49,8 +49,11 @@ USABLE_FRACTION = 0.94
 class FractionRange(Protocol):
     """The memory fractions a stage may search (``spaces.bounds.ParamBound`` is one)."""
 
-    low: float
-    high: float
+    @property
+    def low(self) -> float: ...
+
+    @property
+    def high(self) -> float: ...
 
     def contains(self, value: Any) -> bool: ...
 
