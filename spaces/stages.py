@@ -352,13 +352,6 @@ class LRSpace(BoundedSpace):
         super().__init__(B.LR.including(get(base, V.LR)).narrowed(options, where=where), hardware=hardware,
                          where=where)
 
-    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
-        return {self.key: self._suggest_value(trial)}
-
-    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        value = V.setting(base, self.key)
-        return {self.param: float(value)} if self._in_bound(value) else None
-
 
 @register_space
 class LamSpace(BoundedSpace):
@@ -375,13 +368,6 @@ class LamSpace(BoundedSpace):
         check_options(options, B.BOUND_OPTIONS, where)
         super().__init__(B.LAM.including(get(base, V.LAM)).narrowed(options, where=where), hardware=hardware,
                          where=where)
-
-    def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
-        return {self.key: self._suggest_value(trial)}
-
-    def incumbent_params(self, base: Config) -> dict[str, Any] | None:
-        value = V.setting(base, self.key)
-        return {self.param: float(value)} if self._in_bound(value) else None
 
 
 @register_space

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, Mapping
 
 from verl_sweep.verl_knowledge.overrides import to_overrides
+from verl_sweep.verl_knowledge.verl_messages import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -119,15 +120,6 @@ def _config_dir() -> str:
     import verl
 
     return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-
-
-def _one_line(e: BaseException) -> str:
-    # Hydra wraps the real error; its first line names the target, the cause says what broke.
-    text = str(e).strip() or type(e).__name__
-    cause = e.__cause__ or e.__context__
-    if cause is not None and str(cause).strip() and str(cause).strip() not in text:
-        text = f"{text} ({str(cause).strip()})"
-    return " ".join(text.split())
 
 
 class VerlValidator:
@@ -400,7 +392,7 @@ def _validate_composed(cfg: Any, *, reuse: Mapping[str, list[str]] | None = None
                 _local_critic_model(cfg)
             _validate_config_here(cfg, validate_config, use_ref, use_critic)
         except Exception as e:
-            return [f"verl validate_config: {_one_line(e)}"]
+            return [f"verl validate_config: {one_line(e)}"]
 
         # What the trainer and workers instantiate later, in the order they do it.
         sections: list[tuple[str, Any]] = [
@@ -420,19 +412,19 @@ def _validate_composed(cfg: Any, *, reuse: Mapping[str, list[str]] | None = None
             try:
                 omega_conf_to_dataclass(node())
             except Exception as e:
-                found.append(f"verl {name}: {_one_line(e)}")
+                found.append(f"verl {name}: {one_line(e)}")
             problems += found
             if record is not None:
                 record[name] = found
         try:
             core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator)
         except Exception as e:
-            problems.append(f"verl algorithm.adv_estimator: {_one_line(e)}")
+            problems.append(f"verl algorithm.adv_estimator: {one_line(e)}")
         if cfg.algorithm.get("use_kl_in_reward", False):
             try:
                 core_algos.get_kl_controller(cfg.algorithm.kl_ctrl)
             except Exception as e:
-                problems.append(f"verl algorithm.kl_ctrl: {_one_line(e)}")
+                problems.append(f"verl algorithm.kl_ctrl: {one_line(e)}")
     logger.debug("verl validation output: %s", sink.getvalue().strip())
     return problems
 

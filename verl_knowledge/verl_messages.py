@@ -18,7 +18,9 @@ _ALREADY_THERE = re.compile(r"Could not append to config\. An item is already at
 _NO_GROUP_OPTION = re.compile(r"Could not find '([^'/]+)/([^']+)'")
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """An exception in one line: Hydra wraps the real error; its first line names the target,
+    the cause says what broke."""
     text = str(e).strip() or type(e).__name__
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause).strip() and str(cause).strip() not in text:
@@ -100,7 +102,7 @@ def missing_config_packages(config: Mapping[str, Any]) -> list[str]:
 def refused_key(error: BaseException) -> str | None:
     """The config key of the override Hydra refused (a key verl lacks, ``+`` on one it has),
     as the config holds it; None for any other refusal."""
-    text = _one_line(error)
+    text = one_line(error)
     found = _ALREADY_THERE.search(text)
     if found:
         return "+" + found.group(1)
@@ -110,7 +112,7 @@ def refused_key(error: BaseException) -> str | None:
 
 def compose_problem(error: BaseException, config: Mapping[str, Any], defaults: Any, *, config_dir: str) -> str:
     """One line for a config Hydra refused to compose."""
-    text = _one_line(error)
+    text = one_line(error)
     plugins = missing_config_packages(config)
     if plugins and _NOT_IN_STRUCT.search(text):
         key = _NOT_IN_STRUCT.search(text).group(1)  # type: ignore[union-attr]
