@@ -44,6 +44,9 @@ _OPTUNA_TABLES = {"studies", "version_info", "trials", "alembic_version"}
 #: (each attempt waits up to the driver's connect_timeout, 10 s): a dead address fails in
 #: about 20 s, two attempts, not three (docs/method.md, Evidence)
 OPEN_DEADLINE_S = 12.0
+#: seconds a SQLite file holding part of Optuna's schema is given to get the rest (a creator
+#: makes the dozen tables in well under a second; a slow disk or a loaded machine takes longer)
+SCHEMA_WAIT_S = 20.0
 
 
 def _is_sqlite(url: str) -> bool:
@@ -149,15 +152,31 @@ def _check_sqlite_file(path: Path, *, create: bool, writable: bool = False) -> b
     if head != _SQLITE_MAGIC:
         raise BadInputError(f"{path} must be a SQLite database, but it is not (it has no SQLite header). "
                             "Pass the study's database, or a new file name to start one.")
-    try:
-        conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=60)
+    def read_tables() -> set[str]:
         try:
-            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            conn.close()
-    except sqlite3.Error as e:
-        raise BadInputError(f"{path} must be a usable SQLite database, but reading it failed ({e}). "
-                            "Pass the study's database, or a new file name to start one.") from None
+            conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=60)
+            try:
+                return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                conn.close()
+        except sqlite3.Error as e:
+            raise BadInputError(f"{path} must be a usable SQLite database, but reading it failed ({e}). "
+                                "Pass the study's database, or a new file name to start one.") from None
+
+    tables = read_tables()
+    # Part of Optuna's schema and nothing else: another program (a second verl-sweep outside
+    # this directory's lock, optuna.load_study, a dashboard) is creating it table by table
+    # in autocommit. Wait for it rather than call the file foreign.
+    deadline = time.monotonic() + SCHEMA_WAIT_S
+    while tables and not _OPTUNA_TABLES <= tables and tables <= _optuna_table_names() \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+        tables = read_tables()
+    if tables and not _OPTUNA_TABLES <= tables and tables <= _optuna_table_names():
+        if create:
+            return False  # its creator died part-way; Optuna's create_all completes what is missing
+        raise BadInputError(f"{path} holds part of Optuna's tables only (its creator stopped part-way; no study "
+                            "was stored). Pass the study's database, or start the study again with `run`.")
     if _OPTUNA_TABLES <= tables:
         if writable:
             _check_writable(path)

@@ -157,6 +157,8 @@ def test_driver_killed_while_jobs_run_reattaches_on_resume(ray_address: str, tmp
     from ray.job_submission import JobSubmissionClient
 
     from support import cli, demo_data, write_study
+    from verl_sweep.search.database.storage import open_storage
+    from verl_sweep.search.spec.errors import BadInputError
 
     data = demo_data()
     data["name"] = "rayre"
@@ -178,9 +180,10 @@ def test_driver_killed_while_jobs_run_reattaches_on_resume(ray_address: str, tmp
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(running) < 2 and driver.poll() is None:
         time.sleep(0.5)
-        try:
-            trials = optuna.load_study(study_name="rayre.lr", storage=url).get_trials(deepcopy=False)
-        except (KeyError, Exception):  # noqa: BLE001 - the database may not exist yet
+        try:  # read only: a poller that created the schema would race the driver's own first look
+            trials = optuna.load_study(study_name="rayre.lr", storage=open_storage(url, create=False, readonly=True)
+                                       ).get_trials(deepcopy=False)
+        except (KeyError, BadInputError):  # the database or the stage's study does not exist yet
             continue
         running = [t.user_attrs["run_id"] for t in trials if t.state.name == "RUNNING" and "run_id" in t.user_attrs]
     assert len(running) >= 2, f"the driver never had two jobs running; its output:\n{log.read_text()[-3000:]}"

@@ -196,3 +196,58 @@ def test_postgres_worker_started_first_waits_on_an_empty_database_and_joins(tmp_
         stop_all([worker])
     assert f"worker joined study {name}" in (tmp_path / "worker.log").read_text()
     assert os.path.exists(tmp_path / "runs" / name)
+
+
+def _part_of_optunas_schema(path: Path, tables: list[str]) -> None:
+    """The first tables of Optuna's schema, as a creator that has not finished leaves them."""
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    models.BaseModel.metadata.create_all(engine, tables=[models.BaseModel.metadata.tables[t] for t in tables])
+    engine.dispose()
+
+
+@pytest.mark.fast
+def test_a_schema_another_program_is_creating_is_waited_for_not_called_foreign(tmp_path: Path) -> None:
+    """optuna.load_study, a dashboard or a second verl-sweep may be making Optuna's tables in a new
+    file at the moment a command first looks at it: the command waits for the schema and opens it."""
+    import threading
+
+    import optuna
+
+    from verl_sweep.search.database.storage import holds_studies, open_storage
+
+    path = tmp_path / "shared.db"
+    _part_of_optunas_schema(path, ["studies", "study_directions", "study_system_attributes"])
+    url = f"sqlite:///{path}"
+
+    def finish_creating() -> None:
+        time.sleep(1.0)
+        optuna.storages.RDBStorage(url)  # makes the rest, stamps the version
+
+    creator = threading.Thread(target=finish_creating)
+    creator.start()
+    try:
+        assert holds_studies(url)  # read only: waited for the creator, then saw Optuna's schema
+    finally:
+        creator.join()
+    storage = open_storage(url, create=False)
+    assert storage.get_all_studies() == []
+
+
+@pytest.mark.fast
+def test_a_schema_whose_creator_died_part_way_is_completed_by_run_and_refused_by_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_sweep.search.database import storage as storage_module
+    from verl_sweep.search.spec.errors import BadInputError
+
+    monkeypatch.setattr(storage_module, "SCHEMA_WAIT_S", 0.5)
+    path = tmp_path / "half.db"
+    _part_of_optunas_schema(path, ["studies", "version_info"])
+    url = f"sqlite:///{path}"
+    with pytest.raises(BadInputError, match=r"holds part of Optuna's tables only"):
+        storage_module.open_storage(url, create=False)
+    storage = storage_module.open_storage(url, create=True)  # a new study may start here
+    assert storage.get_all_studies() == []
+    assert storage_module.holds_studies(url)
