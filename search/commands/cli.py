@@ -226,10 +226,14 @@ def _drive(spec, storage, launcher, *, kind: str, joined: str, leave_at_end: boo
 
 
 def _print_results(storage, spec) -> None:  # type: ignore[no-untyped-def]
-    from verl_sweep.search.views.status import finished_results
+    from verl_sweep.search.database.records import StageResult
+    from verl_sweep.search.views.status import cost_lines, study_status
 
-    for r in finished_results(storage, spec):
+    data = study_status(storage, spec)
+    for r in (StageResult.of(stage["winner"]) for stage in data["stages"] if stage.get("winner")):
         print(f"  {r.stage}: {r.summary}")
+    for line in cost_lines(data):  # the study's cost in GPU-hours and in R, the winner's payback
+        print(line)
     print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
 
 
@@ -395,8 +399,8 @@ def status(
     storage: Optional[str] = NamedStorageOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     trials: bool = typer.Option(False, "--trials", help="List every trial (default: each stage's best few)."),
-    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run, for the payback "
-                                            "(default: the baseline's trainer.total_training_steps, when known)."),
+    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run (R), for the cost in R and "
+                                            "the payback (default: the baseline's own length, else 2,000)."),
     debug: bool = DebugOption,
 ) -> None:
     """Where a study is: its stages, each stage's decision and best trials, the overall gain
@@ -466,8 +470,8 @@ def report(
     name: str = typer.Argument(..., help="Study name."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write."),
     storage: Optional[str] = NamedStorageOption,
-    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run, for the payback "
-                                            "(default: the baseline's trainer.total_training_steps, when known)."),
+    run_steps: Optional[int] = typer.Option(None, "--run-steps", min=1, help="Steps of a full run (R), for the cost in R and "
+                                            "the payback (default: the baseline's own length, else 2,000)."),
     debug: bool = DebugOption,
 ) -> None:
     """Write one self-contained HTML report (opens offline): η per trial, best-so-far against

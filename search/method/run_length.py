@@ -33,6 +33,9 @@ MAX_SLOW_START_FRACTION = 0.5
 #: probe's ¼ where the run is too short for any (a speed probe must still be a part of the run)
 MAX_SPEED_FRACTION = 0.5
 VERL_TOTAL_EPOCHS = 30  # verl 0.9.1's trainer.total_epochs
+#: a full run's length where neither --run-steps nor the baseline gives one: the method's
+#: runs (docs/method.md §1), for the cost in R (one full run of the baseline)
+ASSUMED_RUN_STEPS = 2000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,7 @@ class RunLength:
 
     steps: int | None
     how: str
+    assumed: bool = False  # ``ASSUMED_RUN_STEPS``, the run's own length being unknown
 
 
 def _as_list(value: Any) -> list[str]:
@@ -90,6 +94,17 @@ def run_length(config: Mapping[str, Any]) -> RunLength:
         return RunLength(by_epochs, f"{epochs} epochs × ({rows:,} prompts ÷ batch {batch} = {rows // batch} steps) "
                                     f"= {by_epochs:,} steps")
     return RunLength(None, f"unknown: no trainer.total_training_steps, and {why}")
+
+
+def full_run_length(config: Mapping[str, Any], run_steps: int | None = None) -> RunLength:
+    """A full run's length, for the cost in R (one full run of the baseline): ``run_steps``
+    (``--run-steps``) if given, else the run's own (``run_length``), else ``ASSUMED_RUN_STEPS``."""
+    if run_steps is not None:
+        return RunLength(run_steps, "--run-steps")
+    known = run_length(config)
+    if known.steps is not None:
+        return known
+    return RunLength(ASSUMED_RUN_STEPS, f"{ASSUMED_RUN_STEPS:,} steps assumed", assumed=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -421,7 +421,7 @@ def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
         table.add_row(
             stage["name"], stage["state"],
             "\n".join(f"{n} {s}" for s, n in sorted(counts.items())) or "—",
-            f"{stage.get('gpu_hours', 0.0):.1f}",
+            _gpu_hours_cell(stage),
             f"{stage.get('gpu_hours_saved', 0.0):.1f}",
             _winner_cell(winner),
             eta,
@@ -429,10 +429,11 @@ def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
     console.print(table)
     say = lambda text: console.print(text, markup=False, soft_wrap=True)  # noqa: E731
     if data.get("overall") or data.get("cost"):  # the final config against the user's baseline, its payback
-        from verl_sweep.search.views.status import cost_line, overall_line
+        from verl_sweep.search.views.status import cost_lines, overall_line
 
-        for line in (overall_line(data), cost_line(data)):  # wrapped at a space: no number cut
-            say("\n".join(textwrap.wrap(line, width=max(40, console.width), subsequent_indent="  ")))
+        for line in (overall_line(data), *cost_lines(data)):  # wrapped at a space: no number cut from its unit
+            glued = re.sub(r"(\d) R\b", "\\1\0R", line)
+            say("\n".join(textwrap.wrap(glued, width=max(40, console.width), subsequent_indent="  ")).replace("\0", " "))
     # Each stage's decision, and what did not complete: one line each.
     for stage in data["stages"]:
         lost = ("not completed: " + ", ".join(f"{n} {r}" for r, n in sorted(stage["reasons"].items()))
@@ -457,6 +458,14 @@ def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
         say(f"{text}  {changed_params(row.get('params') or {}, base, width=WIDTH - len(text) - 2)}")
     n = sum(len(stage.get("trials", [])) for stage in data["stages"])
     say(f"{n} trials in all: `verl-sweep status {data['study']} --trials` lists each.")
+
+
+def _gpu_hours_cell(stage: dict[str, Any]) -> str:
+    """A stage's GPU-hours, and under them the same in R (one full run of the baseline) once known."""
+    from verl_sweep.search.views.status import r_text
+
+    text = f"{stage.get('gpu_hours', 0.0):.1f}"
+    return text if stage.get("cost_r") is None else f"{text}\n{r_text(stage['cost_r'])}"
 
 
 #: the best trials a stage shows in ``status`` without ``--trials``

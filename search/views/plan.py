@@ -1,5 +1,6 @@
 """What a study will do before it runs: the knobs each stage searches, how many probes of how
-many steps, and an estimate of their GPU-hours at the baseline's speed.
+many steps, and an estimate of their GPU-hours at the baseline's speed, also in R (one full
+run of the baseline at that speed: its own length, else 2,000 steps assumed).
 
 The speed is an estimate from the model's size and the tokens a step moves (nothing has run
 yet): model FLOPs (6 × active parameters a trained token, 2 × a token each log-prob pass
@@ -10,6 +11,7 @@ wherever it is printed; the study's own systems stage measures the real speed.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from verl_sweep.search.spec.study_file import StudySpec
 from verl_sweep.verl_knowledge import Config, get
@@ -51,9 +53,9 @@ def step_seconds(spec: StudySpec, base: Config) -> tuple[float, str]:
     gpus = spec.hardware.n_gpus
     train_s = passes * active * tokens / (gpus * PEAK_FLOPS * TRAIN_EFFICIENCY)
     gen_s = 2 * active * generated / (gpus * PEAK_FLOPS * GENERATION_EFFICIENCY)
-    how = (f"{prompts:,} prompts × n {n} × ({spec.model.max_prompt_length} + ~{response:.0f} response tokens) on "
-           f"{gpus} GPUs, {active / 1e9:.3g}B active parameters, at {TRAIN_EFFICIENCY:.0%} (training) and "
-           f"{GENERATION_EFFICIENCY:.0%} (generation) of an H100's bf16 peak")
+    how = (f"{prompts:,} prompts × n {n} × ({spec.model.max_prompt_length} + ~{response:.0f} tokens) over {gpus} GPUs, "
+           f"{active / 1e9:.3g}B active parameters, {TRAIN_EFFICIENCY:.0%}/{GENERATION_EFFICIENCY:.0%} of an H100's "
+           "bf16 peak (training/generation)")
     return train_s + gen_s, how
 
 
@@ -82,8 +84,24 @@ def final_check_plan(spec: StudySpec) -> StagePlan | None:
     return StagePlan(FINAL_STAGE, what, 2 * spec.final_check.runs, 0, probe.steps)
 
 
+def _span(low: float, high: float, fmt: Callable[[float], str]) -> str:
+    """"low-high", or one figure where both print the same."""
+    a, b = fmt(low), fmt(high)
+    return a if a == b else f"{a}-{b}"
+
+
+def _gpu_h(x: float) -> str:
+    return f"{x:,.0f}"
+
+
 def plan_lines(spec: StudySpec, base: Config) -> list[str]:
-    """The lines ``validate`` and ``init`` end with: stages, probes, estimated GPU-hours."""
+    """The lines ``validate`` and ``init`` end with: each stage's probes and estimated
+    GPU-hours, the total, each also in R (one full run of the baseline: its own length, else
+    2,000 steps assumed, at the same estimated step time: a stage's R is its probes' steps ÷
+    the run's, whatever the step time)."""
+    from verl_sweep.search.method.run_length import full_run_length
+    from verl_sweep.search.views.status import r_number
+
     plans = stage_plans(spec)
     if not plans:
         return ["no stage to run"]
@@ -92,14 +110,30 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
         plans.append(final)
     step_s, how = step_seconds(spec, base)
     gpus = spec.hardware.n_gpus
-    lines = ["plan: " + "; ".join(f"{p.name} ({p.space}) {p.probes} probes × {p.steps} steps" for p in plans)]
+    run = full_run_length(base)
+    r_steps = run.steps or 1  # never None: full_run_length assumes 2,000 steps for an unknown run
+
+    def hours(steps: int) -> float:
+        return steps * step_s * gpus / 3600
+
+    length = (f"{r_steps:,} steps assumed (set trainer.total_training_steps for yours)" if run.assumed
+              else f"{r_steps:,} steps ({run.how})")
+    lines = [f"plan: R is one full run of the baseline: {length}, ~{_gpu_h(hours(r_steps))} GPU-h at ~{step_s:.0f} s a step"]
+    for p in plans:
+        low, high = p.probes * p.steps, (p.probes + p.confirmations) * p.steps
+        more = f" (+ up to {p.confirmations} confirmation run{'s' * (p.confirmations != 1)})" if p.confirmations else ""
+        lines.append(f"plan: {p.name} ({p.space}) {p.probes} probes × {p.steps} steps{more}: "
+                     f"~{_span(hours(low), hours(high), _gpu_h)} GPU-h = {_span(low / r_steps, high / r_steps, r_number)} R")
     if final is None:
         lines.append("plan: no final check (final_check: false): the overall gain against the baseline is not measured")
     probes = sum(p.probes for p in plans)
     confirmations = sum(p.confirmations for p in plans)
-    low = sum(p.probes * p.steps for p in plans) * step_s * gpus / 3600
-    high = low + sum(p.confirmations * p.steps for p in plans) * step_s * gpus / 3600
-    lines.append(f"plan: up to {probes} probes (+ up to {confirmations} confirmation runs) on {gpus} GPUs each; "
-                 f"ESTIMATE {low:,.0f}-{high:,.0f} GPU-hours at ~{step_s:.0f} s a step (an estimate: {how}; "
-                 "pruning stops many probes early, and the systems stage measures the real speed)")
+    low = sum(p.probes * p.steps for p in plans)
+    high = low + sum(p.confirmations * p.steps for p in plans)
+    lines.append(f"plan: up to {probes} probes (+ {confirmations} confirmation runs) on {gpus} GPUs each: "
+                 f"ESTIMATE {_gpu_h(hours(low))}-{_gpu_h(hours(high))} GPU-hours = "
+                 f"{_span(low / r_steps, high / r_steps, r_number)} R at ~{step_s:.0f} s a step "
+                 f"(R: {r_steps:,} steps{' assumed' if run.assumed else ''})")
+    lines.append(f"plan: ~{step_s:.0f} s a step is an estimate: {how}")
+    lines.append("plan: pruning stops many probes early, and the systems stage measures the real speed")
     return lines

@@ -32,7 +32,7 @@ from verl_sweep.objectives.metrics import REWARD_KEY
 from verl_sweep.objectives.sources import read_run
 from verl_sweep.search.views import export
 from verl_sweep.search.database.records import Role, TrialRecord, records, stage_study_name
-from verl_sweep.search.views.status import cost_line, finished_results, overall_line, study_status, trial_gpu_summary
+from verl_sweep.search.views.status import cost_lines, finished_results, overall_line, r_text, study_status, trial_gpu_summary
 from verl_sweep.search.spec.study_file import StageSettings, StudySpec
 
 if TYPE_CHECKING:
@@ -336,9 +336,11 @@ def _summary_table(status: dict[str, Any]) -> str:
         winner = s.get("winner") or {}
         counts = " ".join(f"{n} {k}" for k, n in sorted((s.get("counts") or {}).items())) or "—"
         eta = (f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]" if winner else "—")
-        rows.append([s["name"], s["space"], s["state"], counts, s.get("gpu_hours", 0.0),
+        in_r = "—" if s.get("cost_r") is None else r_text(s["cost_r"])
+        rows.append([s["name"], s["space"], s["state"], counts, s.get("gpu_hours", 0.0), in_r,
                      s.get("gpu_hours_saved", 0.0), eta, winner.get("summary", "—")])
-    return _table(["stage", "space", "state", "trials", "GPU-h", "GPU-h saved by pruning", "η [90%]", "decision"], rows)
+    return _table(["stage", "space", "state", "trials", "GPU-h", "in R (full runs)", "GPU-h saved by pruning", "η [90%]",
+                   "decision"], rows)
 
 
 def _reasons_table(status: dict[str, Any]) -> str:
@@ -389,7 +391,8 @@ def _final_check_section(status: dict[str, Any]) -> str:
     rows = [[r["number"], "baseline" if r["role"] == Role.INCUMBENT else "final config", r["seed"], r["state"],
              "—" if r.get("eta") is None else f"{r['eta']:.3f} [{r['eta_interval'][0]:.3f}, {r['eta_interval'][1]:.3f}]",
              r.get("gpu_time_s") and r["gpu_time_s"] / 3600.0, r.get("reason") or "—"] for r in entry["trials"]]
-    return head + _collapsed(f"its {len(rows)} runs ({entry['gpu_hours']:.2f} GPU-hours)",
+    in_r = "" if entry.get("cost_r") is None else f" = {r_text(entry['cost_r'])}"
+    return head + _collapsed(f"its {len(rows)} runs ({entry['gpu_hours']:.2f} GPU-hours{in_r})",
                              _table(["trial", "config", "seed", "state", "η [90%] against the baseline", "GPU-h",
                                      "reason"], rows))
 
@@ -456,7 +459,8 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, run
     kind = "SIMULATED GPU-hours" if status["cost"]["simulated"] else "GPU-hours"
     parts.append(f"<h1>verl-sweep study {_e(spec.name)} ({_e(status['algorithm'])})</h1>")
     # The answer first: the final config against the user's baseline, and what it pays back.
-    parts.append(f'<div class="overall"><p><b>{_e(overall_line(status))}</b></p><p>{_e(cost_line(status))}</p></div>')
+    costs = "".join(f"<p>{_e(line)}</p>" for line in cost_lines(status))
+    parts.append(f'<div class="overall"><p><b>{_e(overall_line(status))}</b></p>{costs}</div>')
     parts.append(
         f"<p>{len(spec.stages)} stages, {spec.hardware.n_gpus} GPUs per run, probes of {spec.probe.steps} steps; "
         f"{total_gpu_h:.2f} {kind} used by the stages, about {saved_gpu_h:.2f} saved by pruning. "

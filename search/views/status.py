@@ -166,7 +166,8 @@ def _trial_row(t: TrialRecord, requeued: dict[int, str]) -> dict[str, Any]:
 
 def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
                  run_steps: int | None = None) -> dict[str, Any]:
-    """``run_steps``: a full run's length for the payback (default: the baseline's, when known)."""
+    """``run_steps``: a full run's length, for the cost in R and the payback (default: the
+    baseline's, when known, else 2,000 steps assumed)."""
     import optuna
 
     stages: list[dict[str, Any]] = []
@@ -276,24 +277,26 @@ def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry:
 
 def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None,
           overall: dict[str, Any], run_steps: int | None) -> dict[str, Any]:
-    """GPU-hours spent, and for a full run of ``run_steps`` steps at the baseline's measured
-    speed: what it costs, what the winner saves on it (the same reward reached η times sooner)
-    and how many full runs repay the study (break-even)."""
-    from verl_sweep.search.method.run_length import run_length
+    """GPU-hours spent, and for a full run of the baseline (R: ``run_steps`` steps, else the
+    baseline's own length, else 2,000 assumed) at its measured speed: what it costs, the study's
+    cost in R (each stage's too: its ``cost_r``), what the winner saves on it (the same reward
+    reached η times sooner) and how many full runs repay the study (break-even)."""
+    from verl_sweep.search.method.run_length import full_run_length
 
     spent = sum(s.get("gpu_hours") or 0.0 for s in stages) + (final_entry or {}).get("gpu_hours", 0.0)
+    run = full_run_length(spec.baseline_config(), run_steps)
     cost: dict[str, Any] = {"gpu_hours_spent": round(spent, 2), "simulated": simulated(spec),
-                            "run_steps": run_steps, "run_steps_from": "--run-steps" if run_steps else None}
-    if run_steps is None:
-        known = run_length(spec.baseline_config())
-        cost.update(run_steps=known.steps, run_steps_from=known.how)
+                            "run_steps": run.steps, "run_steps_from": run.how, "run_steps_assumed": run.assumed,
+                            "r_gpu_hours": None, "cost_r": None}
     step_s = _baseline_step_s(spec, stages, final_entry)
     cost["baseline_step_s"] = None if step_s is None else round(step_s, 3)
-    steps = cost["run_steps"]
-    if steps is None or step_s is None:
+    full = None if step_s is None or run.steps is None else run.steps * step_s * spec.hardware.n_gpus / 3600.0
+    for entry in [*stages, *([final_entry] if final_entry is not None else [])]:
+        hours = entry.get("gpu_hours")
+        entry["cost_r"] = None if not full or hours is None else round(hours / full, 4)
+    if not full:
         return cost
-    full = steps * step_s * spec.hardware.n_gpus / 3600.0
-    cost["full_run_gpu_hours"] = round(full, 2)
+    cost.update(full_run_gpu_hours=round(full, 2), r_gpu_hours=round(full, 2), cost_r=round(spent / full, 4))
     eta, low, high = overall.get("eta"), overall.get("low"), overall.get("high")
     if eta is None or low is None or high is None:
         return cost
@@ -305,6 +308,19 @@ def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, 
     cost["saved_interval"] = [round(saved(low), 2), round(saved(high), 2)]
     cost["break_even_runs"] = round(spent / saved(eta), 2) if saved(eta) > 0 else None
     return cost
+
+
+def r_number(r: float) -> str:
+    """A cost in R (full runs of the baseline) as printed: 12, 6.7, 0.31, 0.042 (two significant
+    figures under 1)."""
+    if abs(r) >= 10:
+        return f"{r:,.0f}"
+    return f"{r:.1f}" if abs(r) >= 1 else f"{r:.2g}"
+
+
+def r_text(r: float) -> str:
+    """``r_number`` with its unit: 6.7 R."""
+    return f"{r_number(r)} R"
 
 
 def overall_line(data: dict[str, Any]) -> str:
@@ -323,25 +339,34 @@ def overall_line(data: dict[str, Any]) -> str:
         f" ({product_text})" if product_text else "")
 
 
-def cost_line(data: dict[str, Any]) -> str:
-    """One line (≤ ~150 characters): GPU-hours spent and the payback of the winner on a full run."""
+#: why no saving is shown yet, by the overall gain's state
+_NO_SAVING = {"stages running": "the stages are still running", "not started": "the final check has not started",
+              "running": "the final check is running", "skipped": "the final check is skipped",
+              "failed": "the final check failed"}
+
+
+def cost_lines(data: dict[str, Any]) -> list[str]:
+    """Two lines (each ≤ ~150 characters): the study's cost in GPU-hours and in R (one full run
+    of the baseline), and the winner's payback on a full run (``status``, the report's header,
+    the end of ``run``)."""
     c = data.get("cost") or {}
     tag = "SIMULATED " if c.get("simulated") else ""
-    text = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-h spent"
-    if c.get("run_steps") is None:
-        return text + "; give --run-steps N (a full run's steps) for the payback"
-    if c.get("full_run_gpu_hours") is None:
-        return text + f"; a {c['run_steps']:,}-step run: the baseline's step time is not measured yet"
-    text += f"; a {c['run_steps']:,}-step run: {c['full_run_gpu_hours']:,.1f} GPU-h at the baseline"
+    spent = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-h"
+    steps = c.get("run_steps") or 0
+    run = f"a {steps:,}-step run of the baseline"
+    assumed = f"; {steps:,} steps assumed; give --run-steps N" if c.get("run_steps_assumed") else ""
+    if c.get("cost_r") is None:
+        return [spent + f" (R, {run}: its step time is not measured yet{assumed})"]
+    lines = [spent + f" = {r_text(c['cost_r'])} (R: {run}, {c['r_gpu_hours']:,.1f} GPU-h{assumed})"]
     saved = c.get("saved_gpu_hours_per_run")
     if saved is None:
         state = (data.get("overall") or {}).get("state", "not started")
-        return text + f"; no saving to show: the final check is {state}"
+        return lines + [f"{tag}payback: no saving to show: {_NO_SAVING.get(state, f'the final check is {state}')}"]
     if c.get("break_even_runs") is None:
-        return text + f", the winner saves nothing ({saved:,.1f})"
+        return lines + [f"{tag}payback: none: the winner saves nothing on a full run ({saved:,.1f} GPU-h)"]
     low, high = c["saved_interval"]
-    return text + (f", the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}]; "
-                   f"break-even after {c['break_even_runs']:.1f} runs")
+    return lines + [f"{tag}payback: the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}] GPU-h a full run = "
+                    f"{r_text(saved / c['r_gpu_hours'])}; break-even after {c['break_even_runs']:.1f} runs"]
 
 
 def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> list[StageResult]:
