@@ -232,7 +232,8 @@ def _print_results(storage, spec) -> None:  # type: ignore[no-untyped-def]
     data = study_status(storage, spec)
     for r in (StageResult.of(stage["winner"]) for stage in data["stages"] if stage.get("winner")):
         print(f"  {r.stage}: {r.summary}")
-    for line in cost_lines(data):  # the study's cost in GPU-hours and in R, the winner's payback
+    # the study's cost in GPU-hours and in R, the winner's payback (`status --run-steps N`: at a run's length)
+    for line in cost_lines(data, give="`status --run-steps N` gives yours"):
         print(line)
     print(f"Export the winner: verl-sweep export {_study_args or spec.name} -o best.yaml")
 

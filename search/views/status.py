@@ -345,16 +345,16 @@ _NO_SAVING = {"stages running": "the stages are still running", "not started": "
               "failed": "the final check failed"}
 
 
-def cost_lines(data: dict[str, Any]) -> list[str]:
+def cost_lines(data: dict[str, Any], *, give: str = "give --run-steps N") -> list[str]:
     """Two lines (each ≤ ~150 characters): the study's cost in GPU-hours and in R (one full run
     of the baseline), and the winner's payback on a full run (``status``, the report's header,
-    the end of ``run``)."""
+    the end of ``run``). ``give``: how to set a full run's length, where 2,000 steps are assumed."""
     c = data.get("cost") or {}
     tag = "SIMULATED " if c.get("simulated") else ""
     spent = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-h"
     steps = c.get("run_steps") or 0
     run = f"a {steps:,}-step run of the baseline"
-    assumed = f"; {steps:,} steps assumed; give --run-steps N" if c.get("run_steps_assumed") else ""
+    assumed = f"; {steps:,} steps assumed; {give}" if c.get("run_steps_assumed") else ""
     if c.get("cost_r") is None:
         return [spent + f" (R, {run}: its step time is not measured yet{assumed})"]
     lines = [spent + f" = {r_text(c['cost_r'])} (R: {run}, {c['r_gpu_hours']:,.1f} GPU-h{assumed})"]

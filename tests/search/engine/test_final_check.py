@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 from support import cli, demo_data
 from support.shared_runs import shared_small, small_study
 from verl_sweep.search.spec.errors import BadInputError
+from verl_sweep.search.views.status import r_text
 
 
 def status_json(directory: Path, name: str = "small", *extra: str) -> dict[str, Any]:
@@ -82,13 +84,20 @@ def test_status_prints_the_overall_gain_and_the_payback_of_a_full_run(finished: 
     lines = text.stdout.replace("\n  ", " ").splitlines()  # each line whole, as wrapped to the terminal
     gain = next(line for line in lines if "overall gain" in line)
     assert gain.startswith("SIMULATED overall gain against your baseline: η ") and "2 paired seeds" in gain
-    payback = next(line for line in lines if "GPU-h spent" in line)
-    assert payback.startswith("SIMULATED cost: ") and "break-even after" in payback
-    assert len(gain) <= 160 and len(payback) <= 160
-    print(gain, payback, sep="\n")
-    # Without a run length (the demo's baseline gives none that can be read), it says what to give.
+    spent = next(line for line in lines if line.startswith("SIMULATED cost: "))
+    payback = next(line for line in lines if line.startswith("SIMULATED payback: "))
+    assert f"= {r_text(cost['cost_r'])} (R: a 2,000-step run of the baseline, {full:,.1f} GPU-h)" in spent
+    assert cost["cost_r"] == pytest.approx(cost["gpu_hours_spent"] / full, rel=1e-3)
+    assert "break-even after" in payback
+    assert len(gain) <= 160 and len(spent) <= 150 and len(payback) <= 150
+    print(gain, spent, payback, sep="\n")
+    # Without a run length (the demo's baseline gives none that can be read), 2,000 steps are
+    # assumed, and it says what to give.
     plain = status_json(finished)
-    assert plain["cost"]["run_steps"] is None and "saved_gpu_hours_per_run" not in plain["cost"]
+    assert (plain["cost"]["run_steps"], plain["cost"]["run_steps_assumed"]) == (2000, True)
+    assert plain["cost"]["cost_r"] == cost["cost_r"]
+    assert "2,000 steps assumed; give --run-steps N" in cli("status", "small", "--storage",
+                                                            f"sqlite:///{finished}/small.db", cwd=finished).stdout
 
 
 def test_the_export_header_starts_with_the_overall_gain(finished: Path) -> None:
@@ -131,6 +140,8 @@ def test_the_plan_counts_the_final_check_probes(tmp_path: Path) -> None:
     assert "final (final config against the baseline) 4 probes × 500 steps" in result.stdout
     # 8 + 1 confirmation (systems), 5 + 3 (minibatch), 4 (final)
     assert "plan: up to 17 probes" in result.stdout and "ESTIMATE" in result.stdout
+    assert re.search(r"ESTIMATE [\d,]+-[\d,]+ GPU-hours = [\d.]+-[\d.]+ R at ~\d+ s a step \(R: 2,000 steps assumed\)",
+                     result.stdout), result.stdout[-2000:]
 
 
 def test_a_speed_only_study_runs_and_its_final_check_compares_throughput(tmp_path: Path) -> None:

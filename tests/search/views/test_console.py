@@ -94,6 +94,10 @@ def test_the_demo_log_has_short_lines_and_each_warning_once(finished: Path) -> N
     assert re.search(r"^study demo: stage 1/6 systems · probes 0/25 · GPU-h 0\.0 SIMULATED$", out, re.MULTILINE)
     assert re.search(r"^study demo: 6/6 stages done · probes \d+/\d+ · GPU-h [\d,.]+ of ~[\d,]+ \(estimate\) "
                      r"SIMULATED", out, re.MULTILINE), out[-2000:]
+    # The end: the study's cost in GPU-hours and in R (a run of the baseline, its length unknown here).
+    assert re.search(r"^SIMULATED cost: [\d,.]+ GPU-h = [\d.]+ R \(R: a 2,000-step run of the baseline, [\d,.]+ GPU-h; "
+                     r"2,000 steps assumed; `status --run-steps N` gives yours\)\n"
+                     r"SIMULATED payback: no saving to show: the final check is skipped\n", out, re.MULTILINE), out[-2000:]
     for failed in re.findall(r"^\[\w+\] trial \d+ \w+ failed: .*\n(.*)$", out, re.MULTILINE):
         assert re.fullmatch(r"    log: runs/demo/demo\.\w+\.t\d{4}/stderr\.log", failed), failed
 
