@@ -43,6 +43,18 @@ def oom_ceiling(
     return ceiling
 
 
+def highest_that_ran(trials: Iterable["optuna.trial.FrozenTrial"], param: str, *, below: float) -> float | None:
+    """The largest value of ``param`` below ``below`` among trials that ran to a score (finished
+    or stopped by the pruner: either got past its start without running out of memory)."""
+    import optuna
+
+    ran = [t.params[param] for t in trials
+           if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+           and isinstance(t.params.get(param), (int, float)) and not isinstance(t.params[param], bool)
+           and t.params[param] < below]
+    return max(ran) if ran else None
+
+
 def study_trials(trial: "optuna.trial.BaseTrial") -> list["optuna.trial.FrozenTrial"]:
     study = getattr(trial, "study", None)
     if study is None:  # FixedTrial / FrozenTrial: no history to learn from

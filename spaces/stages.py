@@ -18,7 +18,7 @@ from verl_sweep.spaces import limits as L
 from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, register_space, where_or
 from verl_sweep.spaces.batching import reference_fill
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, oom_ceiling, study_trials
+from verl_sweep.spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, hardware_tag, highest_that_ran, oom_ceiling, study_trials
 from verl_sweep.verl_knowledge import Config, get
 from verl_sweep.spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
 
@@ -29,6 +29,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["FAILURE_KIND_ATTR", "HARDWARE_ATTR", "MAX_TOKEN_LEN_CHOICES", "OOM_KIND", "SystemsSpace",
            "hardware_tag", "oom_ceiling"]
+
+#: how close (a fraction of the value) the memory edge's bisection gets before the sampler draws
+#: freely below it again
+EDGE_RESOLUTION = 0.05
+
 
 class BoundedSpace(Space):
     """A space over one float/int knob (``param``, verl's ``key``) with a safe bound, optionally
@@ -54,28 +59,41 @@ class BoundedSpace(Space):
         self.hardware_tag = hardware_tag(hardware)
         self.where = where
 
-    def _upper(self, trial: "optuna.trial.BaseTrial") -> float:
+    def _upper(self, trial: "optuna.trial.BaseTrial") -> tuple[float, bool]:
+        """The highest value a draw may take, and whether to take exactly that value: the next
+        midpoint of the memory edge while it is wider than ``EDGE_RESOLUTION``."""
         high = self.bound.high
         if not self.oom_clamped:
-            return high
-        ceiling = oom_ceiling(study_trials(trial), self.param, hardware=self.hardware_tag)
+            return high, False
+        trials = study_trials(trial)
+        ceiling = oom_ceiling(trials, self.param, hardware=self.hardware_tag)
         if ceiling is None or ceiling > high:
-            return high
+            return high, False
         # Strictly below the value that OOMed; never below the floor (which we must allow).
         below = math.ceil(ceiling) - 1 if self.bound.is_int else ceiling * (1 - 1e-6)
-        clamped = max(self.bound.low, below)
         if below < self.bound.low:
             logger.warning(
                 "%s: OOM at %s is at or below the lower bound %s; suggesting the lower bound",
                 self.param, ceiling, self.bound.low,
             )
-        return clamped
+            return self.bound.low, False
+        ran = highest_that_ran(trials, self.param, below=ceiling)
+        if ran is None or ceiling - ran <= EDGE_RESOLUTION * ceiling:
+            return below, False
+        # Bisect the memory edge: half way (on the knob's scale) from the highest value that ran
+        # to the lowest that ran out of memory. Throughput often peaks just below the edge, and
+        # the sampler's draws under each OOM walked down to it one OOM probe at a time.
+        middle = math.sqrt(ran * ceiling) if self.bound.log and ran > 0 else (ran + ceiling) / 2
+        middle = max(ran, min(below, math.floor(middle) if self.bound.is_int else middle))
+        running = any(t.state.name == "RUNNING" and t.params.get(self.param) == middle for t in trials)
+        return middle, not running  # a second slot meanwhile draws below the midpoint
 
     def _suggest_value(self, trial: "optuna.trial.BaseTrial") -> float:
-        high = self._upper(trial)
+        high, exact = self._upper(trial)
+        low = high if exact else self.bound.low
         if self.bound.is_int:
-            return trial.suggest_int(self.param, int(self.bound.low), int(high), log=self.bound.log)
-        return trial.suggest_float(self.param, self.bound.low, high, log=self.bound.log)
+            return trial.suggest_int(self.param, int(low), int(high), log=self.bound.log)
+        return trial.suggest_float(self.param, low, high, log=self.bound.log)
 
     def _in_bound(self, value: Any) -> bool:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -38,6 +38,10 @@ from verl_sweep.spaces import build_space
 from verl_sweep.spaces.base import Space
 from verl_sweep.verl_knowledge import Config
 
+#: seconds between polls at most while a speed stage runs: its probes end a few steps in,
+#: once their tokens/s settles, and a poll that comes steps late pays those steps
+SPEED_POLL_S = 30.0
+
 logger = logging.getLogger(__name__)
 
 #: what callers of the driver have always imported from here
@@ -177,7 +181,8 @@ class StudyRunner:
                     time.sleep(delay)
                     delay = min(delay * 2, 30.0)
                     continue
-                self.launcher.wait(self.poll_interval_s)
+                self.launcher.wait(self.poll_interval_s if loop.stage.learns else
+                                   min(self.poll_interval_s, SPEED_POLL_S))
         except BaseException as e:
             why = str(e) or type(e).__name__
             loop.abandon(why=why)

@@ -194,11 +194,13 @@ class ProbeSettings(_Strict):
     warmup_steps: Int = Field(default=0, ge=0, le=10_000_000)
     #: probe length for speed-only stages (token budget, systems), scored on throughput
     speed_steps: Int = Field(default=30, ge=2, le=10_000_000)
-    #: steps at the start of a speed-only probe left out of its throughput (warm-up)
-    speed_warmup_steps: Int = Field(default=3, ge=0, le=10_000_000)
+    #: steps at the start of a speed-only probe left out of its throughput (warm-up: step 1
+    #: holds vLLM's and the optimizer's first calls; docs/method.md, Evidence)
+    speed_warmup_steps: Int = Field(default=1, ge=0, le=10_000_000)
     #: a speed-only probe ends before ``speed_steps`` once its last two scored steps' tokens/s
-    #: agree within this fraction (0: never): on real hardware each step costs minutes
-    speed_settle_tolerance: Float = Field(default=0.0, ge=0, lt=1)
+    #: agree within this fraction (0: never): each step costs minutes, and a settled reading
+    #: moves by less than the speed stages' 1% bar over more steps
+    speed_settle_tolerance: Float = Field(default=0.05, ge=0, lt=1)
     #: how often the incumbent of each stage is run (paired seeds with candidates)
     incumbent_repeats: Int = Field(default=2, ge=1, le=100)
     #: a probe that writes no new metrics for this long (simulated seconds on the
@@ -358,14 +360,13 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
     from verl_sweep.spaces.systems import SystemsSpace
 
     stages = [
-        # Speed probes are 30 steps: an 80-trial sweep of the 8 coupled layout knobs, modelled
-        # jointly, costs about four 500-step runs; fewer trials leave the layout short of the
-        # best (docs/method.md, Evidence). The last 16 are a local search around the sampler's
-        # leader (``SystemsSpace``).
-        StageSettings(name="systems", space=SystemsSpace.kind, budget=Budget(max_trials=80), confirm_top=1,
-                      stop=StopRule(stable_trials=80, tolerance=SPEED_TOLERANCE),
+        # Speed probes end once their tokens/s settles (3-4 steps): a 64-trial sweep of the 8
+        # coupled layout knobs, modelled jointly, costs about a tenth of a full run (docs/method.md,
+        # Evidence). The last 16 are a local search around the sampler's leader (``SystemsSpace``).
+        StageSettings(name="systems", space=SystemsSpace.kind, budget=Budget(max_trials=64), confirm_top=1,
+                      stop=StopRule(stable_trials=64, tolerance=SPEED_TOLERANCE),
                       sampler=SamplerSettings(multivariate=True)),
-        # The token budget is the other speed-only knob (30-step probes): right after the
+        # The token budget is the other speed-only knob (speed probes): right after the
         # layout, so that the learning stages are judged, and their 500-step probes paid, at
         # the final throughput (docs/method.md, Evidence).
         StageSettings(name="tokens", space=TokenBudgetSpace.kind, budget=Budget(max_trials=10),

@@ -594,3 +594,43 @@ def test_switching_kl_on_at_the_edge_takes_the_reference_from_vllms_share() -> N
             assert config[L.GPU_MEMORY] < edge and peak.peak_gb <= 80, peak.lines
         else:
             assert config[L.GPU_MEMORY] == edge and peak.peak_gb > 80
+
+
+def test_a_memory_edge_is_bisected_to_within_five_percent_in_a_few_probes() -> None:
+    """Throughput often peaks just under the memory edge: after an OOM, each draw halves the span
+    between the highest budget that ran and the lowest that ran out of memory."""
+    space = build("token_budget")
+    high = int(space.bound.high)
+    for edge in (0.3 * high, 0.62 * high, 0.97 * high):
+        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=2))
+        study.enqueue_trial({"token_budget": int(space.bound.low)})
+        study.enqueue_trial({"token_budget": high})
+        ran, ooms = [], 0
+        for _ in range(2 + 7):
+            trial = study.ask()
+            budget = space.suggest(trial, GRPO_BASE)[L.TOKEN_BUDGET]
+            if budget >= edge:
+                ooms += 1
+                _oom(study, trial, hardware_tag(A100x8))
+            else:
+                ran.append(budget)
+                study.tell(trial, float(budget))
+        assert max(ran) >= 0.95 * edge, (edge, sorted(ran))
+        assert ooms <= 5, ooms
+
+
+def test_a_second_slot_does_not_probe_the_midpoint_twice() -> None:
+    space = build("token_budget")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=4))
+    study.enqueue_trial({"token_budget": int(space.bound.low)})
+    study.enqueue_trial({"token_budget": int(space.bound.high)})
+    low = study.ask()
+    space.suggest(low, GRPO_BASE)
+    study.tell(low, 1.0)
+    top = study.ask()
+    space.suggest(top, GRPO_BASE)
+    _oom(study, top, hardware_tag(A100x8))
+    first, second = study.ask(), study.ask()  # both slots asked before either reports
+    a = space.suggest(first, GRPO_BASE)[L.TOKEN_BUDGET]
+    b = space.suggest(second, GRPO_BASE)[L.TOKEN_BUDGET]
+    assert a != b and b <= a

@@ -33,7 +33,7 @@ def test_what_the_knobs_move_decides_the_probe() -> None:
     systems, tokens, minibatch = (Stage.of(SPEC, i) for i in range(3))
     assert systems.moves is Moves.SPEED and tokens.moves is Moves.SPEED and minibatch.moves is Moves.LEARNING
     for speed in (systems, tokens):
-        assert (speed.probe_steps, speed.warmup_steps, speed.metric) == (30, 3, Metric.THROUGHPUT)
+        assert (speed.probe_steps, speed.warmup_steps, speed.metric) == (30, 1, Metric.THROUGHPUT)
         assert not speed.probe.health_screen and speed.probe.metric is Metric.THROUGHPUT
         assert (speed.report_every, speed.prune_from, speed.late_prune_from) == (3, 15, 0)
         assert not speed.may_be_stretched
