@@ -21,6 +21,7 @@ TRAIN_EFFICIENCY = 0.40  # model FLOPs utilisation of the update and log-prob pa
 GENERATION_EFFICIENCY = 0.10  # decoding is bound by memory bandwidth, not FLOPs
 MEAN_RESPONSE_FRACTION = 0.5  # a response's mean length as a fraction of the maximum
 ACTIVE_EXPERT_FRACTION = 0.1  # of a MoE model's routed experts, the share a token uses
+SETTLED_SCORED_STEPS = 3  # a speed probe's usual scored steps before two agree within the tolerance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,9 @@ class StagePlan:
     probes: int  # the budget (incumbent runs included)
     confirmations: int  # up to this many re-runs on top
     steps: int
+    #: a speed probe's most steps where it ends once its tokens/s settles (``steps`` is then
+    #: the usual length), else 0
+    most_steps: int = 0
 
 
 def active_params_b(spec: StudySpec) -> float:
@@ -64,9 +68,12 @@ def stage_plans(spec: StudySpec) -> list[StagePlan]:
 
     plans = []
     for index, stage in enumerate(spec.stages):
+        steps, most = Stage.of(spec, index).probe_steps, 0
+        settled = spec.probe.speed_warmup_steps + SETTLED_SCORED_STEPS
+        if not Stage.of(spec, index).learns and spec.probe.speed_settle_tolerance > 0 and settled < steps:
+            steps, most = settled, steps
         plans.append(StagePlan(stage.name, stage.space, stage.budget.max_trials,
-                               stage.confirm_top * max(0, stage.confirm_max_runs - 1),
-                               Stage.of(spec, index).probe_steps))
+                               stage.confirm_top * max(0, stage.confirm_max_runs - 1), steps, most))
     return plans
 
 
@@ -122,7 +129,8 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
     for p in plans:
         low, high = p.probes * p.steps, (p.probes + p.confirmations) * p.steps
         more = f" (+ up to {p.confirmations} confirmation run{'s' * (p.confirmations != 1)})" if p.confirmations else ""
-        lines.append(f"plan: {p.name} ({p.space}) {p.probes} probes × {p.steps} steps{more}: "
+        steps = f"~{p.steps} steps (until tokens/s settles, ≤{p.most_steps})" if p.most_steps else f"{p.steps} steps"
+        lines.append(f"plan: {p.name} ({p.space}) {p.probes} probes × {steps}{more}: "
                      f"~{_span(hours(low), hours(high), _gpu_h)} GPU-h = {_span(low / r_steps, high / r_steps, r_number)} R")
     if final is None:
         lines.append("plan: no final check (final_check: false): the overall gain against the baseline is not measured")

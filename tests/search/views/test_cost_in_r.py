@@ -219,3 +219,21 @@ def test_r_is_printed_with_two_figures_under_ten(r: float, text: str) -> None:
     from verl_sweep.search.views.status import r_text
 
     assert r_text(r) == text
+
+
+def test_the_plan_prices_a_speed_probe_at_its_settled_length_only_where_it_settles(tmp_path: Path) -> None:
+    """A speed probe ends once its tokens/s settles: the plan prices it at the warm-up and three
+    scored steps, and at its whole length where the study turns the early end off."""
+    settling, _ = _plan(tmp_path)
+    systems = next(line for line in settling if line.startswith("plan: systems ("))
+    assert "× ~4 steps (until tokens/s settles, ≤30)" in systems, systems
+
+    def no_settle(data: dict[str, Any]) -> None:
+        data["probe"] = {**data.get("probe", {}), "speed_settle_tolerance": 0.0}
+
+    (tmp_path / "whole").mkdir()
+    whole, _ = _plan(tmp_path / "whole", no_settle)
+    systems_whole = next(line for line in whole if line.startswith("plan: systems ("))
+    assert "× 30 steps" in systems_whole, systems_whole
+    hours = [_number(re.search(r": ~([\d,]+)", line)[1]) for line in (systems, systems_whole)]
+    assert hours[0] == pytest.approx(hours[1] * 4 / 30, rel=0.05)
