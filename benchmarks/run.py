@@ -8,7 +8,9 @@ Runs verl-sweep, the manual procedure (:mod:`benchmarks.methods`) and the HPO pe
 (default: every shipped one, the tune split first) × ``--reps`` repetitions (sampler and
 noise seeds differ per repetition) on the simulated-time ReplayLauncher. The peers get the
 GPU-hours verl-sweep spent (its median on that landscape). Every choice is scored on the
-landscape's noise-free model (``true_rate``); prints one table; writes ``results.json`` and
+landscape's noise-free model (``true_rate``) over the full run's length (:func:`true_steps`),
+and every run's GPU-hours also in R, one full run of the baseline (:func:`full_run`), with
+the full runs after which the study pays for itself; prints one table; writes ``results.json`` and
 ``curves.html`` (the true η of each method's choice against simulated GPU-hours) to ``--out``. Then measures orchestration overhead
 (real processes and real databases, see :mod:`benchmarks.overhead`) unless ``--no-overhead``.
 """
