@@ -8,7 +8,9 @@ Runs verl-sweep, the manual procedure (:mod:`benchmarks.methods`) and the HPO pe
 (default: every shipped one, the tune split first) × ``--reps`` repetitions (sampler and
 noise seeds differ per repetition) on the simulated-time ReplayLauncher. The peers get the
 GPU-hours verl-sweep spent (its median on that landscape). Every choice is scored on the
-landscape's noise-free model (``true_rate``); prints one table; writes ``results.json`` and
+landscape's noise-free model (``true_rate``) over the full run's length (:func:`true_steps`),
+and every run's GPU-hours also in R, one full run of the baseline (:func:`full_run`), with
+the full runs after which the study pays for itself; prints one table; writes ``results.json`` and
 ``curves.html`` (the true η of each method's choice against simulated GPU-hours) to ``--out``. Then measures orchestration overhead
 (real processes and real databases, see :mod:`benchmarks.overhead`) unless ``--no-overhead``.
 """
@@ -39,8 +41,14 @@ CACHE = Path(os.environ.get("VERL_SWEEP_BENCH_REFERENCES")
              or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl-sweep" / "bench-references")
 #: the references of the shipped worlds as computed when they were published: read, never written
 SHIPPED = REPO / "benchmarks" / "references"
-#: bump when best_reachable's method changes (it is part of the cache key)
-BEST_VERSION = 3
+#: bump when best_reachable's method changes (it is part of the cache key); 4: judged at the
+#: full run's length (RUN_STEPS, not the probe's 500 steps), R (``full_run``) kept in it
+BEST_VERSION = 4
+#: TPE trials (and random points a stage of the chain) of a world's reference (--quick: 60)
+REFERENCE_N_RANDOM = 400
+#: a full run's length in steps, where a landscape names none (``benchmark.true_steps``):
+#: every method's choice is judged over it, and R is its baseline's GPU-hours
+RUN_STEPS = 2000
 METHODS = ("verl-sweep", "manual", "random", "tpe", "gp", "bohb", "smac", "dehb", "priorband", "asha", "st-bohb",
            "optuna-gp")
 #: the peers (benchmarks/peers.py; benchmarks/prior_peers.py: those that also get the
@@ -161,18 +169,131 @@ def rep_spec(landscape: str, rep: int, *, quick: bool = False) -> Any:
     return type(spec).model_validate(data)
 
 
-def true_steps(landscape: Any, spec: Any) -> int:
-    """The horizon the choices are judged at: the probe's steps, unless the landscape says
-    the 500-step rate misleads there (``benchmark.true_steps``: a slow start)."""
-    return int((landscape.data.get("benchmark", {}) or {}).get("true_steps", spec.probe.steps))
+def true_steps(landscape: Any, spec: Any = None) -> int:
+    """The horizon every method's choice is judged at: the full run's length, the landscape's
+    ``benchmark.true_steps`` where it names one, else :data:`RUN_STEPS` (not the probe's 500
+    steps: a study chooses the config of a whole run). ``spec`` is not read (kept for callers)."""
+    return int((landscape.data.get("benchmark", {}) or {}).get("true_steps", RUN_STEPS))
 
 
-# -- the noise-free reference --------------------------------------------------------------------
+# -- the noise-free model, fast ------------------------------------------------------------------
+
+
+def true_rate(landscape: Any, config: dict[str, Any], steps: int) -> float:
+    """``landscape.true_rate(config, steps)``, the same values (to ~1e-14 relative; the sums
+    are summed in another order) without its per-step loop: see :func:`steps_seconds`."""
+    exp = landscape.expected(config)
+    if exp.failure is not None or (exp.diverge_step is not None and exp.diverge_step <= steps):
+        return math.nan
+    seconds = steps_seconds(landscape, config, steps, exp)
+    return (exp.reward(steps) - exp.r0) / seconds
+
+
+def steps_seconds(landscape: Any, config: dict[str, Any], steps: int, exp: Any = None) -> float:
+    """Σ ``landscape.step_time(config, t)`` over t = 1 … ``steps`` (noise-free seconds, start-up
+    excluded: the denominator of ``true_rate``). A step's seconds are affine in its progress
+    (every phase's work grows linearly with the response length, itself affine in the progress
+    clipped to [0, 1]), so the sum is steps · T(0) + (T(1) − T(0)) · Σ progress_t, with the
+    progress of every step at once in numpy. Where the step time is not affine (checked at two
+    inner points on the landscape's own phases), the landscape's own loop."""
+    import numpy as np
+
+    exp = exp or landscape.expected(config)
+    phases_at = landscape._step_phases(config)  # the phases true_rate's step_time sums
+
+    def seconds_at(progress: float) -> float:
+        return sum(phases_at(progress)[0].values())
+
+    t0, t1 = seconds_at(0.0), seconds_at(1.0)
+    slope = t1 - t0
+    if not all(math.isclose(seconds_at(p), t0 + slope * p, rel_tol=1e-12, abs_tol=1e-12 * abs(t0))
+               for p in (0.3, 0.75)):  # fmt: skip
+        return sum(landscape.step_time(config, t, exp, phases_at=phases_at) for t in range(1, steps + 1))
+    t = np.arange(1, steps + 1, dtype=float)
+    reward = exp.r0 + (exp.ceiling - exp.r0) / (1.0 + (exp.t_mid / t) ** exp.steepness)  # exp.reward(t)
+    progress = np.clip((reward - exp.r0) / max(1e-9, exp.ceiling - exp.r0), 0.0, 1.0)
+    return steps * t0 + slope * float(progress.sum())
 
 
 def true_eta_of(landscape: Any, config: dict[str, Any], baseline_rate: float, steps: int) -> float:
-    rate = landscape.true_rate(config, steps)
+    rate = true_rate(landscape, config, steps)
     return rate / baseline_rate if math.isfinite(rate) else 0.0
+
+
+# -- R: one full run of the baseline -------------------------------------------------------------
+
+
+def full_run(landscape_name: str, spec: Any, steps: int | None = None) -> dict[str, Any]:
+    """R: the noise-free GPU-hours of one full run of the study's baseline, ``steps`` long
+    (default :func:`true_steps`), counted as the study's own GPU-hours are: the benchmark's
+    replay launcher (``benchmarks.methods.replay_launcher``) holds ``gpus_per_probe`` GPUs a
+    run from its start to its last step, its start-up included (the launcher's ``startup_s``,
+    else the landscape's); a full run pays one start-up. The steps' seconds are
+    ``true_rate``'s (noise-free; the trainer's GPU count pinned as the launcher pins it)."""
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.verl_knowledge import merge
+
+    from benchmarks import methods as M
+
+    landscape = load_landscape(landscape_name)
+    steps = true_steps(landscape) if steps is None else steps
+    with tempfile.TemporaryDirectory(prefix="vs-bench-r-") as tmp:
+        launcher = M.replay_launcher(Path(tmp), landscape_name)
+        n_gpus, startup = launcher.gpus_per_probe, launcher.startup_s
+        launcher.close()
+    config = merge(spec.baseline_config(), {"trainer.n_gpus_per_node": n_gpus})
+    exp = landscape.expected(config)
+    startup = exp.startup_s if startup is None else float(startup)
+    seconds = steps_seconds(landscape, config, steps, exp)
+    return {"run_gpu_h": (startup + seconds) * n_gpus / 3600.0, "run_steps": steps, "run_startup_s": startup,
+            "run_n_gpus": n_gpus, "run_step_seconds": seconds}  # fmt: skip
+
+
+def run_gpu_h_of(name: str, entry: dict[str, Any]) -> float | None:
+    """A world's R: its reference's, else computed now (:func:`full_run`) where the world is a
+    shipped landscape or a file of benchmarks/blind; None where it is neither."""
+    if entry.get("run_gpu_h"):
+        return float(entry["run_gpu_h"])
+    from verl_sweep.launchers.simulator import LandscapeError, shipped_landscapes
+
+    path = str(BLIND_DIR / f"{name}.yaml") if (BLIND_DIR / f"{name}.yaml").is_file() else name
+    if path == name and name not in shipped_landscapes():
+        return None
+    try:
+        return float(full_run(path, demo_spec(path))["run_gpu_h"])
+    except (LandscapeError, OSError, ValueError):
+        return None
+
+
+def break_even_runs(gpu_h: float, run_gpu_h: float, final_eta: float) -> float | None:
+    """Full runs of the chosen config after which the study has paid for itself: each saves
+    R · (1 − 1/η) GPU-hours (the same reward gain in 1/η of the time). None (never) at η ≤ 1."""
+    if not math.isfinite(final_eta) or final_eta <= 1.0:
+        return None
+    return gpu_h / (run_gpu_h * (1.0 - 1.0 / final_eta))
+
+
+def add_cost(results: list[dict[str, Any]], run_gpu_h: dict[str, float | None]) -> None:
+    """Give each run's record ``cost_r`` (its GPU-hours ÷ R) and ``break_even_runs``, where
+    its world's R is known and the record has none yet."""
+    for r in results:
+        big_r = run_gpu_h.get(r["landscape"])
+        if big_r and "cost_r" not in r:
+            r["cost_r"] = r["gpu_h"] / big_r
+            r["break_even_runs"] = break_even_runs(r["gpu_h"], big_r, r["final_eta"])
+
+
+def reference_path(landscape_name: str, spec: Any, *, n_random: int, cache: Path | None = None) -> Path:
+    """Where :func:`best_reachable` keeps a reference: ``best-<world>-<key>.json`` in ``cache``
+    (default ``CACHE``; the kept ones in ``SHIPPED`` have the same name), the key a hash of
+    ``BEST_VERSION``, the landscape file's content, the study's part that decides what is
+    reachable, and ``n_random``."""
+    from verl_sweep.launchers.simulator import load_landscape
+
+    landscape = load_landscape(landscape_name)
+    key = hashlib.sha1(json.dumps([BEST_VERSION, landscape.data, _study_for_key(spec), n_random], sort_keys=True,
+                                  default=str).encode()).hexdigest()[:16]  # fmt: skip
+    return (CACHE if cache is None else cache) / f"best-{landscape.name}-{key}.json"
 
 
 def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed: int = 0) -> dict[str, Any]:
@@ -180,7 +301,8 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     peers' joint space (``n_random`` trials, which holds every config the chain can reach),
     coordinate passes on fine grids of each numeric knob, and the study's own stage chain
     run on the noise-free model (each stage's space on the chain's base, ``n_random`` points
-    a stage). Judged at :func:`true_steps`. Cached in ``CACHE`` (or read from the shipped
+    a stage). Judged at :func:`true_steps` (the full run's length); with R, the GPU-hours of
+    one full run of the baseline (:func:`full_run`). Cached in ``CACHE`` (or read from the shipped
     ``SHIPPED``) by the landscape file's and the study's content."""
     from verl_sweep.launchers.simulator import load_landscape
     from verl_sweep.verl_knowledge import merge
@@ -189,9 +311,7 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
     from verl_sweep.spaces.registry import build_space
 
     landscape = load_landscape(landscape_name)
-    key = hashlib.sha1(json.dumps([BEST_VERSION, landscape.data, _study_for_key(spec), n_random], sort_keys=True,
-                                  default=str).encode()).hexdigest()[:16]  # fmt: skip
-    cached = CACHE / f"best-{landscape.name}-{key}.json"
+    cached = reference_path(landscape_name, spec, n_random=n_random)
     for known in (cached, SHIPPED / cached.name):
         if known.is_file():
             return json.loads(known.read_text())
@@ -199,8 +319,8 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
 
     space = FairJointSpace(spec)
     base = spec.baseline_config()
-    steps = true_steps(landscape, spec)
-    base_rate = landscape.true_rate(base, steps)
+    steps = true_steps(landscape)
+    base_rate = true_rate(landscape, base, steps)
 
     # 1. TPE on the noise-free model over the whole joint space.
     def objective(trial: "optuna.trial.Trial") -> float:
@@ -251,7 +371,8 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
             best, best_config = stage_best, stage_config
     best_point = {k: v for k, v in best_config.items() if base.get(k) != v}
     result = {"landscape": landscape.name, "best_eta": best, "best_point": best_point, "baseline_rate": base_rate,
-              "chain_point": {k: v for k, v in chain.items() if base.get(k) != v}, "true_steps": steps}  # fmt: skip
+              "chain_point": {k: v for k, v in chain.items() if base.get(k) != v}, "true_steps": steps,
+              **full_run(landscape_name, spec, steps)}  # fmt: skip
     CACHE.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(result, indent=2))
     return result
@@ -278,7 +399,7 @@ def _study_for_key(spec: Any) -> dict[str, Any]:
 
 def reference(landscape_name: str, quick: bool) -> dict[str, Any]:
     """The landscape's best reachable η, for the summary."""
-    return best_reachable(landscape_name, demo_spec(landscape_name), n_random=60 if quick else 400)
+    return best_reachable(landscape_name, demo_spec(landscape_name), n_random=60 if quick else REFERENCE_N_RANDOM)
 
 
 # -- one (landscape, method, repetition) ---------------------------------------------------------
@@ -307,8 +428,8 @@ def run_one(task: tuple[str, str, int, bool, float]) -> dict[str, Any]:
         else:
             trace = run_peer(spec, launcher, method, budget_gpu_h=budget_gpu_h, seed=1000 + rep)
         launcher.close()
-    steps = true_steps(landscape, spec)
-    base_rate = landscape.true_rate(spec.baseline_config(), steps)
+    steps = true_steps(landscape)
+    base_rate = true_rate(landscape, spec.baseline_config(), steps)
     keys = [json.dumps(config, sort_keys=True, default=str) for _, config in trace.points]
     true_eta: dict[str, float] = {}  # a choice held over many points is judged once
     for key, (_, config) in zip(keys, trace.points):
@@ -384,7 +505,8 @@ def gpu_h_ratio(mine: float, theirs: float) -> float:
 
 def summarize(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], budget_h: dict[str, float]) -> list[dict[str, Any]]:
     """One row per (landscape, method): the measures the acceptance table shows (see
-    ``format_table``), plus the older ones (η at the budget, pruning, idle) in the JSON."""
+    ``format_table``), plus the older ones (η at the budget, pruning, idle) in the JSON. The
+    cost in R and the break-even come from the runs' records (:func:`add_cost`)."""
     rows = []
     for landscape in best:
         best_eta = best[landscape]["best_eta"]
@@ -417,6 +539,11 @@ def summarize(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], bu
                 "pruning_saved": statistics.median(
                     r["pruned_saved_gpu_h"] / max(1e-9, r["gpu_h"] + r["pruned_saved_gpu_h"]) for r in runs),
                 "idle_fraction": statistics.median(r["idle_fraction"] for r in runs),
+                # R and the cost in it (None where the world's R is unknown: an older results.json)
+                "run_gpu_h": best[landscape].get("run_gpu_h"), "true_steps": best[landscape].get("true_steps"),
+                "cost_r": median_interval([r["cost_r"] for r in runs]) if all("cost_r" in r for r in runs) else None,
+                "break_even": (median_interval([math.inf if r["break_even_runs"] is None else r["break_even_runs"]
+                                                for r in runs]) if all("cost_r" in r for r in runs) else None),
             })  # fmt: skip
         by = {r["method"]: r for r in rows if r["landscape"] == landscape}
         if "verl-sweep" in by and best_peer in by:
@@ -440,19 +567,32 @@ def _fmt_ratio(x: float | None) -> str:
     return "∞" if math.isinf(x) else f"{x:.2f}"
 
 
+def _fmt_cost(m: tuple[float, float, float] | None) -> str:
+    return "" if m is None else f"{m[0]:.2f}"
+
+
+def _fmt_runs(m: tuple[float, float, float] | None) -> str:
+    if m is None:
+        return ""
+    return "never" if math.isinf(m[0]) else f"{m[0]:.1f}"
+
+
 def format_table(rows: list[dict[str, Any]], budget_h: dict[str, float]) -> str:
     """The acceptance table: per landscape and method, the runs whose final choice reaches 95%
     of the best reachable η, the median final η as a fraction of it, false wins (final η below
     the baseline's), the GPU-hours at which the method's median curve reaches the best peer's
-    median final η and verl-sweep's ÷ that peer's, and the GPU-hours spent (median)."""
+    median final η and verl-sweep's ÷ that peer's, the GPU-hours spent (median), the cost in R
+    (GPU-hours ÷ one full run of the baseline, median) and the break-even (full runs of the
+    choice that pay the study back, median; ``never`` at η ≤ 1; both blank where R is unknown)."""
     head = (f"{'landscape':<21} {'split':<7} {'method':<11} {'≥95% best':>9} {'final/best':>10} {'false win':>9} "
-            f"{'GPU-h to best peer':>18} {'÷ peer':>6} {'GPU-h spent':>11}")  # fmt: skip
+            f"{'GPU-h to best peer':>18} {'÷ peer':>6} {'GPU-h spent':>11} {'cost R':>6} {'break-even':>10}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['landscape']:<21} {r['split']:<7} {r['method']:<11} {r['final_reached']:>6}/{r['reps']:<2} "
             f"{r['final_fraction'][0]:>10.3f} {r['false_win_rate']:>9.0%} {_fmt_hours(r['hours_to_best_peer']):>18} "
-            f"{_fmt_ratio(r.get('ratio_to_best_peer')):>6} {r['gpu_h_total'][0]:>11,.0f}"
+            f"{_fmt_ratio(r.get('ratio_to_best_peer')):>6} {r['gpu_h_total'][0]:>11,.0f} "
+            f"{_fmt_cost(r.get('cost_r')):>6} {_fmt_runs(r.get('break_even')):>10}"
         )
     lines.append("")
     seen: dict[str, dict[str, Any]] = {}
@@ -461,11 +601,21 @@ def format_table(rows: list[dict[str, Any]], budget_h: dict[str, float]) -> str:
     lines.append("best reachable η (noise-free, vs the study baseline), best peer (highest median final η) and "
                  "the peers' GPU-hour budget: " + "; ".join(
                      f"{k}: {v['best_eta']:.3f}, {v['best_peer']}, {budget_h.get(k, 0):,.0f} GPU-h" for k, v in seen.items()))  # fmt: skip
+    lines.append("")
+    lines.append("R (noise-free GPU-hours of one full run of the baseline; every η judged over the run's steps): " + "; ".join(
+        f"{k}: " + (f"{v['run_gpu_h']:,.0f} GPU-h" if v.get("run_gpu_h") else "unknown")
+        + (f", {v['true_steps']:,} steps" if v.get("true_steps") else "") for k, v in seen.items()))  # fmt: skip
     return "\n".join(lines)
 
 
+#: the acceptance line's bar on verl-sweep's median cost in R a world, and the summary's goal
+#: on the median over the report and blind worlds
+COST_BAR_R, COST_GOAL_R = 2.0, 1.5
+
+
 def acceptance(rows: list[dict[str, Any]]) -> list[str]:
-    """The benchmark's acceptance criteria, measured: one line per landscape."""
+    """The benchmark's acceptance criteria, measured: one line per landscape (its cost in R
+    counts: a cost unknown fails), then one summary line (:func:`cost_summary`)."""
     out = []
     for landscape in dict.fromkeys(r["landscape"] for r in rows):
         by = {r["method"]: r for r in rows if r["landscape"] == landscape}
@@ -477,13 +627,41 @@ def acceptance(rows: list[dict[str, Any]]) -> list[str]:
         ratio = vs.get("ratio_to_best_peer")
         ok_reach = vs["final_reached"] >= math.ceil(0.9 * vs["reps"]) and vs["false_win_rate"] == 0.0
         ok_ratio = ratio is not None and ratio <= 0.5
-        ok = ok_reach and at_least_peers and ok_ratio
+        cost = vs.get("cost_r")
+        ok_cost = cost is not None and cost[0] <= COST_BAR_R
+        ok = ok_reach and at_least_peers and ok_ratio and ok_cost
         out.append(
             f"{landscape} ({vs['split']}): ≥95% in {vs['final_reached']}/{vs['reps']} (≥9/10), false wins "
             f"{vs['false_win_rate']:.0%} (0), median final η ≥ every peer's: {'yes' if at_least_peers else 'no'}, "
-            f"GPU-h ÷ {vs['best_peer']} {_fmt_ratio(ratio)} (≤0.5) → {'PASS' if ok else 'FAIL'}"
+            f"GPU-h ÷ {vs['best_peer']} {_fmt_ratio(ratio)} (≤0.5), "
+            f"cost {_fmt_cost(cost) or 'unknown'} R (≤{COST_BAR_R:g}) → {'PASS' if ok else 'FAIL'}"
         )
-    return out
+    summary = cost_summary(rows)
+    return out + ([summary] if summary else [])
+
+
+def cost_summary(rows: list[dict[str, Any]], method: str = "verl-sweep") -> str | None:
+    """One line: the median over the run's worlds of ``method``'s median cost in R and of its
+    median break-even (and over the report and blind worlds, where the run has both splits;
+    goal ≤ 1.5 R). None where no world's cost is known."""
+    mine = [r for r in rows if r["method"] == method and r.get("cost_r") is not None]
+    if not mine:
+        return None
+
+    def medians(subset: list[dict[str, Any]]) -> str:
+        cost = statistics.median(r["cost_r"][0] for r in subset)
+        runs = median_interval([r["break_even"][0] for r in subset])[0]
+        return (f"median cost {cost:.2f} R, median break-even "
+                f"{'never' if math.isinf(runs) else f'{runs:.1f} runs'}")  # fmt: skip
+
+    line = f"{method} over {len(mine)} world{'s' if len(mine) > 1 else ''}: {medians(mine)}"
+    splits = {r["split"] for r in mine}
+    if {"report", "blind"} <= splits:
+        chosen = [r for r in mine if r["split"] in ("report", "blind")]
+        cost = statistics.median(r["cost_r"][0] for r in chosen)
+        line += (f"; report+blind ({len(chosen)} worlds): {medians(chosen)} "
+                 f"(goal ≤ {COST_GOAL_R:g} R: {'met' if cost <= COST_GOAL_R else 'not met'})")
+    return line
 
 
 def write_plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -636,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
         results += _progress(map(run_one, tasks_of(peers, peer_budget)), len(tasks_of(peers, peer_budget)))
     for r in results:
         r["landscape"] = names[r["landscape"]]
+    run_gpu_h = {name: run_gpu_h_of(name, entry) for name, entry in best.items()}
+    add_cost(results, run_gpu_h)
     budget_h = {names[name]: peer_budget.get(name, args.budget) for name in landscapes}
     rows = summarize(results, best, budget_h)
     table = format_table(rows, budget_h)
@@ -658,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"), "landscapes": list(best), "reps": reps, "methods": methods,
         "reps_per_method": reps_of,
         "split": {name: split_of(name) for name in best},
-        "best": best, "budget_gpu_h": budget_h, "rows": rows, "acceptance": verdict, "runs": results,
+        "best": best, "budget_gpu_h": budget_h, "run_gpu_h": run_gpu_h, "rows": rows, "acceptance": verdict, "runs": results,
         "overhead": overhead, "search_seconds": search_s, "total_seconds": time.perf_counter() - started,
     }  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(payload, indent=1, default=_json_default))
@@ -676,6 +856,15 @@ def _resummarize(path: Path, out: Path) -> int:
     results, best, budget_h = payload["runs"], payload["best"], payload["budget_gpu_h"]
     for r in results:
         r["points"] = [tuple(p) for p in r["points"]]
+    # An older file has no R and no cost: R recomputed where the world can still be found
+    # (at today's full-run length; its η stay those of its own horizon, the table's last line)
+    run_gpu_h = payload.get("run_gpu_h") or {}
+    for name, entry in best.items():
+        run_gpu_h[name] = run_gpu_h.get(name) or run_gpu_h_of(name, entry)
+        if run_gpu_h[name] is not None:
+            entry.setdefault("run_gpu_h", run_gpu_h[name])
+    add_cost(results, run_gpu_h)
+    payload["run_gpu_h"] = run_gpu_h
     rows = summarize(results, best, budget_h)
     payload["rows"], payload["acceptance"] = rows, acceptance(rows)
     print("SIMULATED figures (ReplayLauncher, virtual time), from", path)
