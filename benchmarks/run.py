@@ -380,7 +380,7 @@ def best_reachable(landscape_name: str, spec: Any, *, n_random: int = 300, seed:
 
 #: study fields added after the kept references were computed: at these values they change
 #: neither a world nor the joint space, so a reference's key leaves them out and stays valid
-NEUTRAL_STUDY_FIELDS = {("probe", "speed_settle_tolerance"): 0.0, ("model", "num_hidden_layers"): None,
+NEUTRAL_STUDY_FIELDS = {("model", "num_hidden_layers"): None,
                         ("model", "num_key_value_heads"): None, ("model", "intermediate_size"): None,
                         ("model", "vocab_size"): None}
 
@@ -388,8 +388,10 @@ NEUTRAL_STUDY_FIELDS = {("probe", "speed_settle_tolerance"): 0.0, ("model", "num
 def _study_for_key(spec: Any) -> dict[str, Any]:
     """What of the study the best reachable η depends on: each stage's space and options only
     (its budget, stop rule, sampler and pruner decide how a method searches, not what it can
-    reach), and no field added later at its neutral value."""
+    reach), no probe settings (how long a method measures; the horizon is the run's), and no
+    field added later at its neutral value."""
     data = spec.model_dump(mode="json")
+    del data["probe"]
     for (section, name), neutral in NEUTRAL_STUDY_FIELDS.items():
         if name in data.get(section, {}) and data[section][name] == neutral:
             del data[section][name]
