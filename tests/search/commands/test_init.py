@@ -205,16 +205,16 @@ def test_a_run_too_short_for_learning_probes_gets_a_speed_only_study(tmp_path: P
     model = str(model_dir(tmp_path))
     data, remarks = build(tmp_path, grpo_overrides(model, **{"trainer.total_training_steps": 15}))
     assert [s["space"] for s in data["stages"]] == ["systems", "token_budget"]
-    assert data["probe"] == {"speed_steps": 5}
+    assert data["probe"] == {"speed_steps": 3}  # one warm-up step and two scored
     assert any(re.fullmatch(r"the run is 15 steps \(trainer\.total_training_steps = 15\), too short for learning probes "
                             r"\(≥ 40 steps needed: 10 scored steps in ¼ of the run\): the study tunes speed only, with "
-                            r"5-step speed probes: systems \(systems\), tokens \(token_budget\)\. For the learning stages "
+                            r"3-step speed probes: systems \(systems\), tokens \(token_budget\)\. For the learning stages "
                             r"too, set trainer\.total_training_steps ≥ 40 \(or more trainer\.total_epochs\)\.", r)
                for r in remarks), remarks
     problems, lines = validate_study(load_study(_write(tmp_path, data)), with_verl=False)
     assert problems == [], problems
     assert any(line.startswith("plan: systems (systems) ") for line in lines), lines
-    assert any(line.startswith("plan: final (final config against the baseline, on throughput) 6 probes × 5 steps: ")
+    assert any(line.startswith("plan: final (final config against the baseline, on throughput) 6 probes × 3 steps: ")
                for line in lines), lines
 
     # No speed stage applies (VeOmni lays out its own mesh, SGLang never reads the token budget).
@@ -240,8 +240,8 @@ def test_a_run_too_short_for_any_probe_is_one_line_saying_what_to_set(tmp_path: 
     with pytest.raises(BadInputError) as refused:
         build(tmp_path, grpo_overrides(str(model_dir(tmp_path)), **{"trainer.total_training_steps": 5}))
     assert str(refused.value) == (
-        "the run must be at least 10 steps for speed probes of 5 steps (½ of the run at most), but it is 5 "
-        "(trainer.total_training_steps = 5). Set trainer.total_training_steps ≥ 40 for every stage (≥ 10 for the speed "
+        "the run must be at least 6 steps for speed probes of 3 steps (½ of the run at most), but it is 5 "
+        "(trainer.total_training_steps = 5). Set trainer.total_training_steps ≥ 40 for every stage (≥ 6 for the speed "
         "stages alone), or more trainer.total_epochs.")
 
 

@@ -163,13 +163,17 @@ def test_incumbent_runs_the_previous_stage_made_are_carried_over_not_rerun(prune
     assert not any(t["carried_from"] for t in stages["minibatch"]["trials"])
 
 
-def test_slow_layouts_stop_in_the_second_half_of_their_speed_probe(pruned: dict[str, Any]) -> None:
-    # Speed probes are 30 steps: the 500-step pruning settings (from step 100) would never act.
+def test_speed_probes_end_once_their_reading_settles(pruned: dict[str, Any]) -> None:
+    """A speed probe ends once two scored steps agree (one warm-up step, then usually two to
+    four); one whose reading does not settle is stopped in the second half if it is slow."""
+    import statistics
+
     systems = pruned["stages"][0]
-    stopped = [t for t in systems["trials"] if t["state"] == "pruned"]
-    assert stopped, "no slow layout was stopped early"
+    ran = [t for t in systems["trials"] if t["last_step"]]
+    assert statistics.median(t["last_step"] for t in ran) <= 5, sorted(t["last_step"] for t in ran)
+    stopped = [t for t in ran if t["state"] == "pruned"]
     for t in stopped:
         assert t["role"] == "candidate"
         assert 15 <= t["last_step"] < 30, t
     winner = systems["winner"]
-    assert winner is not None and winner["eta"] > max(t["eta"] or 0.0 for t in stopped)
+    assert winner is not None and winner["eta"] > max([t["eta"] or 0.0 for t in stopped], default=0.0)
