@@ -36,49 +36,38 @@ def _gpu_s(stage: dict[str, Any]) -> float:
     return sum(t["gpu_time_s"] or 0.0 for t in stage["trials"])
 
 
-def _candidates(stage: dict[str, Any]) -> list[dict[str, Any]]:
-    return [t for t in stage["trials"] if t["role"] == "candidate"]
-
-
-def _mean_gpu_s(stage: dict[str, Any]) -> float:
-    found = _candidates(stage)
-    return sum(t["gpu_time_s"] or 0.0 for t in found) / max(1, len(found))
-
-
 @pytest.fixture(scope="module")
 def pruned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _replay_demo(tmp_path_factory.mktemp("pruned"), "demo")
 
 
-def test_pruning_saves_gpu_time_and_keeps_the_winner(pruned: dict[str, Any], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def unpruned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     def no_pruning(data: dict[str, Any]) -> None:
         for stage in data["stages"]:
             stage["pruner"] = {"name": "none"}
 
-    unpruned = _replay_demo(tmp_path, "demo", no_pruning)
-    # The same probes priced with and without pruning: each stage's unpruned candidates at the
-    # pruned study's mean GPU time per candidate probe of that stage. A plain total also counts
-    # the trials the policy chose to run (the polish's follow-up rounds read pruned probes too,
-    # and ran 10 candidates where the unpruned study ran 4), which is not what pruning costs.
-    priced = sum(len(_candidates(b)) * _mean_gpu_s(a) for a, b in zip(pruned["stages"], unpruned["stages"]))
-    without = sum(len(_candidates(b)) * _mean_gpu_s(b) for b in unpruned["stages"])
-    saving = 1 - priced / without
-    totals = [sum(_gpu_s(s) for s in study["stages"]) / 3600 for study in (pruned, unpruned)]
-    print(f"simulated GPU-hours: {totals[0]:.0f} with pruning, {totals[1]:.0f} without; the same probes "
-          f"{saving:.0%} cheaper with pruning")
-    # SIMULATED, sampler seed 7: 32% when the bar was 30% (31.9-34.1% over seeds 1, 2, 3 and 7),
-    # as a plain total. Since the token stage runs before the learning stages (their probes at
-    # the final throughput) and KL-changing candidates are pruned only from 3/4 of their probe,
-    # the plain total fell to 23%, and since (the demo at Qwen2.5-7B's shape, stage 0's batching
-    # knobs) to 13-17%; the same
-    # probes priced both ways: 30% (per stage: systems 32%, tokens 23%, mini-batch 29%, KL 21%,
-    # lr 45%, polish 25%).
-    assert saving >= 0.2
+    return _replay_demo(tmp_path_factory.mktemp("unpruned"), "demo", no_pruning)
+
+
+def test_pruning_keeps_each_stages_winner(pruned: dict[str, Any], unpruned: dict[str, Any]) -> None:
     for a, b in zip(pruned["stages"], unpruned["stages"]):
         wa, wb = a["winner"], b["winner"]
         same = wa["overrides"] == wb["overrides"]
         within = wb["eta_low"] <= wa["eta"] <= wb["eta_high"] or wa["eta_low"] <= wb["eta"] <= wa["eta_high"]
         assert same or within, (a["name"], wa, wb)
+
+
+@pytest.mark.xfail(strict=True, reason="the goal: pruning saves 30% of a study's GPU-hours; 22.6% SIMULATED today "
+                                        "(docs/benchmarks.md, where the cost goes)")
+def test_pruning_saves_30_percent_of_the_studys_gpu_hours(pruned: dict[str, Any], unpruned: dict[str, Any]) -> None:
+    # The study's whole GPU time, as a user pays it: every trial the policy ran, confirmations
+    # and follow-up rounds included. SIMULATED, sampler seed 7: 32% when the mark was set
+    # (31.9-34.1% over seeds 1, 2, 3 and 7); 22.6% with settled speed probes, whose stages pruning
+    # no longer shortens.
+    totals = [sum(_gpu_s(s) for s in study["stages"]) / 3600 for study in (pruned, unpruned)]
+    print(f"simulated GPU-hours: {totals[0]:.0f} with pruning, {totals[1]:.0f} without")
+    assert 1 - totals[0] / totals[1] >= 0.30
 
 
 def test_stage_0_finds_a_layout_at_least_as_fast_as_the_template(pruned: dict[str, Any]) -> None:
@@ -108,9 +97,9 @@ def test_short_probe_stages_cost_under_a_quarter(pruned: dict[str, Any]) -> None
     by_name = {s["name"]: _gpu_s(s) for s in pruned["stages"]}
     share = (by_name["systems"] + by_name["tokens"]) / sum(by_name.values())
     print(f"stage 0 + stage 3 share of simulated GPU time: {share:.1%}")
-    # Under 15% with a 30-layout systems sweep; it is 80 layouts now (with 30 the
-    # leader came in the last third and the layout held 3-7% of the best η): 22.6% here.
-    assert share < 0.25
+    # The speed stages are a few probes' worth of the study: their probes end once tokens/s
+    # settles (docs/method.md, Evidence).
+    assert share < 0.15
 
 
 def test_every_probe_reports_utilisation_and_diagnosis(pruned: dict[str, Any]) -> None:
