@@ -94,6 +94,16 @@ class SimLauncher(LocalLauncher):
             kill_grace_s=kill_grace_s,
         )
 
+    @property
+    def poll_interval_s(self) -> float:  # type: ignore[override]
+        """On the launcher's clock, which is simulated: the local launcher's real cadence."""
+        return LocalLauncher.poll_interval_s * self.time_scale
+
+    def wait(self, seconds: float) -> None:
+        # ``seconds`` on the simulated clock: a speed stage's 30 s between polls is 30 simulated
+        # seconds (a fraction of a step), not 30 real ones (a whole study at 20,000×).
+        time.sleep(seconds / self.time_scale)
+
     def _count_real_gpus(self) -> int:
         return 0  # fake ids: no NVML preflight, no sampler, even on a GPU machine
 
