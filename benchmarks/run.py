@@ -388,10 +388,11 @@ NEUTRAL_STUDY_FIELDS = {("model", "num_hidden_layers"): None,
 def _study_for_key(spec: Any) -> dict[str, Any]:
     """What of the study the best reachable η depends on: each stage's space and options only
     (its budget, stop rule, sampler and pruner decide how a method searches, not what it can
-    reach), no probe settings (how long a method measures; the horizon is the run's), and no
-    field added later at its neutral value."""
+    reach), no probe or launcher settings (how a method measures, and where: a world named by
+    its file's path would key on the checkout's location), and no field added later at its
+    neutral value."""
     data = spec.model_dump(mode="json")
-    del data["probe"]
+    del data["probe"], data["launcher"]
     for (section, name), neutral in NEUTRAL_STUDY_FIELDS.items():
         if name in data.get(section, {}) and data[section][name] == neutral:
             del data[section][name]
