@@ -21,6 +21,7 @@ TRAIN_EFFICIENCY = 0.40  # model FLOPs utilisation of the update and log-prob pa
 GENERATION_EFFICIENCY = 0.10  # decoding is bound by memory bandwidth, not FLOPs
 MEAN_RESPONSE_FRACTION = 0.5  # a response's mean length as a fraction of the maximum
 ACTIVE_EXPERT_FRACTION = 0.1  # of a MoE model's routed experts, the share a token uses
+PAYBACK_RUNS = 3  # the full runs a study should pay for itself within
 SETTLED_SCORED_STEPS = 3  # a speed probe's usual scored steps before two agree within the tolerance
 
 
@@ -142,6 +143,27 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
                  f"ESTIMATE {_gpu_h(hours(low))}-{_gpu_h(hours(high))} GPU-hours = "
                  f"{_span(low / r_steps, high / r_steps, r_number)} R at ~{step_s:.0f} s a step "
                  f"(R: {r_steps:,} steps{' assumed' if run.assumed else ''})")
+    lines.append(payback_line(low / r_steps, PAYBACK_RUNS))
     lines.append(f"plan: ~{step_s:.0f} s a step is an estimate: {how}")
     lines.append("plan: pruning stops many probes early, and the systems stage measures the real speed")
     return lines
+
+
+def eta_to_pay_back(cost_r: float, runs: int) -> float | None:
+    """The gain η at which a study of ``cost_r`` full runs pays for itself within ``runs`` full
+    runs (each saves R × (1 − 1/η)), or None where no gain can: the study costs ≥ ``runs`` R."""
+    if cost_r >= runs:
+        return None
+    return 1.0 / (1.0 - cost_r / runs)
+
+
+def payback_line(cost_r: float, runs: int) -> str:
+    """What the study must find to pay for itself within ``runs`` full runs, at its lower estimate."""
+    from verl_sweep.search.views.status import r_number
+
+    eta = eta_to_pay_back(cost_r, runs)
+    if eta is None:
+        return (f"plan: payback: at {r_number(cost_r)} R no gain pays the study back within {runs} full runs "
+                f"(each saves under 1 R)")
+    return (f"plan: payback: within {runs} full runs if the winner reaches η ≥ {eta:.2f} "
+            f"(each run then saves ≥ {r_number(cost_r / runs)} R)")

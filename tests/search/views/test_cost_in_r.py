@@ -237,3 +237,30 @@ def test_the_plan_prices_a_speed_probe_at_its_settled_length_only_where_it_settl
     assert "× 30 steps" in systems_whole, systems_whole
     hours = [_number(re.search(r": ~([\d,]+)", line)[1]) for line in (systems, systems_whole)]
     assert hours[0] == pytest.approx(hours[1] * 4 / 30, rel=0.05)
+
+
+def test_the_plan_says_what_gain_pays_the_study_back_within_three_runs(tmp_path: Path) -> None:
+    from verl_sweep.search.views.plan import eta_to_pay_back
+
+    for cost_r in (0.1, 0.9, 1.5, 2.9):
+        eta = eta_to_pay_back(cost_r, 3)
+        assert eta is not None and 3 * (1 - 1 / eta) == pytest.approx(cost_r)  # three runs' savings repay it
+    assert eta_to_pay_back(3.0, 3) is None and eta_to_pay_back(9.9, 3) is None
+
+    whole, _ = _plan(tmp_path)  # the demo: ~10 R, more than any gain repays in three runs
+    assert any(re.fullmatch(r"plan: payback: at [\d.]+ R no gain pays the study back within 3 full runs "
+                            r"\(each saves under 1 R\)", line) for line in whole), whole
+
+    def speed_only(data: dict[str, Any]) -> None:
+        data["stages"] = [stage for stage in data["stages"] if stage["space"] in ("systems", "token_budget")]
+        data["final_check"] = False
+
+    (tmp_path / "speed").mkdir()
+    lines, _ = _plan(tmp_path / "speed", speed_only)
+    total = next(line for line in lines if "ESTIMATE" in line)
+    low_r = _number(re.search(r"= ([\d.]+)(?:-[\d.]+)? R at", total)[1])
+    line = next(line for line in lines if line.startswith("plan: payback:"))
+    found = re.fullmatch(r"plan: payback: within 3 full runs if the winner reaches η ≥ ([\d.]+) \(each run then saves "
+                         r"≥ [\d.]+ R\)", line)
+    assert found, line
+    assert _number(found[1]) == pytest.approx(1 / (1 - low_r / 3), abs=0.01)
