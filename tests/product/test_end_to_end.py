@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +14,7 @@ import psutil
 import pytest
 import yaml
 
-from support import cli, demo_data, write_study
+from support import cli, demo_data, kill_run_when, write_study
 from support.shared_runs import shared_demo
 
 
@@ -192,24 +189,14 @@ def _trials_db(db: Path) -> dict[str, list[dict[str, Any]]]:
 def test_sigkill_in_stage_2_then_resume(tmp_path: Path) -> None:
     study = _fast_demo(tmp_path, time_scale=10000)
     db = tmp_path / "demo.db"
-    driver = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", str(study)], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert driver.poll() is None, f"driver ended early: {driver.stderr.read() if driver.stderr else ''}"
-            if _has_study(db, "demo.kl"):
-                trials = _trials_db(db)["demo.kl"]
-                if sum(t["state"] == "COMPLETE" for t in trials) >= 2 and any(t["state"] == "RUNNING" for t in trials):
-                    break
-            time.sleep(0.3)
-        else:
-            pytest.fail("stage 2 never had a running trial")
-        os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=10)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
+
+    def stage_2_running() -> bool:
+        if not _has_study(db, "demo.kl"):
+            return False
+        trials = _trials_db(db)["demo.kl"]
+        return sum(t["state"] == "COMPLETE" for t in trials) >= 2 and any(t["state"] == "RUNNING" for t in trials)
+
+    kill_run_when(study, stage_2_running, timeout_s=240, what="stage 2 never had a running trial")
     before = _trials_db(db)
     completed_before = {
         (name, t["number"]): t for name, trials in before.items() for t in trials if t["state"] == "COMPLETE"

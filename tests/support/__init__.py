@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -45,6 +45,30 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str
         cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def kill_run_when(study: Path, ready: Callable[[], bool], *, timeout_s: float, what: str, poll_s: float = 0.3) -> None:
+    """Start ``run STUDY`` (in the study's folder), SIGKILL it the moment ``ready()`` holds (a
+    crash at that point), and fail with ``what`` if it never does or the driver ends first."""
+    import signal
+    import time
+
+    driver = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", str(study)],
+                              cwd=study.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert driver.poll() is None, f"driver ended early: {driver.stderr.read() if driver.stderr else ''}"
+            if ready():
+                break
+            time.sleep(poll_s)
+        else:
+            pytest.fail(what)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
 
 
 def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -6,19 +6,14 @@ of the study. Studies run on the replay launcher (the simulator's model, no proc
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import sqlite3
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import cli, demo_data
+from support import cli, demo_data, kill_run_when
 from support.shared_runs import shared_small, small_study
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.views.status import r_text
@@ -210,22 +205,8 @@ def _final_trials(db: Path, name: str) -> list[tuple[int, str]]:
 def test_sigkill_in_the_final_check_then_resume(tmp_path: Path) -> None:
     path = small_study(tmp_path, "killed")
     db = tmp_path / "killed.db"
-    driver = subprocess.Popen([sys.executable, "-m", "verl_sweep.search.commands.cli", "run", str(path)], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert driver.poll() is None, f"driver ended early: {driver.stderr.read() if driver.stderr else ''}"
-            if db.exists() and any(state == "RUNNING" for _, state in _final_trials(db, "killed")):
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the final check never had a running trial")
-        os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=10)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
+    kill_run_when(path, lambda: db.exists() and any(state == "RUNNING" for _, state in _final_trials(db, "killed")),
+                  timeout_s=300, what="the final check never had a running trial", poll_s=0.1)
     before = dict(_final_trials(db, "killed"))
     assert "RUNNING" in before.values()
 
