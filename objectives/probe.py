@@ -66,6 +66,9 @@ class ProbeSettings:
     #: a speed-only probe ends as complete once its last two scored steps' tokens/s agree
     #: within this fraction (0: it runs all ``steps``)
     settle_tolerance: float = 0.0
+    #: a learning probe's score (running and final) reads its fitted curve to this step (the
+    #: full run's length: a study chooses the config of a whole run); None: to the probe's end
+    horizon_steps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +237,8 @@ class Probe:
                 steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus, n_boot=n_boot
             )
         return score_reward_rate(
-            steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=final, n_boot=n_boot, min_steps=min_steps
+            steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=final, n_boot=n_boot, min_steps=min_steps,
+            horizon_steps=self.settings.horizon_steps,
         )
 
     def _scored_outcome(self) -> ProbeOutcome:

@@ -168,6 +168,7 @@ def score_reward_rate(
     estimator: str = "curve",
     reward_key: str = REWARD_KEY,
     min_steps: int = MIN_SCORED_STEPS,
+    horizon_steps: int | None = None,
 ) -> Score:
     """Reward gain per second of training over steps ``warmup_steps+1 .. max_step``.
 
@@ -204,9 +205,14 @@ def score_reward_rate(
         np.median(durations)
     )
     warm_x = warm_s / train_time
+    # The chord ends at the horizon: the probe's last step, or the run's (read off the fitted
+    # curve, the steps still to come timed as the probe's last quarter was).
+    extra_steps = 0 if horizon_steps is None or estimator != "curve" else max(0, horizon_steps - chosen[-1].step)
+    tail = durations[-max(1, durations.size // 4):]
+    end_x = warm_x + 1.0 + extra_steps * float(tail.mean()) / train_time
     ceiling_x: float | None = None
     if estimator == "curve" or fit_ceiling:
-        curve = fit_curve(x + warm_x, y, weights, warm_x, warm_x + 1.0)
+        curve = fit_curve(x + warm_x, y, weights, warm_x, end_x)
         ceiling_x = curve.ceiling
     if estimator == "curve":
         fit = curve
@@ -215,8 +221,9 @@ def score_reward_rate(
     else:
         fit = fit_windows(x, y, weights)
 
-    rate = fit.chord / train_time
-    boot = fit.boot[np.isfinite(fit.boot)] / train_time
+    window_s = (end_x - warm_x) * train_time if estimator == "curve" else train_time
+    rate = fit.chord / window_s
+    boot = fit.boot[np.isfinite(fit.boot)] / window_s
     se = _robust_sd(boot)
     alpha = (1.0 - confidence) / 2.0
     if boot.size >= 20:

@@ -107,6 +107,14 @@ def full_run_length(config: Mapping[str, Any], run_steps: int | None = None) -> 
     return RunLength(ASSUMED_RUN_STEPS, f"{ASSUMED_RUN_STEPS:,} steps assumed", assumed=True)
 
 
+def study_run_length(spec: Any, run_steps: int | None = None) -> RunLength:
+    """The full run a study tunes for: ``run_steps`` (``--run-steps``), else the study file's
+    ``run_steps``, else the baseline's (``full_run_length``)."""
+    if run_steps is None and spec.run_steps is not None:
+        return RunLength(spec.run_steps, "the study's run_steps")
+    return full_run_length(spec.baseline_config(), run_steps)
+
+
 @dataclasses.dataclass(frozen=True)
 class ProbeFit:
     """Probe lengths that fit a run: learning ``steps``, ``speed_steps``, ``slow_start_factor``,

@@ -241,6 +241,10 @@ class StudySpec(_Strict):
     #: at a far larger lr, say); ``validate`` lists each one it lets through
     unsafe_baseline: list[str] = Field(default_factory=list)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    #: the full run's length in steps, the horizon every learning probe is judged at and the
+    #: length of R (one full run of the baseline); default: the baseline's own
+    #: (``trainer.total_training_steps``, or epochs × the local train files' steps), else 2,000
+    run_steps: Int | None = Field(default=None, ge=1, le=10_000_000)
     seeds: list[Int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6], min_length=1)
     stages: list[StageSettings] = Field(default_factory=list)
     #: stop early on a study whose baseline is already near-optimal: once this many stages in

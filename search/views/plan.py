@@ -107,7 +107,7 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
     GPU-hours, the total, each also in R (one full run of the baseline: its own length, else
     2,000 steps assumed, at the same estimated step time: a stage's R is its probes' steps ÷
     the run's, whatever the step time)."""
-    from verl_sweep.search.method.run_length import full_run_length
+    from verl_sweep.search.method.run_length import study_run_length
     from verl_sweep.search.views.status import r_number
 
     plans = stage_plans(spec)
@@ -118,7 +118,7 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
         plans.append(final)
     step_s, how = step_seconds(spec, base)
     gpus = spec.hardware.n_gpus
-    run = full_run_length(base)
+    run = study_run_length(spec)
     r_steps = run.steps or 1  # never None: full_run_length assumes 2,000 steps for an unknown run
 
     def hours(steps: int) -> float:

@@ -281,10 +281,10 @@ def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, 
     baseline's own length, else 2,000 assumed) at its measured speed: what it costs, the study's
     cost in R (each stage's too: its ``cost_r``), what the winner saves on it (the same reward
     reached η times sooner) and how many full runs repay the study (break-even)."""
-    from verl_sweep.search.method.run_length import full_run_length
+    from verl_sweep.search.method.run_length import study_run_length
 
     spent = sum(s.get("gpu_hours") or 0.0 for s in stages) + (final_entry or {}).get("gpu_hours", 0.0)
-    run = full_run_length(spec.baseline_config(), run_steps)
+    run = study_run_length(spec, run_steps)
     cost: dict[str, Any] = {"gpu_hours_spent": round(spent, 2), "simulated": simulated(spec),
                             "run_steps": run.steps, "run_steps_from": run.how, "run_steps_assumed": run.assumed,
                             "r_gpu_hours": None, "cost_r": None}

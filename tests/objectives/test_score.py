@@ -218,3 +218,34 @@ def test_eta_coverage_on_simulator(mini_batch: int) -> None:
     )
     assert hits >= 16, f"90% interval held the true η {true:.3f} only {hits}/20 times"
     assert abs(np.mean(values) - true) < 0.03
+
+
+def test_a_probe_read_to_the_run_horizon_ranks_configs_as_the_run_does() -> None:
+    # Two curves that cross: the fast starter leads over a 500-step probe, the higher ceiling
+    # over a 2,000-step run. Read to the run's horizon, each rate is the run's own chord
+    # (fitted on 500 steps) and the ranking is the run's; read to the probe's end, it is the
+    # probe's.
+    fast, high = Curve(t_mid_s=2500, ceiling=0.7, b=2.0), Curve(t_mid_s=5000, ceiling=0.8, b=2.0)
+    assert fast.true_rate(500) > high.true_rate(500) and fast.true_rate(2000) < high.true_rate(2000)
+    for curve in (fast, high):
+        rates = [score_reward_rate(run(curve, 500, seed=s), n_boot=0, horizon_steps=2000).rate for s in range(4)]
+        assert float(np.mean(rates)) == pytest.approx(curve.true_rate(2000), rel=0.06)
+    probe, horizon = [], []
+    for seed in range(10):
+        probe.append(np.divide(*[score_reward_rate(run(c, 500, seed=seed), n_boot=0).rate for c in (fast, high)]))
+        horizon.append(np.divide(*[score_reward_rate(run(c, 500, seed=seed), n_boot=0, horizon_steps=2000).rate
+                                   for c in (fast, high)]))
+    assert min(probe) > 1.1  # every probe ranks the fast starter first
+    assert sum(h < 1 for h in horizon) >= 8  # the run's horizon ranks the higher ceiling first
+    assert float(np.median(horizon)) == pytest.approx(fast.true_rate(2000) / high.true_rate(2000), rel=0.1)
+
+
+def test_a_horizon_inside_the_probe_reads_the_probe_and_the_interval_holds_the_run() -> None:
+    curve = Curve(t_mid_s=3000)
+    steps = run(curve, 500, seed=3)
+    assert score_reward_rate(steps, horizon_steps=400).rate == score_reward_rate(steps).rate
+    far = score_reward_rate(steps, horizon_steps=2000)
+    assert far.ci_low <= curve.true_rate(2000) <= far.ci_high
+    near = score_reward_rate(steps)
+    # reading further than the data is less certain: a wider interval, relative to the rate
+    assert (far.ci_high - far.ci_low) / far.rate > (near.ci_high - near.ci_low) / near.rate
