@@ -60,7 +60,7 @@ def save(config: Mapping[str, Any], state: CheckpointState) -> Path:
     return step_dir
 
 
-def resume_from(config: Mapping[str, Any], *, say: Callable[[str], None] = lambda line: None) -> CheckpointState | None:
+def resume_from(config: Mapping[str, Any], *, say: Callable[[str], object] = lambda line: None) -> CheckpointState | None:
     """The checkpoint the run resumes from (None: it starts at step 1), chosen by
     ``trainer.resume_mode`` as verl chooses it; ``say`` gets the lines verl prints.
     Raises :class:`CheckpointError` where verl fails."""

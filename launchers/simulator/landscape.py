@@ -17,6 +17,19 @@ The model, in short (every constant lives in the landscape file):
   follows padding (dynamic batching), recomputation, offload, ulysses and the FSDP flavour.
 - GPU memory decides OOM (token budget activations, KV cache room, FSDP states + micro-batch
   activations); pathological layouts hang until the NCCL timeout.
+- Checkpoints (``trainer.save_freq``, ``trainer.resume_mode``; files in
+  :mod:`verl_sweep.launchers.simulator.checkpoints`): a save costs :meth:`Landscape.checkpoint_s`
+  inside its step; a resumed run (a branch) keeps what verl 0.9.1 restores (the step, the lr)
+  and takes the rest from its new config, entering the new config's reward curve at the
+  checkpoint's reward, so every landscape file works unchanged (:meth:`Landscape.simulate`).
+
+Noise: one run's random stream is seeded by the landscape seed and ``data.seed``; it draws
+three numbers for the run, then a fixed six a step, whatever the config. So two configs under
+one seed are paired, and a run resumed at step N skips the 6·N draws of steps 1..N: step t
+draws the same numbers whether the run started at 1 or resumed. Branches from one checkpoint
+under one ``data.seed`` are paired, and a branch with the saving run's config and seed repeats
+that run. (Real verl ignores ``data.seed`` on resume for the data order, but its rollouts'
+sampling is fresh in every run: the simulator's seed stands for that run-to-run noise.)
 
 Calibration "effect" of a parameter (``tests/launchers/test_simulator_calibration.py``): over its safe
 range (the table in docs/method.md §1) with everything else at the landscape's baseline config,
