@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from verl_sweep.launchers.simulator.config import ConfigError, check_config, parse_overrides
 from verl_sweep.launchers.simulator.landscape import (
+    CheckpointState,
     Expectation,
     Failure,
     Landscape,
@@ -17,6 +18,7 @@ from verl_sweep.launchers.simulator.landscape import (
 from verl_sweep.launchers.simulator.landscape_files import load_landscape, shipped_landscapes
 
 __all__ = [
+    "CheckpointState",
     "ConfigError",
     "Expectation",
     "Failure",

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
+from verl_sweep.launchers.simulator import checkpoints
 from verl_sweep.launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
 from verl_sweep.launchers.simulator.trace import console_line, full_record, gpu_sample, json_line, real_record
 from verl_sweep.launchers.simulator.tracking import Tracking
@@ -144,24 +145,33 @@ def run(argv: list[str]) -> int:
         )
     if failure is not None and failure.at_step == 0:
         _fail(f"{prefix} Traceback (most recent call last):\n{failure.message}")
+    try:  # once the workers are up, as verl loads it
+        resume = checkpoints.resume_from(config, say=lambda line: out.write(f"{prefix} {line}\n"))
+    except checkpoints.CheckpointError as e:
+        _fail(f"{prefix} Traceback (most recent call last):\n{prefix} {e}")
+    if resume is not None:
+        clock.sleep(landscape.checkpoint_s(config))
 
     tracking = Tracking(config)  # where verl makes its trackers: once the workers are up
     metrics_file = _open_append(logger_path(config))
     samples_file = _open_append(os.environ.get("VERL_SIM_GPU_SAMPLES_PATH"))
     if metrics_file is not None and bool(get(config, "trainer.val_before_train")):
-        val = {"val-core/default/reward/mean@1": expectation.r0}
-        metrics_file.write(json.dumps({"step": 0, "data": val}) + "\n")
-        out.write(f"{prefix} step:0 - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
-        tracking.log(val, 0)
+        val_step = 0 if resume is None else resume.step
+        val = {"val-core/default/reward/mean@1": expectation.r0 if resume is None else resume.reward}
+        metrics_file.write(json.dumps({"step": val_step, "data": val}) + "\n")
+        out.write(f"{prefix} step:{val_step} - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
+        tracking.log(val, val_step)
     n_gpus = int(get(config, "trainer.n_gpus_per_node"))
     gpu_mb = landscape.gpu_memory_gb * 1024.0
     seed = get(config, "data.seed")
     jitter = random.Random(f"gpu:{landscape.seed}:{0 if seed is None else seed}")
-    last = 0
+    last = 0 if resume is None else resume.step
     template = real_record()
-    for record in landscape.simulate(config):
+    for record in landscape.simulate(config, resume=resume):
         clock.sleep(record.step_time_s)
         last = record.step
+        if record.checkpoint is not None:
+            checkpoints.save(config, record.checkpoint)
         if metrics_file is not None:
             metrics_file.write(json_line(template, record.step, record.metrics))
         out.write(console_line(prefix, template, record.step, record.metrics))

@@ -57,6 +57,12 @@ DEFAULTS: dict[str, Any] = {
     "trainer.total_epochs": 30,
     "trainer.logger": ["console", "wandb"],
     "trainer.val_before_train": True,
+    "trainer.project_name": "verl_examples",
+    "trainer.experiment_name": "gsm8k",
+    "trainer.save_freq": -1,
+    "trainer.resume_mode": "auto",
+    "trainer.resume_from_path": None,
+    "trainer.default_local_dir": "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
 }
 
 ROLLOUT_NAMES = ("vllm", "sglang", "trtllm")

@@ -17,6 +17,19 @@ The model, in short (every constant lives in the landscape file):
   follows padding (dynamic batching), recomputation, offload, ulysses and the FSDP flavour.
 - GPU memory decides OOM (token budget activations, KV cache room, FSDP states + micro-batch
   activations); pathological layouts hang until the NCCL timeout.
+- Checkpoints (``trainer.save_freq``, ``trainer.resume_mode``; files in
+  :mod:`verl_sweep.launchers.simulator.checkpoints`): a save costs :meth:`Landscape.checkpoint_s`
+  inside its step; a resumed run (a branch) keeps what verl 0.9.1 restores (the step, the lr)
+  and takes the rest from its new config, entering the new config's reward curve at the
+  checkpoint's reward, so every landscape file works unchanged (:meth:`Landscape.simulate`).
+
+Noise: one run's random stream is seeded by the landscape seed and ``data.seed``; it draws
+three numbers for the run, then a fixed six a step, whatever the config. So two configs under
+one seed are paired, and a run resumed at step N skips the 6·N draws of steps 1..N: step t
+draws the same numbers whether the run started at 1 or resumed. Branches from one checkpoint
+under one ``data.seed`` are paired, and a branch with the saving run's config and seed repeats
+that run. (Real verl ignores ``data.seed`` on resume for the data order, but its rollouts'
+sampling is fresh in every run: the simulator's seed stands for that run-to-run noise.)
 
 Calibration "effect" of a parameter (``tests/launchers/test_simulator_calibration.py``): over its safe
 range (the table in docs/method.md §1) with everything else at the landscape's baseline config,
@@ -36,11 +49,18 @@ import random
 from typing import Any, Callable, Iterator, Mapping
 
 from verl_sweep.launchers.simulator.config import ConfigError, DEFAULTS, get
-from verl_sweep.launchers.simulator.outcomes import Expectation, Failure, LandscapeError, StepRecord
+from verl_sweep.launchers.simulator.outcomes import CheckpointState, Expectation, Failure, LandscapeError, StepRecord
 
-__all__ = ["Expectation", "Failure", "Landscape", "LandscapeError", "StepRecord", "load_landscape", "shipped_landscapes"]
+__all__ = ["CheckpointState", "Expectation", "Failure", "Landscape", "LandscapeError", "StepRecord", "load_landscape",
+           "shipped_landscapes"]
 
 GIB = 1024.0**3
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
+# A checkpoint holds fp32 weights and Adam's two fp32 moments: 12 bytes a parameter, for the
+# actor and again for a critic (docs/verl-resume.md §6), moved at an assumed 4 GB/s to or from
+# the node's local disk over all ranks together.
+CHECKPOINT_BYTES_PER_PARAM = 12.0
+CHECKPOINT_BYTES_PER_S = 4e9
 StepPhases = Callable[[float], tuple[dict[str, float], float, float, float]]
 
 
@@ -409,6 +429,18 @@ class Landscape:
                            _oom_text(mem["act_gb"] / 4.0, gpu))  # fmt: skip
         return None
 
+    def checkpoint_s(self, config: Mapping[str, Any]) -> float:
+        """Simulated seconds to save, or to load, one checkpoint of ``config``'s models.
+
+        Landscape-free: 12 bytes a parameter (``model.n_params_b``) for the actor, and the same
+        again for GAE's critic, at 4 GB/s: 3 s per billion parameters of each model, no fixed
+        part. A save counts in its step's ``timing_s/step`` (verl times it inside the step) and
+        is logged as ``timing_s/save_checkpoint``; a load lengthens the start-up.
+        """
+        models = 2.0 if str(_value(config, "algorithm.adv_estimator")) == "gae" else 1.0
+        params = _f(self._s("model"), "n_params_b") * 1e9
+        return models * params * CHECKPOINT_BYTES_PER_PARAM / CHECKPOINT_BYTES_PER_S
+
     # -- rates --------------------------------------------------------------------------------
     def true_rate(self, config: Mapping[str, Any], steps: int = 500) -> float:
         """Noise-free reward gain per simulated second of training over the first ``steps``.
@@ -436,13 +468,35 @@ class Landscape:
         return self.true_rate(config, steps) / self.true_rate(self.baseline if baseline is None else baseline, steps)
 
     # -- seeded trace -------------------------------------------------------------------------
-    def simulate(self, config: Mapping[str, Any], *, max_steps: int | None = None) -> Iterator[StepRecord]:
+    def simulate(
+        self, config: Mapping[str, Any], *, max_steps: int | None = None, resume: CheckpointState | None = None
+    ) -> Iterator[StepRecord]:
         """Step records of one seeded run (seed = landscape seed + ``data.seed``).
 
         The random stream draws the same numbers in the same order whatever the config, so
         two configs under one seed share their noise (paired comparisons stay paired).
-        Stops at the run length, at ``max_steps``, or just before a failure's step.
+        Stops at the run length, at step ``max_steps``, or just before a failure's step.
+
+        With ``trainer.save_freq`` K > 0 the records of every K-th step and of the last step
+        carry the checkpoint verl saves there. With ``resume`` (a checkpoint of step N) the run
+        is a branch, steps N+1 on, as verl 0.9.1 resumes one (docs/verl-resume.md):
+
+        - it trains at the checkpoint's lr (``base_lr``: verl restores the optimizer's param
+          groups and the scheduler's ``base_lrs``), under the new config's warm-up shape at the
+          restored step; every other key (mini-batch, KL, batch, rollout) is the new config's;
+        - it enters the new config's reward curve where that curve reaches the checkpoint's
+          reward (its closest point if it never does) and moves along it a step a step;
+        - its noise is the stream of its own ``data.seed`` advanced past steps 1..N, so step t
+          draws the same numbers whether the run started at 1 or resumed: a branch with the
+          saving run's config and seed repeats that run's steps, and branches from one
+          checkpoint under one seed are paired;
+        - a diverging config counts its blow-up from the first step it trained (N+1, or the
+          checkpoint's ``diverging_since`` if the checkpoint's run diverged too);
+        - a failure's step counts from N+1 (an OOM at step 1 fails step N+1).
         """
+        given = config
+        if resume is not None:
+            config = {**{k: v for k, v in config.items() if k.lstrip("+") != LR_KEY}, LR_KEY: resume.base_lr}
         exp = self.expected(config)
         noise = self._s("noise")
         data_seed = _value(config, "data.seed")
@@ -467,16 +521,34 @@ class Landscape:
         kl_in_reward = bool(g("algorithm.use_kl_in_reward"))
         prompt = float(self._s("response_length").get("prompt", 300))
         span, gauss = max(1e-9, curve.ceiling - curve.r0), rng.gauss
+        start = 0 if resume is None else resume.step
         stop = exp.total_steps if max_steps is None else min(exp.total_steps, max_steps)
         if exp.failure is not None:
-            stop = min(stop, exp.failure.at_step - 1)
+            stop = min(stop, start + exp.failure.at_step - 1)
         n_gpus = exp.n_gpus
         phases_at = self._step_phases(config)  # fixed for the run: built once
         mem = self.memory_gb(config)
         used_gb = max(mem["reserved_gb"], mem["train_gb"])
-        for step in range(1, stop + 1):
+        # Warm-up delays learning by half its length; a branch takes the rest of it from the
+        # restored step and enters the curve at the checkpoint's reward.
+        lag = lambda s: max(0.0, s - warmup / 2.0)  # noqa: E731
+        entry = 0.0 if resume is None else curve.steps_at(resume.reward) - lag(start)
+        diverging_since = None if exp.diverge_step is None else start + 1
+        if diverging_since is not None and resume is not None and resume.diverging_since is not None:
+            diverging_since = resume.diverging_since
+        diverge_step = None if diverging_since is None else diverging_since - 1 + int(exp.diverge_step or 0)
+        save_freq = int(g("trainer.save_freq") or -1)
+        configured = g("trainer.total_training_steps")
+        last_step = int(configured) if configured is not None else exp.steps_per_epoch * int(g("trainer.total_epochs"))
+        save_s = self.checkpoint_s(config)
+        batch, mini = int(g("data.train_batch_size")), int(g("actor_rollout_ref.actor.ppo_mini_batch_size"))
+        updates = max(1, int(g("actor_rollout_ref.actor.ppo_epochs"))) * -(-batch // mini)
+        elapsed = exp.startup_s if resume is None else resume.elapsed_s + exp.startup_s + save_s
+        for _ in range(6 * start):
+            gauss(0.0, 1.0)
+        for step in range(start + 1, stop + 1):
             z = [gauss(0.0, 1.0) for _ in range(6)]  # fixed count: keeps configs paired
-            t_eff = max(0.0, step - warmup / 2.0)
+            t_eff = lag(step) + entry
             smooth = curve.reward(t_eff)
             progress = (smooth - curve.r0) / span
             phases, tokens, util, response = phases_at(progress)
@@ -489,14 +561,16 @@ class Landscape:
             ppo_kl = ppo_kl_scale * math.exp(0.2 * z[3])
             grad_norm = grad_scale * math.exp(0.15 * z[4])
             entropy = 1.2 - 0.7 * progress * entropy_scale
-            if exp.diverge_step is not None and step >= exp.diverge_step:
-                blow = step - exp.diverge_step
+            policy = smooth  # the reward the weights reach, noise-free: what a checkpoint keeps
+            if diverge_step is not None and step >= diverge_step:
+                blow = step - diverge_step
                 ref_kl *= 2.0**blow
                 ppo_kl *= 3.0**blow
                 grad_norm *= 3.0**blow
-                reward = smooth * math.exp(-blow / 4.0) + curve.reward_sd * z[1]
+                policy = smooth * math.exp(-blow / 4.0)
+                reward = policy + curve.reward_sd * z[1]
                 if blow >= 12:
-                    reward = ref_kl = ppo_kl = grad_norm = entropy = math.nan
+                    reward = ref_kl = ppo_kl = grad_norm = entropy = policy = math.nan
             lr_now = lr * min(1.0, step / warmup) if warmup > 0 else lr
             metrics: dict[str, float | int] = {
                 "critic/score/mean": reward,
@@ -529,7 +603,18 @@ class Landscape:
             if kl_in_reward:
                 metrics["actor/reward_kl_penalty"] = ref_kl
                 metrics["actor/reward_kl_penalty_coeff"] = k
-            yield StepRecord(step, step_time, metrics, util, used_gb)
+            checkpoint = None
+            if save_freq > 0 and (step % save_freq == 0 or step >= last_step):
+                step_time += save_s  # verl times the save inside the step
+                metrics.update({"timing_s/save_checkpoint": save_s, "timing_s/step": step_time,
+                                "perf/time_per_step": step_time, "perf/throughput": tokens / step_time / n_gpus})
+            elapsed += step_time
+            if "timing_s/save_checkpoint" in metrics:
+                checkpoint = CheckpointState(
+                    step=step, reward=policy, lr=lr_now, base_lr=lr, optimizer_steps=(resume.optimizer_steps if resume else 0)
+                    + updates * (step - start), samples_seen=(step % exp.steps_per_epoch) * batch, elapsed_s=elapsed,
+                    diverging_since=diverging_since, config=dict(given))  # fmt: skip
+            yield StepRecord(step, step_time, metrics, util, used_gb, checkpoint)
 
 
 def _oom_text(tried_gb: float, gpu_gb: float) -> str:

@@ -4,7 +4,8 @@ the records of its simulated steps (the types :mod:`verl_sweep.launchers.simulat
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+import math
+from typing import Any, Mapping
 
 
 class LandscapeError(ValueError):
@@ -64,6 +65,39 @@ class Expectation:
             return self.r0
         return self.r0 + (self.ceiling - self.r0) / (1.0 + (self.t_mid / step) ** self.steepness)
 
+    def steps_at(self, reward: float) -> float:
+        """The inverse of :meth:`reward`: the steps after which this curve reaches ``reward``;
+        0 at or below R0, ``inf`` at or above the ceiling (the curve's closest points), NaN for NaN."""
+        f = (reward - self.r0) / (self.ceiling - self.r0)
+        if f <= 0.0:
+            return 0.0
+        if f >= 1.0:
+            return math.inf
+        return self.t_mid * (f / (1.0 - f)) ** (1.0 / self.steepness) if f == f else math.nan
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointState:
+    """What a simulated verl checkpoint holds (``global_step_N``): the model stands in for the
+    weights with the reward they reach, noise-free; the optimizer and scheduler with the lr
+    verl restores (``base_lr`` is the scheduler's ``base_lrs``, ``lr`` its last lr).
+
+    ``elapsed_s`` counts simulated seconds from the first run's start over every run that led
+    here (start-ups, loads, steps, saves). ``diverging_since`` is the first step trained under
+    a config that diverges, while the runs since have all diverged (None otherwise).
+    ``config`` is the flat config the saving run was given.
+    """
+
+    step: int
+    reward: float
+    lr: float
+    base_lr: float
+    optimizer_steps: int
+    samples_seen: int  # prompts the dataloader has yielded in the current epoch
+    elapsed_s: float
+    diverging_since: int | None
+    config: Mapping[str, Any]
+
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
@@ -74,3 +108,4 @@ class StepRecord:
     metrics: Mapping[str, float | int]
     gpu_util: float
     mem_used_gb: float
+    checkpoint: CheckpointState | None = None  # saved at the end of this step
