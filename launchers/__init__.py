@@ -1,9 +1,10 @@
 """Launchers start verl probes and report their state; pick one by name with ``make_launcher``.
 
-Importing this package imports no launcher: each is imported when first named (``LAUNCHERS``,
-``make_launcher``, ``from verl_sweep.launchers import SimLauncher``), so a simulated probe's
-process starts without psutil or the local and Ray launchers. Ray, torch and verl are imported
-only when a launcher needs them (the Ray launcher, when it talks to a cluster).
+Importing this package imports none of its modules: each name is imported when first used
+(``LAUNCHERS``, ``make_launcher``, ``from verl_sweep.launchers import SimLauncher``), so a
+simulated probe's process (``verl_sweep.launchers.simulator``) starts without psutil, the
+launchers or their interface. Ray, torch and verl are imported only when a launcher needs them
+(the Ray launcher, when it talks to a cluster).
 """
 
 from __future__ import annotations
@@ -12,17 +13,16 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_sweep.launchers.base import (
-    Launcher,
-    LauncherError,
-    NoCapacityError,
-    RunHandle,
-    RunSpec,
-    RunState,
-    RunStatus,
-)
-
 if TYPE_CHECKING:
+    from verl_sweep.launchers.base import (
+        Launcher,
+        LauncherError,
+        NoCapacityError,
+        RunHandle,
+        RunSpec,
+        RunState,
+        RunStatus,
+    )
     from verl_sweep.launchers.local import LocalLauncher
     from verl_sweep.launchers.ray_jobs import RayJobLauncher
     from verl_sweep.launchers.replay import ReplayLauncher
@@ -41,12 +41,18 @@ _CLASSES = {
     "RayJobLauncher": "verl_sweep.launchers.ray_jobs",
     "ReplayLauncher": "verl_sweep.launchers.replay",
 }
+#: every public name but the registry's, by its module
+_NAMES = {
+    **dict.fromkeys(("Launcher", "LauncherError", "NoCapacityError", "RunHandle", "RunSpec", "RunState", "RunStatus"),
+                    "verl_sweep.launchers.base"),
+    **_CLASSES,
+}
 
 
 def __getattr__(name: str) -> Any:
-    """A launcher class, ``LAUNCHERS`` or ``DEFAULT_KIND``, imported on first use (PEP 562)."""
-    if name in _CLASSES:
-        value = getattr(importlib.import_module(_CLASSES[name]), name)
+    """A public name, ``LAUNCHERS`` or ``DEFAULT_KIND``, imported on first use (PEP 562)."""
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
     elif name == "LAUNCHERS":
         value = {cls.name: cls for cls in (__getattr__(c) for c in _CLASSES)}
     elif name == "DEFAULT_KIND":
@@ -59,6 +65,8 @@ def __getattr__(name: str) -> Any:
 
 def launcher_class(kind: str) -> type[Launcher]:
     """The launcher registered as ``kind``; LauncherError naming the registered ones."""
+    from verl_sweep.launchers.base import LauncherError
+
     launchers: dict[str, type[Launcher]] = __getattr__("LAUNCHERS")
     try:
         return launchers[kind]
