@@ -1,7 +1,8 @@
 """SimLauncher: the LocalLauncher mechanics around the verl simulator process.
 
 Contract: each probe runs ``python -m verl_sweep.launchers.simulator <overrides>`` with fake GPU ids,
-``VERL_SIM_TIME_SCALE``, ``VERL_SIM_LANDSCAPE`` and ``VERL_SIM_GPU_SAMPLES_PATH`` set; no
+``VERL_SIM_TIME_SCALE``, ``VERL_SIM_LANDSCAPE``, ``VERL_SIM_GPU_SAMPLES_PATH`` and
+``VERL_SIM_CLOCK_PATH`` set; no
 NVML preflight or sampling. ``clock`` reads SIMULATED seconds (real elapsed seconds since the
 launcher was made × ``time_scale``), so the scorer, the budgets and the simulator share one
 clock. ``max_concurrent`` slots of ``gpus_per_probe`` fake GPUs each. A probe's GPU time is read
@@ -115,7 +116,7 @@ class SimLauncher(LocalLauncher):
         it failed in: one stopped from outside stops as its last read step ends, as a real run
         does within a poll. Without a timeline (its process ended before its start-up did), the
         clock's differences."""
-        events = _read_timeline(RunDir(handle.run_dir).sim_clock)
+        events = _read_timeline(handle.files.sim_clock)
         if not events:
             return super().run_time(handle, started_at=started_at, ended_at=ended_at,
                                     first_step_at=first_step_at, last_step=last_step)
