@@ -2,10 +2,9 @@
 
 Contract: each probe runs ``python -m verl_sweep.launchers.simulator <overrides>`` with fake GPU ids,
 ``VERL_SIM_TIME_SCALE``, ``VERL_SIM_LANDSCAPE``, ``VERL_SIM_GPU_SAMPLES_PATH`` and
-``VERL_SIM_CLOCK_PATH`` set; no
-NVML preflight or sampling. ``clock`` reads SIMULATED seconds (real elapsed seconds since the
-launcher was made × ``time_scale``), so the scorer, the budgets and the simulator share one
-clock. ``max_concurrent`` slots of ``gpus_per_probe`` fake GPUs each. A probe's GPU time is read
+``VERL_SIM_CLOCK_PATH`` set; no NVML preflight or sampling. ``clock`` reads SIMULATED seconds
+(real elapsed seconds since the launcher was made × ``time_scale``), so the scorer, the budgets
+and the simulator share one clock. ``max_concurrent`` slots of ``gpus_per_probe`` fake GPUs each. A probe's GPU time is read
 from its run's own simulated timeline (``run_time``), not from that clock.
 """
 
