@@ -119,6 +119,15 @@ class RunState:
     message: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class RunTime:
+    """How long a run held its GPUs (``held_s``) and took to reach its first step
+    (``startup_s``; None when it reached none), in seconds of its launcher's clock."""
+
+    held_s: float
+    startup_s: float | None
+
+
 #: environment variables no probe may see: the study database's URL holds its password, and
 #: verl and wandb log the environment they run in; the driver's own W&B service (wandb sets it
 #: once the driver adds a trial's outcome to a run) would take a probe's run into the driver's
@@ -210,6 +219,15 @@ class Launcher(abc.ABC):
         """Let ``seconds`` pass on the launcher's clock between two polls. Real launchers
         sleep; a simulated-time launcher advances its clock instead (benchmarks)."""
         time.sleep(seconds)
+
+    def run_time(self, handle: RunHandle, *, started_at: float, ended_at: float, first_step_at: float | None,
+                 last_step: int) -> RunTime:
+        """How long a finished run held its GPUs and took to start, from the caller's readings of
+        this launcher's clock at its start, its end and its first step's start (None: it reached
+        none); ``last_step``: the last step the caller read. Called by the probe when its run is
+        over. Here, the differences of those readings."""
+        startup = None if first_step_at is None else max(0.0, first_step_at - started_at)
+        return RunTime(held_s=max(0.0, ended_at - started_at), startup_s=startup)
 
     def cleanup_leftover(self, run_dir: Path) -> None:
         """Kill whatever a dead driver's run left running. Called before the run's trial is

@@ -9,6 +9,7 @@
 - ``tensorboard/``: verl's tensorboard logger (``$TENSORBOARD_DIR``), unless the baseline asks
   for TensorBoard: then the user's tree holds it (``verl_sweep.launchers.trackers``)
 - ``gpu_samples.jsonl``: NVML samples of the run's GPUs
+- ``sim_clock.jsonl``: a simulated run's own timeline (``verl_sweep.launchers.sim``)
 - ``worker_errors.log``: error lines kept from the run's own Ray workers when it failed
 - ``hydra/``: Hydra's run directory
 
@@ -88,6 +89,10 @@ class RunDir:
         return self.path / "gpu_samples.jsonl"
 
     @property
+    def sim_clock(self) -> Path:
+        return self.path / "sim_clock.jsonl"
+
+    @property
     def worker_errors(self) -> Path:
         return self.path / "worker_errors.log"
 
@@ -104,7 +109,7 @@ class RunDir:
 
     def clear_outputs(self) -> None:
         """Remove a previous attempt's outputs, so that a reader never mixes two runs."""
-        for path in (self.metrics, self.stdout, self.stderr, self.gpu_samples):
+        for path in (self.metrics, self.stdout, self.stderr, self.gpu_samples, self.sim_clock):
             path.unlink(missing_ok=True)
 
     def write_spec(self, spec: _Spec, extra: Mapping[str, Any] | None = None) -> None:

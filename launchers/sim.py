@@ -1,21 +1,23 @@
 """SimLauncher: the LocalLauncher mechanics around the verl simulator process.
 
 Contract: each probe runs ``python -m verl_sweep.launchers.simulator <overrides>`` with fake GPU ids,
-``VERL_SIM_TIME_SCALE``, ``VERL_SIM_LANDSCAPE`` and ``VERL_SIM_GPU_SAMPLES_PATH`` set; no
-NVML preflight or sampling. ``clock`` reads SIMULATED seconds (real elapsed seconds since the
-launcher was made × ``time_scale``), so the scorer, the budgets and the simulator share one
-clock. ``max_concurrent`` slots of ``gpus_per_probe`` fake GPUs each.
+``VERL_SIM_TIME_SCALE``, ``VERL_SIM_LANDSCAPE``, ``VERL_SIM_GPU_SAMPLES_PATH`` and
+``VERL_SIM_CLOCK_PATH`` set; no NVML preflight or sampling. ``clock`` reads SIMULATED seconds
+(real elapsed seconds since the launcher was made × ``time_scale``), so the scorer, the budgets
+and the simulator share one clock. ``max_concurrent`` slots of ``gpus_per_probe`` fake GPUs each. A probe's GPU time is read
+from its run's own simulated timeline (``run_time``), not from that clock.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Mapping
 
-from verl_sweep.launchers.base import Clock, LauncherError, RunSpec
+from verl_sweep.launchers.base import Clock, LauncherError, RunHandle, RunSpec, RunTime
 from verl_sweep.launchers.local import LocalLauncher
 from verl_sweep.launchers.options import Option
 from verl_sweep.launchers.run_dir import RunDir
@@ -104,6 +106,22 @@ class SimLauncher(LocalLauncher):
         # seconds (a fraction of a step), not 30 real ones (a whole study at 20,000×).
         time.sleep(seconds / self.time_scale)
 
+    def run_time(self, handle: RunHandle, *, started_at: float, ended_at: float, first_step_at: float | None,
+                 last_step: int) -> RunTime:
+        """From the run's own timeline (``sim_clock.jsonl``), not the clock's differences: those
+        add the simulator process's start (Python and its imports, real seconds × ``time_scale``)
+        and the driver's delay in reading it, which no verl run holds GPUs for. A run holds them
+        for its modelled start-up, the steps up to ``last_step`` and the modelled part of a step
+        it failed in: one stopped from outside stops as its last read step ends, as a real run
+        does within a poll. Without a timeline (its process ended before its start-up did), the
+        clock's differences."""
+        events = _read_timeline(handle.files.sim_clock)
+        if not events:
+            return super().run_time(handle, started_at=started_at, ended_at=ended_at,
+                                    first_step_at=first_step_at, last_step=last_step)
+        held = next((seconds for step, seconds in reversed(events) if step <= last_step), events[0][1])
+        return RunTime(held_s=held, startup_s=None if first_step_at is None else events[0][1])
+
     def _count_real_gpus(self) -> int:
         return 0  # fake ids: no NVML preflight, no sampler, even on a GPU machine
 
@@ -112,5 +130,24 @@ class SimLauncher(LocalLauncher):
             "VERL_SIM_TIME_SCALE": repr(self.time_scale),
             "VERL_SIM_LANDSCAPE": self.landscape,
             "VERL_SIM_GPU_SAMPLES_PATH": str(RunDir(run_dir).gpu_samples),
+            "VERL_SIM_CLOCK_PATH": str(RunDir(run_dir).sim_clock),
             "VERL_SIM_PARENT_PID": str(os.getpid()),  # the probe's parent: see the simulator's _watch_parent
         }
+
+
+def _read_timeline(path: Path) -> list[tuple[int, float]]:
+    """A run's timeline as the simulator writes it: (last step done, simulated seconds) at the
+    end of each of its sleeps, the first ending its start-up; [] when there is none. A line torn
+    by the process's end is skipped."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+            events.append((int(item["step"]), float(item["s"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return events

@@ -79,7 +79,7 @@ class ProbeOutcome:
     reason: str = ""
     last_step: int = 0
     startup_s: float | None = None
-    #: GPU-seconds the probe held (start to end, × GPUs), on the launcher's clock
+    #: GPU-seconds the probe held (its launcher's ``run_time``, × GPUs)
     gpu_time_s: float = 0.0
     stderr_tail: str = ""
     #: GPU utilisation summary and diagnosis (verl_sweep.objectives.utilisation), when samples exist
@@ -257,16 +257,18 @@ class Probe:
         failure: FailureKind | None = None,
         stderr: str = "",
     ) -> ProbeOutcome:
-        ended = self.launcher.clock()
-        startup = None if self.first_step_at is None else max(0.0, self.first_step_at - self.started_at)
+        assert self.handle is not None
+        ran = self.launcher.run_time(self.handle, started_at=self.started_at, ended_at=self.launcher.clock(),
+                                     first_step_at=self.first_step_at,
+                                     last_step=self.follower.last_step if self.follower else 0)
         return ProbeOutcome(
             state=state,
             score=score,
             failure=failure,
             reason=reason,
             last_step=self.follower.last_step if self.follower else 0,
-            startup_s=startup,
-            gpu_time_s=max(0.0, ended - self.started_at) * max(1, self.spec.n_gpus),
+            startup_s=ran.startup_s,
+            gpu_time_s=ran.held_s * max(1, self.spec.n_gpus),
             stderr_tail=stderr,
             gpu=self._gpu_summary(),
         )

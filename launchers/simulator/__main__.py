@@ -4,7 +4,8 @@ Started exactly like ``python -m verl.trainer.main_ppo``; writes verl's metrics 
 console lines on a simulated clock (env ``VERL_SIM_TIME_SCALE`` simulated seconds per real
 second, default 1000), fails the way verl fails, and exits when its parent dies.
 Environment: ``VERL_SIM_LANDSCAPE`` (name or path), ``VERL_SIM_GPU_MEMORY_GB``,
-``VERL_SIM_GPU_SAMPLES_PATH`` (NVML-format samples), ``VERL_SIM_PDEATHSIG=0`` to rely on
+``VERL_SIM_GPU_SAMPLES_PATH`` (NVML-format samples), ``VERL_SIM_CLOCK_PATH`` (the run's own
+timeline: ``_Clock``), ``VERL_SIM_PDEATHSIG=0`` to rely on
 polling alone (prctl's signal fires when the parent *thread* ends, see ``_watch_parent``).
 Exit codes: 0 finished, 1 config error / OOM / hang / worker death, 143 SIGTERM.
 """
@@ -65,17 +66,31 @@ class _Clock:
 
     Each sleep ends at a deadline from the clock's start, not a span from "now": the real time
     spent writing a step's metrics would otherwise add up, and be multiplied by the scale into
-    simulated time that no step used (docs/method.md, Evidence)."""
+    simulated time that no step used (docs/method.md, Evidence).
 
-    def __init__(self, scale: float, parent: int, *, monotonic: Any = time.monotonic, sleep: Any = time.sleep) -> None:
+    With a ``record`` path, each sleep's end appends ``{"step": <last step done>, "s": <now>}``
+    to it: the run's own timeline (its first line ends the start-up), from which the launcher
+    charges a probe's GPU time rather than from the real time its process took."""
+
+    def __init__(self, scale: float, parent: int, *, record: str | None = None, monotonic: Any = time.monotonic,
+                 sleep: Any = time.sleep) -> None:
         self.scale = scale
         self.parent = parent
         self.now = 0.0
+        self.step = 0
+        self._record = _open_append(record)
         self._monotonic = monotonic
         self._sleep = sleep
         self._origin = monotonic()
 
-    def sleep(self, simulated_s: float) -> None:
+    def sleep(self, simulated_s: float, *, step: int | None = None) -> None:
+        """Sleep ``simulated_s``; ``step``: the step this sleep completes (none: part of one)."""
+        self._wait(simulated_s)
+        self.step = self.step if step is None else step
+        if self._record is not None:
+            self._record.write(json.dumps({"step": self.step, "s": self.now}) + "\n")
+
+    def _wait(self, simulated_s: float) -> None:
         self.now += simulated_s
         end = self._origin + self.now / self.scale
         while True:
@@ -127,7 +142,7 @@ def run(argv: list[str]) -> int:
         _fail(f"Error executing job with overrides: {argv!r}\n{type(e).__name__}: {e}")
         return 1
     scale = float(os.environ.get("VERL_SIM_TIME_SCALE", "1000"))
-    clock = _Clock(scale if scale > 0 else 1000.0, parent)
+    clock = _Clock(scale if scale > 0 else 1000.0, parent, record=os.environ.get("VERL_SIM_CLOCK_PATH"))
     out = sys.stdout
     out.write(f"{prefix} TaskRunner hostname: sim, PID: {pid}\n")
     out.write(f"{prefix} landscape={landscape.name} total_training_steps={expectation.total_steps}\n")
@@ -168,7 +183,7 @@ def run(argv: list[str]) -> int:
     last = 0 if resume is None else resume.step
     template = real_record()
     for record in landscape.simulate(config, resume=resume):
-        clock.sleep(record.step_time_s)
+        clock.sleep(record.step_time_s, step=record.step)
         last = record.step
         if record.checkpoint is not None:
             checkpoints.save(config, record.checkpoint)
