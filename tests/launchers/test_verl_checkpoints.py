@@ -68,7 +68,8 @@ def test_rewrites_the_lr_and_keeps_the_rest(tmp_path: Path) -> None:
             {k: v for k, v in g.items() if k not in ("lr", "initial_lr")} for g in old["param_groups"]]
         for index, moments in old["state"].items():
             assert all(torch.equal(new["state"][index][k], v) for k, v in moments.items())
-        old, new = _load(src / "actor" / f"extra_state_{shard}"), _load(copy.step_dir / "actor" / f"extra_state_{shard}")
+        old = _load(src / "actor" / f"extra_state_{shard}")
+        new = _load(copy.step_dir / "actor" / f"extra_state_{shard}")
         assert new["lr_scheduler"]["base_lrs"] == [3e-4]
         assert new["lr_scheduler"]["_last_lr"] == pytest.approx([3e-4 * N / WARMUP])
         assert new["lr_scheduler"]["last_epoch"] == old["lr_scheduler"]["last_epoch"] == N

@@ -163,7 +163,8 @@ def test_a_new_lr_applies_only_from_a_rewritten_copy(one_rank: None, tmp_path: P
     assert logged == pytest.approx(new * shape(INCUMBENT_STEPS + 1))
     # same moments, gradients and weights: AdamW's update (decay included) is linear in lr; each
     # element moves by about lr, and float32 weights near 1 round to ~1e-7
-    torch.testing.assert_close(branched.params() - before, (plain.params() - before) * (new / old), rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(branched.params() - before, (plain.params() - before) * (new / old),
+                               rtol=1e-3, atol=1e-6)
     assert float(branched.optimizer.state_dict()["state"][0]["step"]) == INCUMBENT_STEPS + 1
 
 
@@ -194,8 +195,10 @@ def test_mini_batch_and_kl_come_from_the_branch_config(one_rank: None, tmp_path:
     from verl.utils.config import omega_conf_to_dataclass
 
     def config(mini_batch: int, kl_loss_coef: float, kl_coef: float) -> Any:
-        return _compose(*CONSTANT, "data.train_batch_size=1440", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
-                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=true",
+        return _compose(*CONSTANT, "data.train_batch_size=1440",
+                        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                        "actor_rollout_ref.actor.use_kl_loss=true",
                         f"actor_rollout_ref.actor.kl_loss_coef={kl_loss_coef}",
                         "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
                         f"algorithm.kl_ctrl.kl_coef={kl_coef}")
