@@ -109,7 +109,7 @@ def load(step_dir: Path, config: Mapping[str, Any], *, step: int) -> CheckpointS
     try:
         if not data["optimizer"]["param_groups"]:
             raise ValueError("no optimizer param groups")
-        scheduler, sim, reward = data["lr_scheduler"], data["sim"], data["model"]["reward"]
+        scheduler, sim, reward = data["lr_scheduler"], data["simulator"], data["model"]["reward"]
         return CheckpointState(
             step=step,
             reward=math.nan if reward is None else float(reward),
@@ -157,7 +157,7 @@ def _to_json(state: CheckpointState) -> dict[str, Any]:
         "optimizer": {"param_groups": [{"lr": state.lr, "initial_lr": state.base_lr}], "step": state.optimizer_steps},
         "lr_scheduler": {"base_lrs": [state.base_lr], "last_epoch": state.step, "_last_lr": [state.lr]},
         "data": {"samples_yielded": state.samples_seen},
-        "sim": {"elapsed_s": state.elapsed_s, "diverging_since": state.diverging_since, "config": dict(state.config)},
+        "simulator": {"elapsed_s": state.elapsed_s, "diverging_since": state.diverging_since, "config": dict(state.config)},
     }
 
 

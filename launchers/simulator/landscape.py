@@ -48,13 +48,14 @@ import os
 import random
 from typing import Any, Callable, Iterator, Mapping
 
+from verl_sweep.launchers.simulator import memory
 from verl_sweep.launchers.simulator.config import ConfigError, DEFAULTS, get
 from verl_sweep.launchers.simulator.outcomes import CheckpointState, Expectation, Failure, LandscapeError, StepRecord
+from verl_sweep.launchers.simulator.outcomes import number as _f, value as _value
 
 __all__ = ["CheckpointState", "Expectation", "Failure", "Landscape", "LandscapeError", "StepRecord", "load_landscape",
            "shipped_landscapes"]
 
-GIB = 1024.0**3
 LR_KEY = "actor_rollout_ref.actor.optim.lr"
 # A checkpoint holds fp32 weights and Adam's two fp32 moments: 12 bytes a parameter, for the
 # actor and again for a critic (docs/verl-resume.md §6), moved at an assumed 4 GB/s to or from
@@ -62,13 +63,6 @@ LR_KEY = "actor_rollout_ref.actor.optim.lr"
 CHECKPOINT_BYTES_PER_PARAM = 12.0
 CHECKPOINT_BYTES_PER_S = 4e9
 StepPhases = Callable[[float], tuple[dict[str, float], float, float, float]]
-
-
-def _f(section: Mapping[str, Any], key: str) -> float:
-    try:
-        return float(section[key])
-    except (KeyError, TypeError, ValueError) as e:
-        raise LandscapeError(f"landscape needs a number at {key!r}, but got {section.get(key)!r}.") from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +180,8 @@ class Landscape:
 
         phases, tokens, util, _ = self._step_phases(config)(0.0)
         step_time = sum(phases.values())
-        failure = self._failure(config)
+        failure = memory.failure(self._s("model"), self._s("memory"), self.data.get("failures", {}) or {},
+                                 self.gpu_memory_gb, config)
         total_steps, per_epoch = self._run_length(config)
         return Expectation(
             step_time_s=step_time,
@@ -352,82 +347,7 @@ class Landscape:
 
     def memory_gb(self, config: Mapping[str, Any]) -> dict[str, float]:
         """Peak GPU memory (GiB) of each phase and the limits it is held against."""
-        g = lambda key: _value(config, key)  # noqa: E731
-        model, mem = self._s("model"), self._s("memory")
-        gpu = self.gpu_memory_gb
-        n_gpus = int(g("trainer.n_gpus_per_node")) * int(g("trainer.nnodes"))
-        tp = int(g("actor_rollout_ref.rollout.tensor_model_parallel_size"))
-        pp = int(g("actor_rollout_ref.rollout.pipeline_model_parallel_size"))
-        params_b = _f(model, "n_params_b")
-        hidden = _f(model, "hidden_size")
-        layers = _f(model, "num_layers")
-        vocab = _f(model, "vocab_size")
-        budget = float(g("actor_rollout_ref.rollout.max_num_batched_tokens"))
-        frac = float(g("actor_rollout_ref.rollout.gpu_memory_utilization"))
-        # The source's rule: a batched token costs hidden/8 KiB in the engine.
-        budget_gb = budget * hidden / 8.0 * 1024.0 / GIB
-        weights_gb = params_b * 2.0 / (tp * pp)
-        # FSDP: bf16 params + fp32 grads/master/Adam = 16 bytes/param, sharded over all GPUs.
-        params_bytes, optim_bytes = 4.0, 12.0
-        if bool(g("actor_rollout_ref.actor.fsdp_config.param_offload")):
-            params_bytes = 0.5
-        if bool(g("actor_rollout_ref.actor.fsdp_config.optimizer_offload")):
-            optim_bytes = 0.5
-        states_gb = params_b * 1e9 * (params_bytes + optim_bytes) / n_gpus / GIB
-        sp = int(g("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
-        if bool(g("actor_rollout_ref.actor.use_dynamic_bsz")):
-            micro_tokens = float(g("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
-        else:
-            micro = g("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") or 1
-            seq = float(g("data.max_prompt_length")) + float(g("data.max_response_length"))
-            micro_tokens = float(micro) * seq / sp
-        ckpt = bool(g("actor_rollout_ref.model.enable_gradient_checkpointing"))
-        # Korthikanti et al.: ~34·hidden bytes/token/layer without recomputation.
-        per_token = (2.0 * layers + 34.0) * hidden if ckpt else 34.0 * hidden * layers
-        if bool(g("actor_rollout_ref.model.enable_activation_offload")):
-            per_token *= 0.3
-        act_gb = micro_tokens * (per_token + 4.0 * vocab) / GIB
-        return {
-            "rollout_gb": weights_gb + budget_gb,
-            "rollout_limit_gb": gpu * _f(mem, "budget_oom_fraction") + weights_gb,
-            "kv_gb": frac * gpu - weights_gb,
-            "kv_min_gb": _f(mem, "kv_min_gb"),
-            "reserved_gb": frac * gpu,
-            "reserved_limit_gb": gpu * _f(mem, "max_utilization"),
-            "train_gb": states_gb + act_gb + _f(mem, "train_overhead_gb"),
-            "train_limit_gb": gpu * 0.97,
-            "act_gb": act_gb,
-        }
-
-    def _failure(self, config: Mapping[str, Any]) -> Failure | None:
-        g = lambda key: _value(config, key)  # noqa: E731
-        model, fail = self._s("model"), self.data.get("failures", {}) or {}
-        after = int(fail.get("oom_after_steps", 0))
-        mem = self.memory_gb(config)
-        gpu = self.gpu_memory_gb
-        sp = int(g("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"))
-        heads = int(_f(model, "num_attention_heads"))
-        if heads % sp:
-            return Failure("hang", f"ulysses size {sp} does not divide {heads} attention heads", 1,
-                           "Watchdog caught collective operation timeout")  # fmt: skip
-        for trap in fail.get("nccl_traps", []) or []:
-            if all(_matches(g(k), v) for k, v in dict(trap.get("when", {})).items()):
-                return Failure("hang", str(trap.get("reason", "NCCL trap")), int(trap.get("at_step", 1)),
-                               "Watchdog caught collective operation timeout")  # fmt: skip
-        if mem["kv_gb"] < mem["kv_min_gb"]:
-            return Failure("oom", "no room for the KV cache", 0,
-                           "ValueError: No available memory for the cache blocks. Try increasing "
-                           "`gpu_memory_utilization` when initializing the engine.")  # fmt: skip
-        if mem["reserved_gb"] > mem["reserved_limit_gb"]:
-            return Failure("oom", "engine wake-up over the memory fraction", 1 + after,
-                           _oom_text(mem["reserved_gb"] - mem["reserved_limit_gb"] + 1.0, gpu))  # fmt: skip
-        if mem["rollout_gb"] > mem["rollout_limit_gb"]:
-            return Failure("oom", "token budget activations", 1 + after,
-                           _oom_text(mem["rollout_gb"] - mem["rollout_limit_gb"] + 0.5, gpu))  # fmt: skip
-        if mem["train_gb"] > mem["train_limit_gb"]:
-            return Failure("oom", "actor micro-batch activations", 1 + after,
-                           _oom_text(mem["act_gb"] / 4.0, gpu))  # fmt: skip
-        return None
+        return memory.memory_gb(self._s("model"), self._s("memory"), self.gpu_memory_gb, config)
 
     def checkpoint_s(self, config: Mapping[str, Any]) -> float:
         """Simulated seconds to save, or to load, one checkpoint of ``config``'s models.
@@ -615,33 +535,6 @@ class Landscape:
                     + updates * (step - start), samples_seen=(step % exp.steps_per_epoch) * batch, elapsed_s=elapsed,
                     diverging_since=diverging_since, config=dict(given))  # fmt: skip
             yield StepRecord(step, step_time, metrics, util, used_gb, checkpoint)
-
-
-def _oom_text(tried_gb: float, gpu_gb: float) -> str:
-    return (
-        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {max(0.02, tried_gb):.2f} GiB. "
-        f"GPU 0 has a total capacity of {gpu_gb * 0.99:.2f} GiB of which 312.19 MiB is free. "
-        "Including non-PyTorch memory, this process has "
-        f"{gpu_gb * 0.98:.2f} GiB memory in use."
-    )
-
-
-def _matches(value: Any, expected: Any) -> bool:
-    """A trap condition: a scalar means equality; ``{min: x}`` / ``{max: y}`` a range."""
-    if isinstance(expected, Mapping):
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            return False
-        return v >= float(expected.get("min", -math.inf)) and v <= float(expected.get("max", math.inf))
-    return bool(value == expected)
-
-
-def _value(config: Mapping[str, Any], key: str) -> Any:
-    value = get(config, key)
-    if value is None and key not in DEFAULTS:
-        raise ConfigError(f"the simulator has no default for {key!r}; set it in the config.")
-    return value
 
 
 def _kl_strength(config: Mapping[str, Any]) -> float:

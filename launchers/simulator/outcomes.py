@@ -7,6 +7,8 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+from verl_sweep.launchers.simulator.config import DEFAULTS, ConfigError, get
+
 
 class LandscapeError(ValueError):
     """A landscape file that cannot be used."""
@@ -109,3 +111,19 @@ class StepRecord:
     gpu_util: float
     mem_used_gb: float
     checkpoint: CheckpointState | None = None  # saved at the end of this step
+
+
+def number(section: Mapping[str, Any], key: str) -> float:
+    """A landscape section's number at ``key``; LandscapeError naming it when there is none."""
+    try:
+        return float(section[key])
+    except (KeyError, TypeError, ValueError) as e:
+        raise LandscapeError(f"landscape needs a number at {key!r}, but got {section.get(key)!r}.") from e
+
+
+def value(config: Mapping[str, Any], key: str) -> Any:
+    """A flat verl config's value at ``key``, verl's default where it sets none."""
+    found = get(config, key)
+    if found is None and key not in DEFAULTS:
+        raise ConfigError(f"the simulator has no default for {key!r}; set it in the config.")
+    return found

@@ -77,14 +77,14 @@ def test_save_every_k_steps_writes_verls_layout(tmp_path: Path) -> None:
     assert state["lr_scheduler"] == {"base_lrs": [1e-6], "last_epoch": 6, "_last_lr": [1e-6]}
     assert state["optimizer"] == {"param_groups": [{"lr": 1e-6, "initial_lr": 1e-6}], "step": 12}  # 2 updates a step
     assert state["data"] == {"samples_yielded": 6 * 1024}
-    assert state["sim"]["config"]["actor_rollout_ref.actor.ppo_mini_batch_size"] == 512
+    assert state["simulator"]["config"]["actor_rollout_ref.actor.ppo_mini_batch_size"] == 512
     assert 0.25 < state["model"]["reward"] < 0.4
     save_s = LAND.checkpoint_s(_config())
     assert save_s == pytest.approx(3.0 * 7)  # 7B: 3 s per billion parameters
     assert [s for s, data in rows.items() if "timing_s/save_checkpoint" in data] == [3, 6, 7]
     assert rows[3]["timing_s/save_checkpoint"] == save_s
     assert LAND.checkpoint_s(_config("algorithm.adv_estimator=gae")) == pytest.approx(2 * save_s)  # and the critic's
-    assert state["sim"]["elapsed_s"] == pytest.approx(
+    assert state["simulator"]["elapsed_s"] == pytest.approx(
         LAND.expected(_config()).startup_s + sum(rows[s]["timing_s/step"] for s in range(1, 7)))
     # No saves by default: verl's save_freq is -1.
     proc, _ = _run(tmp_path, "b", "trainer.total_training_steps=3", "trainer.default_local_dir=none")
