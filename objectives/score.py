@@ -95,6 +95,9 @@ class Score:
     ceiling: float | None = None
     metric: str = "reward_rate"
     n_runs: int = 1
+    #: the rate read to the probe's own last step, where ``rate`` is read further (to the run's
+    #: horizon); None where they are the same reading
+    probe_rate: float | None = None
     #: the reward's rise in the last quarter of the scored steps over its largest quarter's
     #: (quarter means): ~1 while the curve still accelerates at the probe's end (a slow start,
     #: where a short probe's rate judges early speed, not the run), below ~0.7 once it bends
@@ -246,6 +249,7 @@ def score_reward_rate(
         reward_last=fit.last,
         ceiling=ceiling_x if fit_ceiling else None,
         late_gain=late_gain(y),
+        probe_rate=fit.chord_over(warm_x, warm_x + 1.0) / train_time if extra_steps else None,
     )
 
 
@@ -390,6 +394,7 @@ def combine(scores: Sequence[Score], *, seed_sd: float = 0.02) -> Score:
         metric=scores[0].metric,
         n_runs=sum(s.n_runs for s in scores),
         late_gain=mean_of([s.late_gain for s in scores]),
+        probe_rate=mean_of([s.probe_rate for s in scores]),
     )
 
 

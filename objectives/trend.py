@@ -25,8 +25,18 @@ class Fit:
     """The fitted trend of one run, plus its moving-block bootstrap replicates of the chord."""
 
     def __init__(self, chord: float, first: float, last: float, boot: np.ndarray,
-                 ceiling: float | None = None) -> None:
+                 ceiling: float | None = None, curve: tuple[float, float, float, float] | None = None) -> None:
         self.chord, self.first, self.last, self.boot, self.ceiling = chord, first, last, boot, ceiling
+        #: the data's fitted (R0, A, t_mid, B), for a curve fit
+        self.curve = curve
+
+    def chord_over(self, t_lo: float, t_hi: float) -> float:
+        """The fitted curve's rise between two times on the fit's axis (a curve fit only)."""
+        if self.curve is None:
+            raise ValueError("chord_over needs a curve fit (fit_curve)")
+        r0, a, t_mid, b = self.curve
+        g = _curve_basis(np.array([t_lo, t_hi]), np.array([t_mid]), np.array([b]))[0]
+        return float((a - r0) * (g[1] - g[0]))
 
 
 def boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
@@ -161,4 +171,5 @@ def fit_curve(t: np.ndarray, y: np.ndarray, weights: np.ndarray, t_lo: float, t_
         and b0 < b_grid[-1]
         and math.isfinite(float(a_b[0]))
     )
-    return Fit(float(chord[0]), first, last, chord[1:n_rows], float(a_b[0]) if identified else None)
+    return Fit(float(chord[0]), first, last, chord[1:n_rows], float(a_b[0]) if identified else None,
+               curve=(float(r0_b[0]), float(a_b[0]), t_mid0, b0))

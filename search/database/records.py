@@ -83,6 +83,9 @@ _ROLE, _SEED, _ATTEMPT, _RERUN_OF, _EXTRA, _IDLE_FILL, _ORIGIN = (
 _OWNER, _RUN_ID, _RUN_DIR, _OVERRIDES = "owner", "run_id", "run_dir", "overrides"
 _PROBE, _SCORE, _GPU, _ETA, _ETA_INTERVAL = "probe", "score", "gpu", "eta", "eta_interval"
 _REASON, _CLOSED_AS, _CARRIED_FROM, _REQUEUED_BECAUSE = "reason", "closed_as", "carried_from", "requeued_because"
+#: a running probe's rates read to its own last step, by step, where its reports (Optuna's
+#: intermediate values) read to the run's horizon
+_PROBE_RATES = "probe_rates"
 #: system attributes: Optuna's own for an enqueued trial, ours for a re-queued one
 _FIXED_PARAMS, _RETRY_HISTORY, _FAILED_TRIAL = "fixed_params", "retry_history", "failed_trial"
 
@@ -273,6 +276,17 @@ def role_of(trial: FrozenTrial) -> Role:
 
 def seed_of(trial: FrozenTrial) -> int | None:
     return _int(trial.user_attrs.get(_SEED))
+
+
+def probe_rates_attrs(rates: Mapping[int, float]) -> dict[str, Any]:
+    """A running probe's rates read to its own last step (``Score.probe_rate``), by step."""
+    return {_PROBE_RATES: {str(step): rate for step, rate in rates.items()}}
+
+
+def probe_rate_of(trial: FrozenTrial, step: int) -> float | None:
+    """A trial's running rate at ``step`` read to that step (None: not recorded)."""
+    value = (trial.user_attrs.get(_PROBE_RATES) or {}).get(str(step))
+    return None if value is None else float(value)
 
 
 def requeued_numbers(trials: Iterable[TrialRecord]) -> set[int]:

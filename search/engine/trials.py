@@ -30,8 +30,8 @@ from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.method.policy import Skip, Start
 from verl_sweep.search.method.stopper import CLOSED_ELSEWHERE, Running
 from verl_sweep.search.database.records import (
-    Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, reason_attrs, set_attrs, skipped_attrs,
-    started_attrs, stopped_attrs,
+    Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, probe_rates_attrs, reason_attrs, set_attrs,
+    skipped_attrs, started_attrs, stopped_attrs,
 )
 from verl_sweep.spaces import hardware_tag
 from verl_sweep.spaces.base import SpaceError
@@ -77,6 +77,8 @@ class ActiveTrial:
     rerun_of: int | None
     next_report_step: int
     outcome: ProbeOutcome | None = None
+    #: its running rates read to the probe's own last step, by step (``Score.probe_rate``)
+    probe_rates: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 class TrialRunner:
@@ -324,6 +326,9 @@ class TrialRunner:
             # there: stop this run; tell_finished then drops the result instead of doubling it.
             item.outcome = item.probe.stop(CLOSED_ELSEWHERE.state, reason=CLOSED_ELSEWHERE.reason)
             return
+        if score.probe_rate is not None and math.isfinite(score.probe_rate):
+            item.probe_rates[step] = score.probe_rate
+            set_attrs(item.trial, probe_rates_attrs(item.probe_rates))
         if item.role is Role.INCUMBENT:
             self.study.refresh(item.trial._trial_id)  # the pruner compares candidates with this curve
         stop = self.stopper.after_report(item.role, step, score.rate, item.trial.should_prune)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from verl_sweep.search.database.records import Role, role_of, seed_of
+from verl_sweep.search.database.records import Role, probe_rate_of, role_of, seed_of
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -43,7 +43,9 @@ class Pace:
 class IncumbentPruner(optuna.pruners.BasePruner):
     """Prune a candidate at step s when its intermediate value is more than ``margin`` below
     the incumbent's at s (the run on the same seed if there is one, else their mean), or below
-    the stage's best finished candidate's, for ``patience`` reports in a row.
+    the stage's best finished candidate's, for ``patience`` reports in a row. Where the reports
+    read to the run's horizon, the candidate must also be that far below the incumbent read to
+    its own last step (``_ahead_so_far``).
     Incumbents and confirmation re-runs are never pruned: a re-run checks a candidate that
     already ran to step N, and an early running rate must not overrule that evidence.
     A candidate paced otherwise (``pace``: one that changes the KL pull, or the mini-batch and
@@ -97,7 +99,7 @@ class IncumbentPruner(optuna.pruners.BasePruner):
             bar = self._bar(incumbents, [] if overtakes else leaders, step, seed)
             if bar is None:
                 continue
-            if trial.intermediate_values[step] >= bar:
+            if trial.intermediate_values[step] >= bar or self._ahead_so_far(trial, incumbents, step, seed):
                 return False
             compared += 1
             if compared == self.patience:
@@ -131,6 +133,19 @@ class IncumbentPruner(optuna.pruners.BasePruner):
         slope = (sum((s - mean_s) * (q - mean_q) for s, q in points)
                  / sum((s - mean_s) ** 2 for s, _ in points))
         return mean_q + slope * (end - mean_s) >= 1.0
+
+    def _ahead_so_far(self, trial: "FrozenTrial", incumbents: Sequence["FrozenTrial"], step: int,
+                      seed: object) -> bool:
+        """Whether a candidate whose reports read to the run's horizon is, read to its own last
+        step, within the margin of the incumbent or above it. Stopped is a run behind on both
+        readings: the far reading of a curve that has not bent yet is mostly noise, and the
+        near one misranks a run that starts slower and ends higher (docs/method.md, Evidence)."""
+        own = probe_rate_of(trial, step)
+        if own is None:
+            return False
+        values = [(rate, seed_of(t)) for t in incumbents if (rate := probe_rate_of(t, step)) is not None]
+        chosen = [rate for rate, s in values if s == seed] or [rate for rate, _ in values]
+        return bool(chosen) and own >= sum(chosen) / len(chosen) * (1 - self.margin)
 
     @staticmethod
     def _reference(incumbents: Sequence["FrozenTrial"], step: int, seed: object) -> float | None:

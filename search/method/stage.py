@@ -160,9 +160,15 @@ class Stage:
         pruner = self.settings.pruner
         if not self.learns:
             return max(1, self.probe_steps // 10), self.probe_steps // 2
+        if pruner.warmup_steps is None:
+            # A rate read to the run's horizon from less than half a probe extrapolates a curve
+            # that has not bent yet: not before the probe's middle (docs/method.md, Evidence).
+            start = self.probe_steps // 2
+        else:
+            start = pruner.warmup_steps * self.stretch
         if self.stretch > 1:
-            return pruner.interval_steps * self.stretch, max(pruner.warmup_steps * self.stretch, self.late_prune_from)
-        return pruner.interval_steps, pruner.warmup_steps
+            return pruner.interval_steps * self.stretch, max(start, self.late_prune_from)
+        return pruner.interval_steps, start
 
     def pruner(self) -> optuna.pruners.BasePruner:
         """Its pruner, built from its settings (Optuna does not store pruners: every process
@@ -201,7 +207,7 @@ class Stage:
             return None
         pruner = self.settings.pruner
         return (f"{self.where}.pruner: stage {self.name}'s pruner can first stop a candidate at step {step} "
-                f"(warm-up {pruner.warmup_steps}, a report every {pruner.interval_steps}, patience {pruner.patience}), "
+                f"(warm-up {self.prune_from}, a report every {pruner.interval_steps}, patience {pruner.patience}), "
                 f"but its probes end at step {self.probe_steps}: it will never prune. Lower pruner.warmup_steps or "
                 "lengthen the probes.")
 

@@ -130,12 +130,13 @@ class PrunerSettings(_Strict):
     name: Literal["none", "incumbent", "median", "patient", "wilcoxon"] = "incumbent"
     #: report intermediate values every this many steps
     interval_steps: Int = Field(default=25, ge=1, le=100_000)
-    #: no pruning before this step. Curves differ in shape early (KL on starts slower and
-    #: ends higher), so an earlier bar stops candidates that would win (docs/method.md,
-    #: Evidence). The incumbent pruner
-    #: leaves a candidate that changes KL, or the mini-batch and lr both, until 3/4 of the
-    #: probe (``IncumbentPruner.late_from``).
-    warmup_steps: Int = Field(default=100, ge=0, le=100_000)
+    #: no pruning before this step (default: half of a learning probe). A running rate read to
+    #: the run's horizon from fewer steps extrapolates a curve that has not bent yet, and curves
+    #: differ in shape early (KL on starts slower and ends higher), so an earlier bar stops
+    #: candidates that would win (docs/method.md, Evidence). The incumbent pruner leaves a
+    #: candidate that changes KL, or the mini-batch and lr both, until 3/4 of the probe
+    #: (``IncumbentPruner.late_from``).
+    warmup_steps: Int | None = Field(default=None, ge=0, le=100_000)
     #: trials that must finish before pruning starts (median, patient)
     n_startup_trials: Int = Field(default=2, ge=0, le=10_000)
     #: reports in a row below the bar before a trial is stopped (incumbent, patient)

@@ -247,5 +247,6 @@ def test_a_horizon_inside_the_probe_reads_the_probe_and_the_interval_holds_the_r
     far = score_reward_rate(steps, horizon_steps=2000)
     assert far.ci_low <= curve.true_rate(2000) <= far.ci_high
     near = score_reward_rate(steps)
+    assert near.probe_rate is None and far.probe_rate == pytest.approx(near.rate, rel=0.05)  # one fit, two readings
     # reading further than the data is less certain: a wider interval, relative to the rate
     assert (far.ci_high - far.ci_low) / far.rate > (near.ci_high - near.ci_low) / near.rate

@@ -193,10 +193,10 @@ def test_a_candidate_ahead_of_a_running_incumbent_is_compared_where_both_have_re
 @pytest.mark.parametrize(
     ("probe", "pruner", "first", "warned"),
     [
-        # the demo: 500-step probes, pruning from step 100, a report every 25, patience 2
-        ({"steps": 500}, {}, 125, False),
+        # the demo: 500-step probes, pruning from the probe's middle, a report every 25, patience 2
+        ({"steps": 500}, {}, 275, False),
         # the H200's 11-step probes with the default pruner: it would never act
-        ({"steps": 11, "warmup_steps": 1}, {}, 125, True),
+        ({"steps": 11, "warmup_steps": 1}, {}, 50, True),
         # its own pruner settings: a running rate from step 4, two reports in a row by step 5
         ({"steps": 11, "warmup_steps": 1}, {"interval_steps": 1, "warmup_steps": 3}, 5, False),
         # the probe's warm-up, not the pruner's, sets the first report
@@ -224,7 +224,7 @@ def test_validate_says_when_a_stage_pruner_can_never_act(
     assert bool(said) is warned
     if warned:
         assert said == [f"stages[0].pruner: stage lr's pruner can first stop a candidate at step {first} "
-                        f"(warm-up {spec.stages[0].pruner.warmup_steps}, a report every "
+                        f"(warm-up {Stage.of(spec, 0).prune_from}, a report every "
                         f"{spec.stages[0].pruner.interval_steps}, patience {spec.stages[0].pruner.patience}), "
                         f"but its probes end at step {probe['steps']}: it will never prune. "
                         "Lower pruner.warmup_steps or lengthen the probes."]
@@ -256,3 +256,33 @@ def test_a_stopped_run_reads_no_higher_than_a_finished_one_that_ran_above_it() -
     # above every finished run at its last step, it reads as over the incumbent
     ahead = record(TrialState.PRUNED, "candidate", {100: 1.4, 125: 1.4}, 0.8)
     assert dict((p["x"], v) for p, v in structured_points([incumbent, leader, ahead])[0])[0.8] == pytest.approx(1.4)
+
+
+def test_a_candidate_behind_on_the_far_reading_but_not_on_the_near_one_runs_on() -> None:
+    # Reports read to the run's horizon; each trial also records its rate read to its own last
+    # step. A run far below the incumbent's horizon reading but level with its near reading
+    # (a curve that has not bent yet: its far reading is mostly noise) runs on; behind on both,
+    # it is stopped.
+    from verl_sweep.search.database.records import probe_rates_attrs
+
+    pruner = IncumbentPruner(n_warmup_steps=100, patience=2)
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(create_trial(
+        state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={"role": "incumbent", "seed": 11, **probe_rates_attrs({s: 2.0 for s in STEPS})},
+        intermediate_values={s: 1.0 for s in STEPS},
+    ))  # fmt: skip
+
+    def candidate(near: float) -> optuna.trial.FrozenTrial:
+        trial = study.ask()
+        trial.set_user_attr("role", "candidate")
+        trial.set_user_attr("seed", 11)
+        for key, value in probe_rates_attrs({s: near for s in STEPS}).items():
+            trial.set_user_attr(key, value)
+        for step in STEPS:
+            trial.report(0.8, step)
+        return study._storage.get_trial(trial._trial_id)
+
+    assert not pruner.prune(study, candidate(near=2.0))
+    assert not pruner.prune(study, candidate(near=1.95))  # within the margin (3%)
+    assert pruner.prune(study, candidate(near=1.8))

@@ -39,7 +39,7 @@ def test_what_the_knobs_move_decides_the_probe() -> None:
         assert not speed.may_be_stretched
     assert (minibatch.probe_steps, minibatch.warmup_steps, minibatch.metric) == (500, 0, Metric.REWARD_RATE)
     assert minibatch.probe.health_screen
-    assert (minibatch.report_every, minibatch.prune_from, minibatch.late_prune_from) == (25, 100, 375)
+    assert (minibatch.report_every, minibatch.prune_from, minibatch.late_prune_from) == (25, 250, 375)
     assert [s.learns for s in stages_of(SPEC)] == [False, False, True, True, True, True]
 
 
@@ -65,7 +65,7 @@ def test_probe_length_and_pruner_reach_are_checked_on_the_stage() -> None:
     assert problem == ("probe.steps: a probe of stage minibatch must score at least 10 steps after its warm-up (1), "
                        "but 8 steps leave 7. Raise it to at least 11.")
     assert Stage.of(SPEC, 2).probe_length_problem() is None and Stage.of(SPEC, 0).probe_length_problem() is None
-    assert Stage.of(SPEC, 2).first_prune_step() == 125  # warm-up 100, then 2 reports in a row below the bar
+    assert Stage.of(SPEC, 2).first_prune_step() == 275  # half the probe, then 2 reports in a row below the bar
     assert "will never prune" in (Stage.of(short, 2).pruner_reach_warning() or "")
 
 
