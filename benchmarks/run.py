@@ -389,10 +389,12 @@ def _study_for_key(spec: Any) -> dict[str, Any]:
     """What of the study the best reachable η depends on: each stage's space and options only
     (its budget, stop rule, sampler and pruner decide how a method searches, not what it can
     reach), no probe or launcher settings (how a method measures, and where: a world named by
-    its file's path would key on the checkout's location), and no field added later at its
-    neutral value."""
+    its file's path would key on the checkout's location, nor the run's length it measures for),
+    and no field added later at its neutral value."""
     data = spec.model_dump(mode="json")
-    del data["probe"], data["launcher"]
+    # run_steps sets how a method measures (its probes' horizon); the benchmark judges every
+    # choice at the world's own horizon (``true_steps``)
+    del data["probe"], data["launcher"], data["run_steps"]
     for (section, name), neutral in NEUTRAL_STUDY_FIELDS.items():
         if name in data.get(section, {}) and data[section][name] == neutral:
             del data[section][name]

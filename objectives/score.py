@@ -494,5 +494,9 @@ def paired_eta(
     weights = [1.0 / max(v, 1e-12) for _, v in means]
     mean = sum(w * m for w, (m, _) in zip(weights, means)) / sum(weights)
     se = math.sqrt(1.0 / sum(weights))
-    return Eta(value=math.exp(mean), low=math.exp(mean - z * se), high=math.exp(mean + z * se),
-               confidence=confidence)
+    return Eta(value=_exp(mean), low=_exp(mean - z * se), high=_exp(mean + z * se), confidence=confidence)
+
+
+def _exp(x: float) -> float:
+    """e^x, infinite past a float's range (an interval as wide as that is unbounded)."""
+    return math.exp(x) if x < 709.0 else math.inf

@@ -60,7 +60,7 @@ def final_probe(spec: StudySpec, *, slow_start: bool = False) -> ProbeSettings:
     """The final check's probes: learning probes at the length the learning stages ran
     (``slow_start``: lengthened after a slow start), or, in a study with no learning stage,
     speed probes scored on throughput."""
-    from verl_sweep.search.method.run_length import study_run_length
+    from verl_sweep.search.method.run_length import probe_horizon, study_run_length
     from verl_sweep.search.method.stage import stages_of
 
     probe = spec.probe
@@ -68,7 +68,7 @@ def final_probe(spec: StudySpec, *, slow_start: bool = False) -> ProbeSettings:
         steps = probe.steps * (probe.slow_start_factor if slow_start else 1)
         return ProbeSettings(steps=steps, metric=Metric.REWARD_RATE, warmup_steps=probe.warmup_steps,
                              hang_timeout_s=probe.hang_timeout_s, health_screen=True, n_gpus=spec.hardware.n_gpus,
-                             horizon_steps=study_run_length(spec).steps)
+                             horizon_steps=probe_horizon(study_run_length(spec).steps, steps))
     return ProbeSettings(steps=probe.speed_steps, metric=Metric.THROUGHPUT, warmup_steps=probe.speed_warmup_steps,
                          hang_timeout_s=probe.hang_timeout_s, health_screen=False, n_gpus=spec.hardware.n_gpus,
                          settle_tolerance=probe.speed_settle_tolerance)

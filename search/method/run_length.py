@@ -107,6 +107,15 @@ def full_run_length(config: Mapping[str, Any], run_steps: int | None = None) -> 
     return RunLength(ASSUMED_RUN_STEPS, f"{ASSUMED_RUN_STEPS:,} steps assumed", assumed=True)
 
 
+def probe_horizon(run_steps: int | None, probe_steps: int) -> int | None:
+    """The step a learning probe's rate is read to: the run's end, but at most 1 ÷
+    ``MAX_PROBE_FRACTION`` (4×) the probe's length (the method's probes are ¼ of its runs: read
+    further, the rate is mostly the fitted curve's guess at a ceiling the probe never neared)."""
+    if run_steps is None:
+        return None
+    return max(probe_steps, min(run_steps, math.ceil(probe_steps / MAX_PROBE_FRACTION)))
+
+
 def study_run_length(spec: Any, run_steps: int | None = None) -> RunLength:
     """The full run a study tunes for: ``run_steps`` (``--run-steps``), else the study file's
     ``run_steps``, else the baseline's (``full_run_length``)."""

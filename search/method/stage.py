@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from verl_sweep.objectives.probe import ProbeSettings
 from verl_sweep.objectives.score import MIN_RUNNING_STEPS, Metric
 from verl_sweep.search.method.pruning import Pace, build_pruner, reports_to_prune
-from verl_sweep.search.method.run_length import study_run_length
+from verl_sweep.search.method.run_length import probe_horizon, study_run_length
 from verl_sweep.spaces import Moves, build_space, space_class
 from verl_sweep.spaces.stages import KL_PARAMS, LRSpace, MiniBatchSpace
 
@@ -131,7 +131,8 @@ class Stage:
                              hang_timeout_s=self.spec.probe.hang_timeout_s, health_screen=self.learns,
                              n_gpus=self.spec.hardware.n_gpus,
                              settle_tolerance=0.0 if self.learns else self.spec.probe.speed_settle_tolerance,
-                             horizon_steps=study_run_length(self.spec).steps if self.learns else None)
+                             horizon_steps=probe_horizon(study_run_length(self.spec).steps, self.probe_steps)
+                             if self.learns else None)
 
     # -- pruning ----------------------------------------------------------------------------------
     @property

@@ -124,7 +124,7 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
     def hours(steps: int) -> float:
         return steps * step_s * gpus / 3600
 
-    length = (f"{r_steps:,} steps assumed (set trainer.total_training_steps for yours)" if run.assumed
+    length = (f"{r_steps:,} steps assumed (set run_steps: learning probes are judged over the run)" if run.assumed
               else f"{r_steps:,} steps ({run.how})")
     lines = [f"plan: R is one full run of the baseline: {length}, ~{_gpu_h(hours(r_steps))} GPU-h at ~{step_s:.0f} s a step"]
     for p in plans:

@@ -83,3 +83,9 @@ def test_one_run_with_an_unidentified_fit_does_not_widen_every_pair() -> None:
     # The observed spread still counts every pair: one pair far off widens the interval.
     off = steady[:1] + [(12, _score(steady[1][1].rate * 0.8))] + steady[2:]
     assert paired_eta(off, inc).high - paired_eta(off, inc).low > 3 * (plain.high - plain.low)
+
+
+def test_an_interval_past_a_float_s_range_is_unbounded_not_an_error() -> None:
+    # A rate read far past its data can carry a standard error thousands of times the rate.
+    result = paired_eta([(1, _score(1.0, se_rel=1e6))], [(1, _score(1.0))])
+    assert result.high == math.inf and result.low == 0.0 and result.value == pytest.approx(1.0)

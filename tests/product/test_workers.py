@@ -32,8 +32,8 @@ def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]
     run_ids = [t.user_attrs["run_id"] for ts in trials.values() for t in ts
                if "run_id" in t.user_attrs and "carried_from" not in t.user_attrs]  # a copy keeps its source's id
     assert len(run_ids) == len(set(run_ids)), "a run id was used twice"
-    # Incumbent runs carried from the stage before on seeds beyond the incumbent's own are
-    # outside the budget.
+    # Incumbent runs on seeds beyond the incumbent's own (carried from the stage before, or
+    # run to pair a leader's) are outside the budget.
     import optuna
 
     from verl_sweep.search.database.records import SPEC_ATTR
@@ -51,7 +51,7 @@ def _check_study(url: str, name: str, budgets: dict[str, int]) -> dict[str, int]
         requeued = {n for t in stage_trials for n in t.system_attrs.get("retry_history", [])}
         counted = [t for t in stage_trials if t.number not in requeued
                    and t.user_attrs.get("role") not in ("rerun", "skipped")
-                   and not ("carried_from" in t.user_attrs and t.user_attrs.get("seed") not in own)]
+                   and not (t.user_attrs.get("role") == "incumbent" and t.user_attrs.get("seed") not in own)]
         assert len(counted) == budgets[stage], f"{study_name}: {len(counted)} counted trials, budget {budgets[stage]}"
         for t in stage_trials:
             counts[t.state.name.lower()] += 1

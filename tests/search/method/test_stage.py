@@ -86,3 +86,20 @@ def test_status_costs_a_speed_stage_at_its_speed_probe_length() -> None:
     its 30-step probe, not to the study's 500."""
     saved = gpu_hours_saved(Stage.of(SPEC, 1), [_pruned(last_step=12, step_s=36.0)])
     assert saved == pytest.approx((30 - 12) * 36.0 * 8 / 3600)
+
+
+def test_learning_probes_are_judged_over_the_run_the_study_tunes_for() -> None:
+    # The study's run_steps, else the baseline's own length, else 2,000 steps; read no further
+    # than 4× the probe (the method's probes are ¼ of its runs); speed probes read tokens/s,
+    # which no horizon moves.
+    from verl_sweep.search.engine.final_check import final_probe
+
+    def with_run(**changes: Any) -> Any:
+        return _spec(baseline={**demo_data()["baseline"], "trainer.total_training_steps": 1200}, **changes)
+
+    assert Stage.of(SPEC, 2).probe.horizon_steps == 2000  # the demo's gsm8k files are not local
+    assert Stage.of(SPEC, 0).probe.horizon_steps is None
+    assert Stage.of(with_run(), 2).probe.horizon_steps == 1200
+    assert Stage.of(with_run(run_steps=1600), 2).probe.horizon_steps == 1600
+    assert final_probe(with_run(run_steps=1600)).horizon_steps == 1600
+    assert Stage.of(with_run(run_steps=10_000), 2).probe.horizon_steps == 2000

@@ -173,8 +173,8 @@ def test_the_plan_gives_each_stage_and_the_total_in_r_with_2000_steps_assumed(tm
     print(*lines, sep="\n")
     step_s, _ = step_seconds(spec, spec.baseline_config())
     r = 2000 * step_s * spec.hardware.n_gpus / 3600  # R by the second route: the plan's step time
-    assert lines[0] == (f"plan: R is one full run of the baseline: 2,000 steps assumed (set "
-                        f"trainer.total_training_steps for yours), ~{r:,.0f} GPU-h at ~{step_s:.0f} s a step")
+    assert lines[0] == (f"plan: R is one full run of the baseline: 2,000 steps assumed (set run_steps: learning "
+                        f"probes are judged over the run), ~{r:,.0f} GPU-h at ~{step_s:.0f} s a step")
     stage_lines = [line for line in lines if re.match(r"plan: \w+ \(", line)]
     assert len(stage_lines) == len(stage_plans(spec)) + 1  # the final check too
     for line in stage_lines:
