@@ -97,7 +97,11 @@ def branch(world: Landscape, config: Config, start: CheckpointState | None, step
         lr = float(setting(config, LR) or 1e-6)
         resume = dataclasses.replace(start, lr=start.lr * lr / start.base_lr, base_lr=lr)
     first = 0 if start is None else start.step
-    records = list(world.simulate(config, max_steps=first + steps, resume=resume))
+    records = []
+    for record in world.simulate(config, max_steps=first + steps, resume=resume):
+        records.append(record)
+        if record.metrics["critic/score/mean"] != record.metrics["critic/score/mean"]:
+            break  # a diverged run is dead at its first NaN reward (its KL would overflow later)
     exp = world.expected(config)
     seconds = startup_s + (0.0 if start is None else world.checkpoint_s(config))
     seconds += sum(float(r.metrics["timing_s/step"]) for r in records)
@@ -174,6 +178,9 @@ def train_chain(world: Landscape, spec: Any, speed_config: Config, *, stage_step
             return {"final_reward": 0.0, "branches_gpu_h": branches_gpu_h, "final_gpu_h": 0.0, "stages": stages,
                     "final_config": incumbent}
     done = len(learning) * stage_steps
+    if done >= run_steps:  # the stages' branches reached the run's end: the winner's is the model
+        return {"final_reward": checkpoint.reward, "branches_gpu_h": branches_gpu_h, "final_gpu_h": 0.0,
+                "stages": stages, "final_config": incumbent}
     final = branch(still, incumbent, checkpoint, run_steps - done, save=False, **kw)
     return {"final_reward": final.final_reward, "branches_gpu_h": branches_gpu_h, "final_gpu_h": final.gpu_h,
             "stages": stages, "final_config": incumbent}
