@@ -483,7 +483,8 @@ class Landscape:
             entropy = 1.2 - 0.7 * progress * entropy_scale
             policy = smooth  # the reward the weights reach, noise-free: what a checkpoint keeps
             if diverge_step is not None and step >= diverge_step:
-                blow = step - diverge_step
+                # everything is NaN from 12 steps on: the factors stop there (3.0**650 overflows)
+                blow = min(step - diverge_step, 12)
                 ref_kl *= 2.0**blow
                 ppo_kl *= 3.0**blow
                 grad_norm *= 3.0**blow

@@ -357,3 +357,17 @@ def test_simulator_record_has_real_verls_shape(tmp_path: Path) -> None:
         assert parsed is not None and parsed.step == record["step"]
         assert parsed.get("critic/score/mean") == pytest.approx(record["data"]["critic/score/mean"])
     assert "landscape=" in proc.stdout.splitlines()[1]  # the start-up phase is announced before any step
+
+
+def test_a_run_diverging_long_before_its_end_goes_on_as_nan() -> None:
+    # A run that diverges at step ~3 and runs on for hundreds of steps (a long probe, a branch
+    # trained to the run's end) keeps logging NaN; its blow-up factors never overflow.
+    from verl_sweep.launchers.simulator import load_landscape
+
+    land = load_landscape("default")
+    config = {**land.baseline, "actor_rollout_ref.actor.optim.lr": 1e-3}
+    exp = land.expected(config)
+    assert exp.diverge_step is not None and exp.diverge_step < 20
+    records = list(land.simulate(config, max_steps=exp.diverge_step + 800))
+    assert len(records) == exp.diverge_step + 800
+    assert math.isnan(records[-1].metrics["critic/score/mean"])

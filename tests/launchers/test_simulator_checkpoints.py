@@ -288,3 +288,4 @@ def test_a_diverging_branch_blows_up_counted_from_its_first_step() -> None:
     first_nan = next(r.step for r in QUIET.simulate(reckless, resume=patched) if math.isnan(r.metrics["critic/score/mean"]))
     assert first_nan == 100 + exp.diverge_step + 12
     assert all(r.metrics["critic/score/mean"] == r.metrics["critic/score/mean"] for r in QUIET.simulate(reckless, resume=state))
+
