@@ -18,21 +18,11 @@ import pytest
 from verl_sweep.launchers.simulator import checkpoints, load_landscape, parse_overrides
 from verl_sweep.launchers.simulator.outcomes import CheckpointState
 
+from test_simulator import BASE as SIMULATOR_BASE
+
 pytestmark = pytest.mark.fast
 
-BASE = [
-    "algorithm.adv_estimator=grpo",
-    "data.train_batch_size=1024",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=512",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.rollout.n=8",
-    "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.actor.use_kl_loss=true",
-    "actor_rollout_ref.actor.kl_loss_coef=0.001",
-    "trainer.logger=[console,file]",
-    "trainer.val_before_train=false",
-    "data.seed=5",
-]
+BASE = [*SIMULATOR_BASE, "data.seed=5"]
 LAND = load_landscape("default")
 # Only the step-to-step reward noise left: the noise-free curve is the expectation's.
 QUIET = dataclasses.replace(LAND, data={**LAND.data, "noise": {"reward_sd": 0.0, "t_mid_sd": 0.0, "ceiling_sd": 0.0,
