@@ -126,17 +126,28 @@ def wait_for_root(storage: str, name: str, timeout_s: float = 180) -> None:
     raise AssertionError(f"study {name} was never created")
 
 
-def all_trials(storage: str, name: str) -> dict[str, list[Any]]:
+def all_trials(storage: str, name: str, *, retry_s: float = 60.0) -> dict[str, list[Any]]:
+    """Every stage study's trials. A server that is restarting (the fault tests restart it; its
+    shutdown can outlast the restart command's return) is asked again for up to ``retry_s``."""
     import optuna
+    import sqlalchemy
 
-    out = {}
-    with unpooled_storage(storage) as opened:
-        # Names only: summaries read every study in the database (26 s on a server that holds
-        # 480 studies), far slower than the fault test's polling needs.
-        for study_name in optuna.get_all_study_names(opened):
-            if study_name.startswith(name + "."):
-                out[study_name] = optuna.load_study(study_name=study_name, storage=opened).get_trials(deepcopy=False)
-    return out
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            out = {}
+            with unpooled_storage(storage) as opened:
+                # Names only: summaries read every study in the database (26 s on a server that
+                # holds 480 studies), far slower than the fault test's polling needs.
+                for study_name in optuna.get_all_study_names(opened):
+                    if study_name.startswith(name + "."):
+                        out[study_name] = optuna.load_study(study_name=study_name,
+                                                            storage=opened).get_trials(deepcopy=False)
+            return out
+        except (sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
