@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: the study file the benchmark runs in place of studies/demo.yaml (``--study``)
+STUDY_ENV = "VERL_SWEEP_BENCH_STUDY"
 #: the best-reachable references, computed once per landscape and method version, are written
 #: here: outside the repository ($VERL_SWEEP_BENCH_REFERENCES, else $XDG_CACHE_HOME or
 #: ~/.cache, under verl-sweep/bench-references), so that a run never leaves files to commit
@@ -121,7 +123,9 @@ BENCHMARK_MODEL = {"hidden_size": 4096, "num_attention_heads": 32, "n_params_b":
 
 
 def demo_spec(landscape: str, *, quick: bool = False) -> Any:
-    """The demo study (studies/demo.yaml) on the replay launcher, for ``landscape``.
+    """The demo study (studies/demo.yaml, or the file in ``$VERL_SWEEP_BENCH_STUDY``: set by
+    ``--study``, read here so that the spawned workers see it too) on the replay launcher, for
+    ``landscape``.
 
     A landscape may change the study through its ``study`` section: ``algorithm: ppo`` turns
     it into PPO with GAE (the critic follows; a ``lam`` stage goes before the polish stage,
@@ -131,7 +135,7 @@ def demo_spec(landscape: str, *, quick: bool = False) -> Any:
     from verl_sweep.launchers.simulator import load_landscape
     from verl_sweep.search.spec.study_file import parse_study
 
-    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    data = yaml.safe_load(Path(os.environ.get(STUDY_ENV) or REPO / "studies" / "demo.yaml").read_text())
     data["name"] = "bench"
     # The landscapes were calibrated on a Llama-7B-shaped model (hidden 4096, 32 heads, the
     # method's hidden ÷ 8 token rule): the benchmark keeps it, so that its figures stay
@@ -727,6 +731,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-from", type=Path, default=None, metavar="RESULTS_JSON",
                         help="without verl-sweep in the run: the peers' budget per landscape from an earlier "
                              "run's results.json (verl-sweep's median spend there)")
+    parser.add_argument("--study", type=Path, default=None, metavar="YAML",
+                        help="a study file in place of studies/demo.yaml (its stages, probe and pruner settings; "
+                             "model, launcher and final check stay the benchmark's)")
     parser.add_argument("--quick", action="store_true", help="1 landscape, 2 reps, small budgets (for tests)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -734,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-results", type=Path, default=None,
                         help="re-summarise a results.json (no runs): table, verdict, plot to --out")
     args = parser.parse_args(argv)
+    if args.study is not None:
+        os.environ[STUDY_ENV] = str(args.study.resolve())
     if args.from_results:
         return _resummarize(args.from_results, args.out)
     from verl_sweep.launchers.simulator import load_landscape
