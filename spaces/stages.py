@@ -105,10 +105,11 @@ class BoundedSpace(Space):
     def explain(self) -> list[str]:
         return [f"{self.kind}: {self.key} — {self.bound.describe()}"]
 
-    def _spread(self, n: int, exclude: Any = None) -> list[float]:
-        """``n`` values spread evenly over the bound, both ends included (on the log scale where
-        it is log): a safe range often ends where the optimum lies (docs/method.md, Evidence)."""
-        low, high = float(self.bound.low), float(self.bound.high)
+    def _spread(self, n: int, exclude: Any = None, high: float | None = None) -> list[float]:
+        """``n`` values spread evenly over the bound (up to ``high`` when given), both ends
+        included (on the log scale where it is log): a safe range often ends where the optimum
+        lies (docs/method.md, Evidence)."""
+        low, high = float(self.bound.low), float(self.bound.high if high is None else high)
         values = []
         for i in range(n):
             q = i / (n - 1) if n > 1 else 0.5
@@ -334,6 +335,7 @@ class TokenBudgetSpace(BoundedSpace):
                  base: Config, options: Mapping[str, Any], where: str = "") -> None:
         where = where_or(where, "token_budget")
         check_options(options, B.BOUND_OPTIONS, where)
+        self.max_seq_len = model.max_seq_len
         self.budget = L.token_budget(model, hardware, base)
         ceiling, arithmetic = self.budget.suggested_max, self.budget.lines[2]
         own = get(base, self.key)
@@ -342,6 +344,22 @@ class TokenBudgetSpace(BoundedSpace):
             ceiling, arithmetic = own, f"{arithmetic}; below the floor, so the base config's {own:,} instead"
         safe = B.token_budget_bound(self.budget.floor, ceiling, arithmetic)
         super().__init__(safe.including(get(base, self.key)).narrowed(options, where=where), hardware=hardware, where=where)
+
+    def starting_points(self, base: Config, n: int) -> list[dict[str, Any]]:
+        """The range's ends and points between, up to the largest budget a step can use
+        (``useful_top``). One point alone is that largest budget: throughput rises with the
+        budget up to the memory edge, and the range's middle would give most of the gain away."""
+        own, top = V.setting(base, self.key), self.useful_top(base)
+        values = [top] if n == 1 else self._spread(n, exclude=own, high=top)
+        return [{self.param: v} for v in values if v != own]
+
+    def useful_top(self, base: Config) -> int:
+        """The bound's top, or the most tokens a step can schedule if fewer: vLLM runs at most
+        max_num_seqs sequences of max_model_len tokens a step, so a larger budget schedules
+        nothing more and only reserves more activation memory."""
+        seqs = V.setting(base, V.MAX_NUM_SEQS)
+        most = seqs * self.max_seq_len if V.is_int(seqs) and seqs > 0 else self.bound.high
+        return int(max(self.bound.low, min(self.bound.high, most)))
 
     def suggest(self, trial: "optuna.trial.BaseTrial", base: Config) -> Config:
         # Chunked prefill on: otherwise verl raises the budget to max_model_len behind our back.

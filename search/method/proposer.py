@@ -80,10 +80,12 @@ def first_points(stage: Stage, space: Space, base: Config, *, incumbent: dict[st
     ``base`` (``leaders``: (stage name, overrides); only points of this space other than the
     ``incumbent``'s), the space's starting points, the template layout (``Space.tries_template``).
     Each is fitted to the memory estimate first (``Space.fitted``): one that cannot fit is
-    never queued. The starting points leave at least one place in the budget for the sampler."""
+    never queued. The starting points leave at least one place in the budget for the sampler,
+    unless the budget has only one place: a draw before any reading is blind."""
     spec = stage.spec
     seed = spec.seeds[0]
-    room = stage.budget.max_trials - spec.probe.incumbent_repeats - 1
+    places = stage.budget.max_trials - spec.probe.incumbent_repeats
+    room = places - 1 if places > 1 else places
     points: list[Point] = []
     taken: list[dict[str, Any]] = []
     for name, overrides in leaders:

@@ -191,14 +191,25 @@ def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
 
     space = build_space("systems", model=QWEN_05B, hardware=H200, algorithm=Algorithm.GRPO, base=QUICKSTART,
                         options=VLLM_KNOBS)
-    static, dynamic = space.starting_points(QUICKSTART, 2)
+    static, static_whole, dynamic, dynamic_whole = space.starting_points(QUICKSTART, 4)
     # on 141 GB the whole per-GPU mini-batch (16 × 8) is one pass, the log-prob batch two
     assert static["use_dynamic_bsz"] is False and static["micro_batch_sp1"] == 128
     assert static["log_prob_micro_batch_sp1"] == 256
     assert dynamic["use_dynamic_bsz"] is True and dynamic["ppo_max_token_len_per_gpu_sp1"] == 32768
-    for point in (static, dynamic):
-        assert point["max_num_seqs"] == 512 and point["enforce_eager"] is False and point["gradient_checkpointing"]
+    assert static["gradient_checkpointing"] and dynamic["gradient_checkpointing"]
+    # then the same without recomputation, its passes as large as still fit: the first two
+    # points (a study's n_startup_trials 2) try recomputation both ways
+    assert static_whole["use_dynamic_bsz"] is False and static_whole["gradient_checkpointing"] is False
+    assert 4 < static_whole["micro_batch_sp1"] < static["micro_batch_sp1"]
+    assert dynamic_whole["use_dynamic_bsz"] is True and dynamic_whole["gradient_checkpointing"] is False
+    assert space.starting_points(QUICKSTART, 2) == [static, static_whole]
+    for point in (static, static_whole, dynamic, dynamic_whole):
+        assert point["max_num_seqs"] == 512 and point["enforce_eager"] is False
+        assert point["activation_offload"] is False
         assert point["gpu_memory_utilization"] == QUICKSTART[L.GPU_MEMORY]  # the incumbent's share
+        config = merge(QUICKSTART, space.suggest(optuna.trial.FixedTrial(point), QUICKSTART))
+        found = M.estimate(QWEN_05B, H200, config)
+        assert found is not None and found.peak_gb <= S.FIT_HEADROOM * M.usable_gb(H200)
     # on a 24 GB GPU the same study gets smaller passes, each estimated to fit
     small = HardwareFacts(gpus_per_node=1, gpu_memory_gb=24)
     base = {**QUICKSTART, L.GPU_MEMORY: 0.3}

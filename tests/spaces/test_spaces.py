@@ -182,6 +182,25 @@ def test_token_budget_bound_and_arithmetic() -> None:
         build("token_budget", high=200_000)
 
 
+def test_a_lone_token_budget_starting_point_is_the_most_a_step_can_schedule() -> None:
+    """A 0.5B model on 141 GB: its pool holds millions of tokens, but vLLM schedules at most
+    max_num_seqs sequences of max_model_len tokens a step. A stage with one place tries that
+    budget, not the range's middle (a third of the gain) nor its top (no more tokens a step)."""
+    small = ModelFacts(hidden_size=896, num_attention_heads=14, n_params_b=0.358, max_prompt_length=256,
+                       max_response_length=1024, num_hidden_layers=24, num_key_value_heads=2)
+    h200 = HardwareFacts(gpus_per_node=1, gpu_memory_gb=141)
+    base = merge(GRPO_BASE, {L.GPU_MEMORY: 0.4, L.ROLLOUT_TP: 1})
+    space = build_space("token_budget", model=small, hardware=h200, algorithm=Algorithm.GRPO, base=base, options={})
+    assert space.bound.high > 1_000_000
+    assert space.starting_points(base, 1) == [{"token_budget": 256 * 1280}]  # verl's max_num_seqs
+    assert space.starting_points(merge(base, {L.MAX_NUM_SEQS: 512}), 1) == [{"token_budget": 512 * 1280}]
+    spread = [p["token_budget"] for p in space.starting_points(base, 3)]
+    assert spread[0] == 2048 and spread[-1] == 256 * 1280 and len(spread) == 3
+    # where the memory bound is the lower, it is the top
+    assert build("token_budget").starting_points(GRPO_BASE, 1) == [{"token_budget": 100_000}]
+    assert build("token_budget").starting_points(merge(GRPO_BASE, {L.TOKEN_BUDGET: 100_000}), 1) == []
+
+
 def test_token_budget_with_no_room_is_an_error() -> None:
     tiny = HardwareFacts(gpus_per_node=8, gpu_memory_gb=16)
     base = merge(GRPO_BASE, {L.GPU_MEMORY: 0.3, L.ROLLOUT_TP: 1})  # 4.8 GB − 14 GB of weights

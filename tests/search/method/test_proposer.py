@@ -131,6 +131,26 @@ def test_first_points_are_earlier_leaders_then_starting_points_then_the_template
     assert with_template[-1][1].origin.startswith("template ")
 
 
+def test_a_budget_of_one_place_goes_to_a_starting_point_not_a_blind_draw() -> None:
+    """The H200 study's token stage: the incumbent and one candidate. The sampler's first draw
+    reads nothing yet: the space's starting point takes the place (a draw below the
+    incumbent's budget kept the baseline in 2 of 10 runs, SIMULATED)."""
+    import yaml
+
+    from verl_sweep.search.spec.study_file import parse_study
+
+    data = yaml.safe_load((REPO / "studies" / "h200-05b-throughput.yaml").read_text())
+    tokens = next(i for i, s in enumerate(data["stages"]) if s["space"] == "token_budget")
+    spec = parse_study(data)
+    assert spec.stages[tokens].budget.max_trials - spec.probe.incumbent_repeats == 1
+    points = first_points(Stage.of(spec, tokens), _Space(), {"x": 1}, incumbent={"x": 1})
+    assert [(p, a.origin) for p, a in points] == [({"x": 2}, START_ORIGIN)]
+    # two places: one is left to the sampler
+    data["stages"][tokens]["budget"]["max_trials"] = 3
+    points = first_points(Stage.of(parse_study(data), tokens), _Space(), {"x": 1}, incumbent={"x": 1})
+    assert [p for p, _ in points] == [{"x": 2}]
+
+
 def test_follow_up_rounds_then_confirmations_then_the_end() -> None:
     """A pattern search (the sampler never draws): its starting points, then one round of
     follow-ups read from them (nothing else starts while a round runs), then the top
