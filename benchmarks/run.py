@@ -133,7 +133,7 @@ def demo_spec(landscape: str, *, quick: bool = False) -> Any:
     import yaml
 
     from verl_sweep.launchers.simulator import load_landscape
-    from verl_sweep.search.spec.study_file import parse_study
+    from verl_sweep.search.spec.study_file import Algorithm, default_stages, parse_study
 
     data = yaml.safe_load(Path(os.environ.get(STUDY_ENV) or REPO / "studies" / "demo.yaml").read_text())
     data["name"] = "bench"
@@ -154,7 +154,8 @@ def demo_spec(landscape: str, *, quick: bool = False) -> Any:
         data["algorithm"] = "ppo"
         data["baseline"] = {**data["baseline"], **dict(study.get("baseline", {}) or {})}
         polish = next(i for i, stage in enumerate(data["stages"]) if stage["space"] == "polish")
-        data["stages"].insert(polish, {"name": "lam", "space": "lam", "budget": {"max_trials": 6}})
+        lam = next(stage for stage in default_stages(Algorithm.PPO) if stage.space == "lam")
+        data["stages"].insert(polish, lam.model_dump(mode="json", exclude_defaults=True))
     if quick:  # smaller stage budgets: the test checks the machinery, not the figures
         for stage in data["stages"]:
             stage["budget"] = {"max_trials": 3}

@@ -26,7 +26,7 @@ from verl_sweep.objectives.score import (
     ScoreError,
     score_reward_rate,
     score_throughput,
-    throughput_settled,
+    settled_at,
 )
 from verl_sweep.objectives.utilisation import read_samples, summarise
 
@@ -136,8 +136,23 @@ class Probe:
 
     @property
     def steps(self) -> list[StepMetrics]:
+        """The steps read, up to where the probe's own rule ends it (``end_step``)."""
         assert self.follower is not None
-        return [s for s in self.follower.series if 1 <= s.step <= self.settings.steps]
+        end = self.end_step()
+        return [s for s in self.follower.series if 1 <= s.step <= end]
+
+    def end_step(self) -> int:
+        """The probe's last step by its own rule: ``settings.steps``, or for a speed probe the
+        first step at which its tokens/s settled. A driver that reads a batch of steps at once
+        (on the simulator's compressed clock one poll spans tens of steps) scores, and charges,
+        the probe up to there, as a driver reading each step as it comes would have stopped it."""
+        assert self.follower is not None
+        if self.settings.metric is Metric.THROUGHPUT and self.settings.settle_tolerance > 0:
+            read = [s for s in self.follower.series if 1 <= s.step <= self.settings.steps]
+            settled = settled_at(read, warmup_steps=self.settings.warmup_steps, tolerance=self.settings.settle_tolerance)
+            if settled is not None:
+                return settled
+        return self.settings.steps
 
     def running_score(self, *, n_boot: int = 0) -> Score | None:
         """The score of the steps so far, or None if too few. Intermediate reports need only
@@ -174,7 +189,7 @@ class Probe:
         verdict = self._health_verdict() if new else None
         if verdict is not None:
             return self._stopped_by_health(verdict)
-        if self.follower.last_step >= self.settings.steps or (new and self._settled()):
+        if self.follower.last_step >= self.end_step():
             self.launcher.cancel(self.handle)
             self._outcome = self._scored_outcome()
             return self._outcome
@@ -209,12 +224,6 @@ class Probe:
             self._outcome = self._finish(ProbeState.FAILED, reason=reason, failure=FailureKind.HANG)
             return self._outcome
         return None
-
-    def _settled(self) -> bool:
-        if not (self.settings.metric is Metric.THROUGHPUT and self.settings.settle_tolerance > 0):
-            return False
-        return throughput_settled(self.steps, warmup_steps=self.settings.warmup_steps,
-                                  tolerance=self.settings.settle_tolerance)
 
     def _health_verdict(self) -> HealthVerdict | None:
         if not self.settings.health_screen:
@@ -258,15 +267,17 @@ class Probe:
         stderr: str = "",
     ) -> ProbeOutcome:
         assert self.handle is not None
+        last_step = self.follower.last_step if self.follower else 0
+        if state is ProbeState.COMPLETE:  # ended by its rule: not past the step the rule ends it
+            last_step = min(last_step, self.end_step())
         ran = self.launcher.run_time(self.handle, started_at=self.started_at, ended_at=self.launcher.clock(),
-                                     first_step_at=self.first_step_at,
-                                     last_step=self.follower.last_step if self.follower else 0)
+                                     first_step_at=self.first_step_at, last_step=last_step)
         return ProbeOutcome(
             state=state,
             score=score,
             failure=failure,
             reason=reason,
-            last_step=self.follower.last_step if self.follower else 0,
+            last_step=last_step,
             startup_s=ran.startup_s,
             gpu_time_s=ran.held_s * max(1, self.spec.n_gpus),
             stderr_tail=stderr,

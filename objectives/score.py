@@ -319,20 +319,27 @@ def score_throughput(steps: Sequence[StepMetrics], *, warmup_steps: int = 3, n_g
 
 
 def throughput_settled(steps: Sequence[StepMetrics], *, warmup_steps: int, tolerance: float) -> bool:
-    """True once the last two steps after ``warmup_steps`` processed tokens at rates within
+    """True once two steps in a row after ``warmup_steps`` processed tokens at rates within
     ``tolerance`` of their mean (a speed probe may end there: more steps would cost minutes
     each on real hardware and move the rate by less)."""
-    rates = []
+    return settled_at(steps, warmup_steps=warmup_steps, tolerance=tolerance) is not None
+
+
+def settled_at(steps: Sequence[StepMetrics], *, warmup_steps: int, tolerance: float) -> int | None:
+    """The first step at which ``throughput_settled`` holds for the steps up to it (None: not
+    yet): where a driver reading each step as it comes ends the probe."""
+    rates: list[float] = []
     for s in steps:
         if s.step <= warmup_steps:
             continue
         tokens, seconds = _nan(s.get(TOKENS_KEY)), _nan(s.get(STEP_TIME_KEY))
-        if math.isfinite(tokens) and math.isfinite(seconds) and seconds > 0:
-            rates.append(tokens / seconds)
-    if len(rates) < MIN_SPEED_STEPS:
-        return False
-    a, b = rates[-2:]
-    return abs(a - b) <= tolerance * (a + b) / 2
+        if not (math.isfinite(tokens) and math.isfinite(seconds) and seconds > 0):
+            continue
+        rates.append(tokens / seconds)
+        a, b = rates[-2:] if len(rates) >= 2 else (math.nan, math.nan)
+        if len(rates) >= MIN_SPEED_STEPS and abs(a - b) <= tolerance * (a + b) / 2:
+            return s.step
+    return None
 
 
 def _run_var(score: Score, rel_seed_var: float) -> float:

@@ -58,10 +58,11 @@ class _OneLineAPoll(Launcher):
 
     name = "one-line-a-poll"
 
-    def __init__(self, root: Path, recording: Path) -> None:
+    def __init__(self, root: Path, recording: Path, *, lines_a_poll: int = 1) -> None:
         super().__init__(root)
         self.lines = recording.read_text().splitlines(keepends=True)
         self.shown = 0
+        self.lines_a_poll = lines_a_poll
         self.cancelled = False
 
     @property
@@ -72,7 +73,7 @@ class _OneLineAPoll(Launcher):
         return RunHandle.in_dir(spec.run_id, self.name, self._run_dir(spec.run_id))
 
     def _poll(self, handle: RunHandle) -> RunState:
-        self.shown = min(len(self.lines), self.shown + 1)
+        self.shown = min(len(self.lines), self.shown + self.lines_a_poll)
         handle.metrics_path.write_text("".join(self.lines[:self.shown]))
         return RunState(RunStatus.RUNNING)
 
@@ -80,15 +81,17 @@ class _OneLineAPoll(Launcher):
         self.cancelled = True
 
 
+@pytest.mark.parametrize("lines_a_poll", [1, 100])
 @pytest.mark.parametrize(("tolerance", "last_step"), [(0.0, 6), (0.10, 3), (0.02, 6)])
 def test_a_real_speed_probe_ends_where_its_throughput_settled(tmp_path: Path, tolerance: float,
-                                                              last_step: int) -> None:
+                                                              last_step: int, lines_a_poll: int) -> None:
     """The tiny H200 recording's tokens/s after step 1: 1619, 1713 (5.6% apart), 1350, 1553,
     1528 (1.6% apart): a 10% tolerance ends the probe at step 3, 2% at step 6, and none runs
-    every step."""
+    every step. A driver that reads every step in one poll (the simulator's compressed clock)
+    scores and charges the probe as one reading each step as it comes: to the same step."""
     from verl_sweep.objectives.probe import Probe, ProbeSettings, ProbeState
 
-    launcher = _OneLineAPoll(tmp_path, DATA / "probe_speed.metrics.jsonl")
+    launcher = _OneLineAPoll(tmp_path, DATA / "probe_speed.metrics.jsonl", lines_a_poll=lines_a_poll)
     settings = ProbeSettings(steps=6, metric=Metric.THROUGHPUT, health_screen=False, warmup_steps=1,
                              settle_tolerance=tolerance, n_boot=0)
     probe = Probe(launcher, RunSpec(run_id="speed", overrides=()), settings)

@@ -27,8 +27,19 @@ from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.method.stopper import Stopper
 from verl_sweep.search.spec.study_file import load_study
 
-SPEC = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
-MINIBATCH = next(i for i, s in enumerate(SPEC.stages) if s.name == "minibatch")  # 7 trials
+DEMO = load_study(REPO / "studies" / "demo.yaml")  # seeds 11-16, incumbent on 11 and 12
+MINIBATCH = next(i for i, s in enumerate(DEMO.stages) if s.name == "minibatch")
+
+
+def _with_stage(spec: Any, index: int, **settings: Any) -> Any:
+    data = spec.model_dump(mode="json")
+    data["stages"][index].update(settings)
+    return type(spec).model_validate(data)
+
+
+# The machinery's cases, apart from the demo's tuning: 2 incumbent runs, 4 first points and a
+# draw in 7 trials; the top 3 confirmed.
+SPEC = _with_stage(DEMO, MINIBATCH, budget={"max_trials": 7}, confirm_top=3)
 
 pytestmark = pytest.mark.fast
 

@@ -45,10 +45,11 @@ def test_what_the_knobs_move_decides_the_probe() -> None:
 
 def test_a_slow_start_stretches_learning_stages_only() -> None:
     lr = Stage.of(SPEC, 4, slow_start=True)
-    assert lr.stretch == 4 and lr.probe_steps == 2000 and not lr.may_stretch
-    assert (lr.report_every, lr.prune_from, lr.late_prune_from) == (100, 1500, 1500)
+    assert lr.stretch == 2 and lr.probe_steps == 1000 and not lr.may_stretch
+    assert (lr.report_every, lr.prune_from, lr.late_prune_from) == (50, 750, 750)
     assert Stage.of(SPEC, 1, slow_start=True).stretch == 1  # a speed stage is not stretched
-    assert Stage.of(SPEC, 4).may_stretch and Stage.stored(SPEC, 4, 2000) == lr
+    assert Stage.of(SPEC, 4).may_stretch and Stage.stored(SPEC, 4, 1000) == lr
+    assert Stage.stored(SPEC, 4, 2000).stretch == 4  # a study stored with the factor it ran
     own = _spec(stages=[{"name": "lr", "space": "lr", "budget": {"max_trials": 4}, "probe_steps": 120}])
     assert Stage.of(own, 0, slow_start=True).probe_steps == 120  # its own length is never stretched
 
@@ -71,9 +72,9 @@ def test_probe_length_and_pruner_reach_are_checked_on_the_stage() -> None:
 
 def test_the_cost_of_a_stage_is_its_probes_at_its_length() -> None:
     tokens, lr = Stage.of(SPEC, 1), Stage.of(SPEC, 4)
-    assert tokens.max_probes == 10 + 3 and lr.max_probes == 7 + 3
+    assert tokens.max_probes == 10 + 3 and lr.max_probes == 6 + 1  # its budget and the top confirmed
     assert tokens.cost_estimate_gpu_h(step_s=36.0, startup_s=120.0) == pytest.approx(13 * (120 + 30 * 36) * 8 / 3600)
-    assert lr.cost_estimate_gpu_h(step_s=36.0) == pytest.approx(10 * 500 * 36 * 8 / 3600)
+    assert lr.cost_estimate_gpu_h(step_s=36.0) == pytest.approx(7 * 500 * 36 * 8 / 3600)
 
 
 def _pruned(last_step: int, step_s: float) -> TrialRecord:
