@@ -18,14 +18,18 @@ from support import cli, demo_data, kill_run_when, write_study
 from support.shared_runs import shared_demo
 
 
-#: stage budgets of the kill-and-resume study: every stage, a few probes each (the demo as
-#: written runs in tests/product/test_readme.py; 80 layouts would add minutes and prove nothing more here)
+#: stage budgets of the kill-and-resume study: every stage, a few probes each (the demo's own
+#: budgets run in tests/search/method/test_study_outcomes.py; 80 layouts would add minutes and prove nothing more here)
 BUDGETS = {"systems": 10, "tokens": 4, "minibatch": 4, "kl": 4, "lr": 4, "polish": 4}
 
 
 def _fast_demo(tmp_path: Path, **launcher_options: Any) -> Path:
     data = demo_data()
     data["launcher"]["options"].update(launcher_options)
+    # Short learning probes: the kill, the resume and the budgets do not depend on their length
+    # (pruning still starts at half the probe). slow_start_factor 1: a 150-step probe ends before
+    # the default world's reward bends, which would lengthen the later stages' probes 4x.
+    data["probe"].update({"steps": 150, "slow_start_factor": 1})
     data["final_check"] = False  # tests/search/engine/test_final_check.py kills and resumes in it
     for stage in data["stages"]:
         stage["budget"] = {"max_trials": BUDGETS[stage["name"]]}
