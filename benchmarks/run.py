@@ -147,7 +147,7 @@ def demo_spec(landscape: str, *, quick: bool = False) -> Any:
     data["launcher"] = {"kind": "sim", "max_concurrent": 2, "options": {"landscape": landscape}}
     # The benchmark compares searches: the final check (the chosen config against the baseline,
     # on fresh seeds) changes no choice and has no counterpart in the peers; its cost is in
-    # the study's plan and status (six 500-step probes in the demo).
+    # the study's plan and status (four 500-step probes in the demo).
     data["final_check"] = False
     study = dict(load_landscape(landscape).data.get("study", {}) or {})
     if study.get("algorithm") == "ppo":

@@ -222,6 +222,20 @@ def test_plus_keys_behave_as_in_verl(validator: tuple[VerlValidator, str]) -> No
 
 
 @needs_verl
+def test_a_string_setting_takes_one_value_where_verl_types_one(validator: tuple[VerlValidator, str]) -> None:
+    """A mapping where verl's default is a string is refused; a list only where verl's config
+    dataclass types the field ``str``: data.train_files (a plain dict in verl) takes several files."""
+    v, model_dir = validator
+    base = grpo_base(model_dir)
+    files = "/data/gsm8k/train.parquet"
+    assert v.validate(merge(base, {"data.train_files": [files, files]})) == []
+    [problem] = v.validate(merge(base, {"data.train_files": {"a": files}}))
+    assert problem.startswith("data.train_files: must be a single value")
+    [problem] = v.validate(merge(base, {"actor_rollout_ref.model.path": [model_dir]}))
+    assert problem.startswith("actor_rollout_ref.model.path: must be a single value")
+
+
+@needs_verl
 def test_a_hugging_face_id_is_never_looked_up_on_the_network(validator: tuple[VerlValidator, str]) -> None:
     """verl's critic check reads the critic model's config and tokenizer; an id that is no
     local directory is checked against a local stand-in, offline, with the config's own sizes."""

@@ -188,7 +188,7 @@ def test_probes_fit_the_105_step_run(tmp_path: Path) -> None:
     train = _train_file(tmp_path, 7473)
     data, remarks = build(tmp_path, grpo_overrides(str(model_dir(tmp_path)), **{
         "data.train_files": str(train), "data.train_batch_size": 1024, "actor_rollout_ref.actor.ppo_mini_batch_size": 256}))
-    assert data["probe"] == {"steps": 26, "speed_steps": 26, "slow_start_factor": 2}
+    assert data["probe"] == {"steps": 26, "speed_steps": 26}  # the slow-start factor 2 is the default
     assert any(re.search(r"the run is 105 steps \(15 epochs × \(7,473 prompts ÷ batch 1024 = 7 steps\) = 105 steps\): "
                          r"learning probes 500 → 26 steps \(¼ of the run\)", r) for r in remarks), remarks
     minibatch = next(s for s in data["stages"] if s["space"] == "mini_batch")
@@ -248,9 +248,16 @@ def test_a_run_too_short_for_any_probe_is_one_line_saying_what_to_set(tmp_path: 
 def test_a_100_step_run_keeps_every_stage_with_its_probes_shortened(tmp_path: Path) -> None:
     data, remarks = build(tmp_path, grpo_overrides(str(model_dir(tmp_path)), **{"trainer.total_training_steps": 100}))
     assert [s["space"] for s in data["stages"]] == ["systems", "token_budget", "mini_batch", "kl", "lr", "polish"]
-    assert data["probe"] == {"steps": 25, "speed_steps": 25, "slow_start_factor": 2}
+    assert data["probe"] == {"steps": 25, "speed_steps": 25}  # the slow-start factor 2 is the default
     assert "the run is 100 steps (trainer.total_training_steps = 100): learning probes 500 → 25 steps (¼ of the run), " \
-           "speed probes 30 → 25 steps, slow-start factor 4 → 2 (a longer probe stays ≤ ½ of the run)" in remarks
+           "speed probes 30 → 25 steps" in remarks
+    # a larger slow-start factor is cut so that a lengthened probe stays within half the run
+    from verl_sweep.search.method.run_length import RunLength, fit_probes
+
+    fit = fit_probes(RunLength(100, "trainer.total_training_steps = 100"), steps=500, speed_steps=30, slow_start_factor=4,
+                     min_steps=10, min_speed_steps=3)
+    assert not isinstance(fit, str) and (fit.steps, fit.slow_start_factor) == (25, 2)
+    assert "slow-start factor 4 → 2 (a longer probe stays ≤ ½ of the run)" in fit.note
     problems, _ = validate_study(load_study(_write(tmp_path, data)), with_verl=False)
     assert problems == []
 

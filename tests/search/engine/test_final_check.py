@@ -187,7 +187,7 @@ def test_study_file_final_check_field() -> None:
     base = {k: v for k, v in demo_data().items() if k != "stages"}
     assert StudySpec.model_validate({**base, "final_check": False}).final_check.runs == 0
     assert StudySpec.model_validate({**base, "final_check": {"runs": 5}}).final_check.runs == 5
-    assert StudySpec.model_validate(base).final_check.runs == 3
+    assert StudySpec.model_validate(base).final_check.runs == 2
     stage = {"name": "final", "space": "lr", "budget": {"max_trials": 5}}
     with pytest.raises(BadInputError, match=r"stage names must not be 'final', but got it at stages\[0\]"):
         parse_study({**base, "stages": [stage]})
