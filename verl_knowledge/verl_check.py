@@ -282,9 +282,9 @@ class VerlValidator:
     def _type_problems(self, config: Mapping[str, Any]) -> list[str]:
         """Values whose kind differs from verl's default for the key: a string where verl has
         a number (an lr of "abc" composes, and verl's checks do not look), a non-boolean where
-        it has a boolean, a mapping or list where it has one string (a model path of ``{}``
-        composes too, and fails only when the run starts). ``+key`` settings have no default
-        and are not checked."""
+        it has a boolean, a mapping where it has one string (a model path of ``{}`` composes
+        too, and fails only when the run starts). ``+key`` settings have no default and are
+        not checked."""
         from omegaconf import OmegaConf
 
         defaults = self._defaults_for(config)
@@ -297,9 +297,10 @@ class VerlValidator:
                 if not isinstance(value, bool):
                     problems.append(f"{key}: must be true or false (verl's default is {default}), but got {value!r}")
             elif isinstance(default, str):
-                # A list only where verl's dataclass types the field a plain string: some
-                # string settings take lists (data.train_files: several files).
-                if isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and _field_hint(defaults, key) is str):
+                # Not a list: some string settings take lists (data.train_files: several
+                # files), and which do is in verl's config dataclasses, whose modules import
+                # torch (12 s and more a process).
+                if isinstance(value, Mapping):
                     problems.append(f"{key}: must be a single value (verl's default is {default!r}), but got {value!r}")
             elif isinstance(default, (int, float)):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -310,18 +311,9 @@ class VerlValidator:
 
 
 def _field_takes_string(defaults: Any, key: str) -> bool:
-    """Whether the config dataclass verl builds for ``key`` types the field as taking a string
+    """Whether the config dataclass verl builds for ``key`` (the nearest section with a
+    ``_target_``, then down its fields' dataclass types) types the field as taking a string
     too (``rollout_is_threshold: str | float``)."""
-    import typing
-
-    hint = _field_hint(defaults, key)
-    return hint is str or str in typing.get_args(hint)
-
-
-def _field_hint(defaults: Any, key: str) -> Any:
-    """The type hint of ``key``'s field in the config dataclass verl builds for it (the nearest
-    section with a ``_target_``, then down its fields' dataclass types), or None where there
-    is none or it cannot be imported here."""
     import dataclasses
     import importlib
     import typing
@@ -334,19 +326,19 @@ def _field_hint(defaults: Any, key: str) -> Any:
         if isinstance(target, str) and "." in target:
             break
     else:
-        return None
+        return False
     module, _, name = target.rpartition(".")
     try:
         hint: Any = getattr(importlib.import_module(module), name)
         for field in parts[depth:]:
             if not dataclasses.is_dataclass(hint):
-                return None
+                return False
             hint = typing.get_type_hints(hint).get(field)
             options = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
             hint = next((a for a in options if dataclasses.is_dataclass(a)), hint)
-    except Exception:  # a target that cannot be imported here: the plain checks only
-        return None
-    return hint
+    except Exception:  # a target that cannot be imported here: keep the number check
+        return False
+    return hint is str or str in typing.get_args(hint)
 
 
 @functools.lru_cache(maxsize=1)

@@ -222,16 +222,16 @@ def test_plus_keys_behave_as_in_verl(validator: tuple[VerlValidator, str]) -> No
 
 
 @needs_verl
-def test_a_string_setting_takes_one_value_where_verl_types_one(validator: tuple[VerlValidator, str]) -> None:
-    """A mapping where verl's default is a string is refused; a list only where verl's config
-    dataclass types the field ``str``: data.train_files (a plain dict in verl) takes several files."""
+def test_a_string_setting_takes_no_mapping(validator: tuple[VerlValidator, str]) -> None:
+    """A mapping where verl's default is a string is refused; a list is not (data.train_files
+    takes several files)."""
     v, model_dir = validator
     base = grpo_base(model_dir)
     files = "/data/gsm8k/train.parquet"
     assert v.validate(merge(base, {"data.train_files": [files, files]})) == []
     [problem] = v.validate(merge(base, {"data.train_files": {"a": files}}))
     assert problem.startswith("data.train_files: must be a single value")
-    [problem] = v.validate(merge(base, {"actor_rollout_ref.model.path": [model_dir]}))
+    [problem] = v.validate(merge(base, {"actor_rollout_ref.model.path": {}}))
     assert problem.startswith("actor_rollout_ref.model.path: must be a single value")
 
 

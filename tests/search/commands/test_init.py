@@ -214,7 +214,7 @@ def test_a_run_too_short_for_learning_probes_gets_a_speed_only_study(tmp_path: P
     problems, lines = validate_study(load_study(_write(tmp_path, data)), with_verl=False)
     assert problems == [], problems
     assert any(line.startswith("plan: systems (systems) ") for line in lines), lines
-    assert any(line.startswith("plan: final (final config against the baseline, on throughput) 6 probes × 3 steps: ")
+    assert any(line.startswith("plan: final (final config against the baseline, on throughput) 4 probes × 3 steps: ")
                for line in lines), lines
 
     # No speed stage applies (VeOmni lays out its own mesh, SGLang never reads the token budget).
