@@ -441,7 +441,9 @@ def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
         decision = f"{stage['name']}: {stage['winner']['summary']}" if stage.get("winner") else ""
         if decision and lost and len(decision) + len(lost) + 3 <= WIDTH:
             decision, lost = f"{decision} · {lost}", ""
-        for text in (decision, lost and f"  {stage['name']}: {lost}", stage.get("ended_early") and f"  {stage['ended_early']}"):
+        if decision:  # whole: its reason is the end of the sentence (the terminal wraps it)
+            say(decision)
+        for text in (lost and f"  {stage['name']}: {lost}", stage.get("ended_early") and f"  {stage['ended_early']}"):
             if text:
                 say(cut(text, WIDTH))
     if trials:

@@ -120,6 +120,19 @@ def _no_bug(result: Result) -> None:
 _PASSED: set[bytes] = set()
 
 
+def _run_locked(content: bytes, directory: Path) -> Result:
+    """`verl-sweep run` on ``content`` as ``directory``/study.yaml, its database an empty file
+    this test holds the driver's lock on."""
+    from verl_sweep.search.database.storage import DriverLock
+
+    (directory / "study.yaml").write_bytes(content)
+    database = directory / "fuzz.db"
+    database.write_bytes(b"")  # the lock is keyed on the database file
+    url = f"sqlite:///{database}"
+    with DriverLock(url):
+        return _in(directory, "run", str(directory / "study.yaml"), "--storage", url)
+
+
 def _check_outcome(content: bytes, directory: Path) -> None:
     """`verl-sweep run` on the file, while this test drives its database (the lock `run`
     takes just before it stores the study; the database is an empty file, which `run` takes
@@ -131,16 +144,10 @@ def _check_outcome(content: bytes, directory: Path) -> None:
         return
     import optuna
 
-    from verl_sweep.search.database.storage import DriverLock
-
-    path = directory / "study.yaml"
-    path.write_bytes(content)
-    database = directory / "fuzz.db"
-    database.write_bytes(b"")  # the lock is keyed on the database file
+    path, database = directory / "study.yaml", directory / "fuzz.db"
     url = f"sqlite:///{database}"
     started = time.monotonic()
-    with DriverLock(url):
-        result = _in(directory, "run", str(path), "--storage", url)
+    result = _run_locked(content, directory)
     elapsed = time.monotonic() - started
     _no_bug(result)
     assert result.exit_code == 2, (result.exit_code, result.stdout[-800:], result.stderr[-1500:])
@@ -159,20 +166,15 @@ def _check_outcome(content: bytes, directory: Path) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _checks_imported() -> None:
-    """What a file's checks import once a process (verl, Hydra's compose, verl's config
-    dataclasses, which the type check imports to read a field's type, and torch with them:
-    12 s and more on 2 busy cores) is imported before the files are timed: a cost of the
-    process, not of the file that happens to come first (one took 30.3 s in CI)."""
-    import importlib
-
-    for module in ("verl.workers.config", "verl.trainer.config"):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            pass  # without verl the check never imports them either
+    """What a file's checks and `run` import once a process (verl, Hydra's compose, verl's
+    config dataclasses and torch with them, the launcher, the database's modules: 12 s and
+    more on 2 busy cores) is imported before the files are timed: a cost of the process, not
+    of the file that happens to come first (one took 30.3 s in CI, then 35.2 s after a warm-up
+    by `validate`, which imports less than `run`). The warm-up is the test's own path: `run`
+    on the unmutated file, up to the lock."""
     with tempfile.TemporaryDirectory(prefix="vs-fuzz-warm-") as tmp:
-        (Path(tmp) / "study.yaml").write_text(yaml.safe_dump(BASE, sort_keys=False))
-        _in(Path(tmp), "validate", str(Path(tmp) / "study.yaml"))
+        result = _run_locked(yaml.safe_dump(BASE, sort_keys=False).encode(), Path(tmp))
+    _no_bug(result)
 
 
 @pytest.mark.timeout(600)
