@@ -35,6 +35,16 @@ class StagePlan:
     #: a speed probe's most steps where it ends once its tokens/s settles (``steps`` is then
     #: the usual length), else 0
     most_steps: int = 0
+    #: incumbent runs the previous stage already made (same config, seeds and probe length):
+    #: copied, not run (``StageStudy.enqueue_initial``)
+    carried: int = 0
+    #: the probes it runs when its stop rule ends it as early as it can (None: its budget)
+    fewest: int | None = None
+
+    @property
+    def new(self) -> int:
+        """The probes it runs at most, before confirmations: its budget less the carried runs."""
+        return self.probes - self.carried
 
 
 def active_params_b(spec: StudySpec) -> float:
@@ -67,14 +77,24 @@ def step_seconds(spec: StudySpec, base: Config) -> tuple[float, str]:
 def stage_plans(spec: StudySpec) -> list[StagePlan]:
     from verl_sweep.search.method.stage import Stage
 
-    plans = []
+    plans: list[StagePlan] = []
+    repeats = spec.probe.incumbent_repeats
     for index, stage in enumerate(spec.stages):
-        steps, most = Stage.of(spec, index).probe_steps, 0
+        plan = Stage.of(spec, index)
+        steps, most = plan.probe_steps, 0
         settled = spec.probe.speed_warmup_steps + SETTLED_SCORED_STEPS
-        if not Stage.of(spec, index).learns and spec.probe.speed_settle_tolerance > 0 and settled < steps:
+        if not plan.learns and spec.probe.speed_settle_tolerance > 0 and settled < steps:
             steps, most = settled, steps
+        # A learning stage after another of the same probe length starts from that stage's
+        # runs of its winner: the incumbent's runs are carried over, not run again.
+        carried = repeats if plan.learns and index > 0 and Stage.of(spec, index - 1).learns and \
+            Stage.of(spec, index - 1).probe_steps == plan.probe_steps else 0
+        # Its stop rule ends it once that many candidates in a row did not beat the best.
+        candidates = stage.budget.max_trials - repeats
+        fewest = repeats - carried + min(stage.stop.stable_trials, candidates)
         plans.append(StagePlan(stage.name, stage.space, stage.budget.max_trials,
-                               stage.confirm_top * max(0, stage.confirm_max_runs - 1), steps, most))
+                               stage.confirm_top * max(0, stage.confirm_max_runs - 1), steps, most, carried,
+                               fewest if fewest < stage.budget.max_trials - carried else None))
     return plans
 
 
@@ -128,25 +148,33 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
               else f"{r_steps:,} steps ({run.how})")
     lines = [f"plan: R is one full run of the baseline: {length}, ~{_gpu_h(hours(r_steps))} GPU-h at ~{step_s:.0f} s a step"]
     for p in plans:
-        low, high = p.probes * p.steps, (p.probes + p.confirmations) * p.steps
+        low, high = _low(p) * p.steps, (p.new + p.confirmations) * p.steps
         more = f" (+ up to {p.confirmations} confirmation run{'s' * (p.confirmations != 1)})" if p.confirmations else ""
         steps = f"~{p.steps} steps (until tokens/s settles, ≤{p.most_steps})" if p.most_steps else f"{p.steps} steps"
-        lines.append(f"plan: {p.name} ({p.space}) {p.probes} probes × {steps}{more}: "
+        count = f"{p.fewest}-{p.new}" if p.fewest is not None else f"{p.new}"
+        carried = f" and {p.carried} incumbent runs carried over" if p.carried else ""
+        lines.append(f"plan: {p.name} ({p.space}) {count} probes × {steps}{more}{carried}: "
                      f"~{_span(hours(low), hours(high), _gpu_h)} GPU-h = {_span(low / r_steps, high / r_steps, r_number)} R")
     if final is None:
         lines.append("plan: no final check (final_check: false): the overall gain against the baseline is not measured")
-    probes = sum(p.probes for p in plans)
+    probes = sum(p.new for p in plans)
     confirmations = sum(p.confirmations for p in plans)
-    low = sum(p.probes * p.steps for p in plans)
-    high = low + sum(p.confirmations * p.steps for p in plans)
+    low = sum(_low(p) * p.steps for p in plans)
+    high = sum((p.new + p.confirmations) * p.steps for p in plans)
     lines.append(f"plan: up to {probes} probes (+ {confirmations} confirmation runs) on {gpus} GPUs each: "
                  f"ESTIMATE {_gpu_h(hours(low))}-{_gpu_h(hours(high))} GPU-hours = "
                  f"{_span(low / r_steps, high / r_steps, r_number)} R at ~{step_s:.0f} s a step "
                  f"(R: {r_steps:,} steps{' assumed' if run.assumed else ''})")
     lines.append(payback_line(low / r_steps, PAYBACK_RUNS))
     lines.append(f"plan: ~{step_s:.0f} s a step is an estimate: {how}")
-    lines.append("plan: pruning stops many probes early, and the systems stage measures the real speed")
+    lines.append("plan: learning probes are priced at the baseline's speed: they run at the speed the speed stages "
+                 "find, and pruning stops many early")
     return lines
+
+
+def _low(plan: StagePlan) -> int:
+    """The probes a stage runs at the least: as few as its stop rule allows."""
+    return plan.fewest if plan.fewest is not None else plan.new
 
 
 def eta_to_pay_back(cost_r: float, runs: int) -> float | None:
