@@ -87,7 +87,10 @@ def gpu_hours_saved(stage: Stage, trials: list[TrialRecord]) -> float:
 
 def ended_early(stage: Stage, trials: list[TrialRecord]) -> str | None:
     """Why a stage found nothing, when every probe that finished ended before its length: the
-    run itself is shorter than the probes (a probe as long as the run is the whole run)."""
+    run itself is shorter than the probes (a probe as long as the run is the whole run). A
+    speed probe that ends once its tokens/s settles ends early by design, and says nothing."""
+    if not stage.learns and stage.spec.probe.speed_settle_tolerance > 0:
+        return None
     steps = stage.probe_steps
     done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
     if not done or max(done) >= steps:
