@@ -359,8 +359,8 @@ class StudySpec(_Strict):
 #: learning alone, so a throughput gain is the same gain in η on any run length, and its
 #: probes read throughput, paired by seed, far more tightly than a reward rate
 SPEED_TOLERANCE = 0.01
-#: a one-knob learning stage ends after 3 candidates in a row within 2% of the best
-LEARNING_STOP = StopRule(stable_trials=3)
+#: a one-knob learning stage ends after 2 candidates in a row within 2% of the best
+LEARNING_STOP = StopRule(stable_trials=2)
 
 
 def default_stages(algorithm: Algorithm) -> list[StageSettings]:
@@ -383,26 +383,26 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
         # the final throughput (docs/method.md, Evidence).
         StageSettings(name="tokens", space=TokenBudgetSpace.kind, budget=Budget(max_trials=10),
                       stop=StopRule(tolerance=SPEED_TOLERANCE)),
-        # The one-knob stages confirm their leader alone (``confirm_top`` 1) and end after 3
-        # candidates in a row that do not beat the best by 2% (``stable_trials``): re-running the
-        # 2nd and 3rd best chased 1-2% differences the polish settles anyway, at 20% of the
-        # learning stages' cost (docs/method.md, Evidence).
-        StageSettings(name="minibatch", space=MiniBatchSpace.kind, budget=Budget(max_trials=6), confirm_top=1,
+        # The one-knob stages confirm their leader alone (``confirm_top`` 1), try 3 candidates
+        # and end after 2 in a row that do not beat the best by 2% (``stable_trials``): the
+        # fourth candidate and the 2nd and 3rd best's re-runs chased 1-2% differences the polish
+        # settles anyway (docs/method.md, Evidence).
+        StageSettings(name="minibatch", space=MiniBatchSpace.kind, budget=Budget(max_trials=5), confirm_top=1,
                       stop=LEARNING_STOP),
-        StageSettings(name="kl", space=KLSpace.kind, budget=Budget(max_trials=6), confirm_top=1, stop=LEARNING_STOP),
+        StageSettings(name="kl", space=KLSpace.kind, budget=Budget(max_trials=5), confirm_top=1, stop=LEARNING_STOP),
         # lr gains of 4-6% need more than 3 runs to clear the 2% rule
-        StageSettings(name="lr", space=LRSpace.kind, budget=Budget(max_trials=6), confirm_top=1, stop=LEARNING_STOP,
+        StageSettings(name="lr", space=LRSpace.kind, budget=Budget(max_trials=5), confirm_top=1, stop=LEARNING_STOP,
                       confirm_max_runs=5),
     ]
     # The final pass over the coupled knobs, from the chain's winner: a pattern search of a
-    # first pass (2 coupled moves) and up to 6 follow-ups, then it ends (``PolishSpace``).
+    # first pass (2 coupled moves) and up to 4 follow-ups, then it ends (``PolishSpace``).
     # Its bar is 1 + 1%, not 2%: the chain's winner is already at the one-at-a-time optimum,
     # so what the polish can add is small (a few percent), and its leader gets up to 5 runs
     # to show it.
-    polish = StageSettings(name="polish", space=PolishSpace.kind, budget=Budget(max_trials=10), stop=StopRule(tolerance=0.01),
+    polish = StageSettings(name="polish", space=PolishSpace.kind, budget=Budget(max_trials=8), stop=StopRule(tolerance=0.01),
                            sampler=SamplerSettings(n_startup_trials=4), confirm_top=1, confirm_max_runs=5)
     if algorithm is Algorithm.PPO:
-        stages.append(StageSettings(name="lam", space=LamSpace.kind, budget=Budget(max_trials=5), confirm_top=1,
+        stages.append(StageSettings(name="lam", space=LamSpace.kind, budget=Budget(max_trials=4), confirm_top=1,
                                     stop=LEARNING_STOP))
     return [*stages, polish]
 

@@ -343,7 +343,7 @@ def test_the_polish_runs_its_own_points_and_no_sampler_draws(default_study: tupl
     origins = [t.assignment.origin for t in trials if t.role is Role.CANDIDATE]
     assert origins and all(o in ("start", "follow-up") or str(o).startswith("leader of") for o in origins), origins
     policy = StagePolicy(Stage.of(spec, len(spec.stages) - 1))
-    # its pattern (2 incumbent runs, 2 first-pass points, up to 6 follow-ups) fits its budget
+    # its pattern (2 incumbent runs, 2 first-pass points, the follow-ups its budget leaves) fits its budget
     assert policy.counted(trials) <= spec.stages[-1].budget.max_trials
 
 

@@ -72,9 +72,9 @@ def test_probe_length_and_pruner_reach_are_checked_on_the_stage() -> None:
 
 def test_the_cost_of_a_stage_is_its_probes_at_its_length() -> None:
     tokens, lr = Stage.of(SPEC, 1), Stage.of(SPEC, 4)
-    assert tokens.max_probes == 10 + 3 and lr.max_probes == 6 + 1  # its budget and the top confirmed
+    assert tokens.max_probes == 10 + 3 and lr.max_probes == 5 + 1  # its budget and the top confirmed
     assert tokens.cost_estimate_gpu_h(step_s=36.0, startup_s=120.0) == pytest.approx(13 * (120 + 30 * 36) * 8 / 3600)
-    assert lr.cost_estimate_gpu_h(step_s=36.0) == pytest.approx(7 * 500 * 36 * 8 / 3600)
+    assert lr.cost_estimate_gpu_h(step_s=36.0) == pytest.approx(6 * 500 * 36 * 8 / 3600)
 
 
 def _pruned(last_step: int, step_s: float) -> TrialRecord:
