@@ -154,6 +154,10 @@ def _check_outcome(content: bytes, directory: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines  # what `run` prints: one line
     assert len(lines[0]) < 1000 and "Traceback" not in lines[0], lines
+    if elapsed >= MAX_SECONDS:  # the file's own cost, or the process's (a first import, a busy machine)?
+        started = time.monotonic()
+        _run_locked(content, directory)
+        elapsed = time.monotonic() - started  # a file that is slow itself is slow twice
     assert elapsed < MAX_SECONDS, f"{elapsed:.1f} s for {content[:300]!r}"
     left = sorted(p.name for p in directory.iterdir() if p not in (path, database))
     assert not left, f"a refused file left {left}"  # no runs directory, nothing beside the database
