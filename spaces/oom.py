@@ -6,7 +6,7 @@ memory fraction for the same layout."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from verl_sweep.verl_knowledge import HardwareFacts
 
@@ -61,3 +61,16 @@ def study_trials(trial: "optuna.trial.BaseTrial") -> list["optuna.trial.FrozenTr
         return []
     own = getattr(trial, "number", None)
     return [t for t in study.get_trials(deepcopy=False) if t.number != own]
+
+
+def fixed_value(trial: "optuna.trial.BaseTrial", param: str) -> Any:
+    """The value an enqueued point fixed for ``param`` on this trial, or None where the sampler
+    draws it."""
+    study = getattr(trial, "study", None)
+    own = getattr(trial, "number", None)
+    if study is None or own is None:
+        return None
+    for t in study.get_trials(deepcopy=False):
+        if t.number == own:  # Optuna's enqueue_trial keeps the point in this system attr
+            return t.system_attrs.get("fixed_params", {}).get(param)
+    return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any
 
 import optuna
@@ -636,6 +637,33 @@ def test_a_memory_edge_is_bisected_to_within_five_percent_in_a_few_probes() -> N
                 study.tell(trial, float(budget))
         assert max(ran) >= 0.95 * edge, (edge, sorted(ran))
         assert ooms <= 5, ooms
+
+
+@pytest.mark.parametrize("enqueued", [0.5, 0.8, 0.99])
+def test_a_point_enqueued_after_an_oom_keeps_its_value_and_optuna_stays_quiet(enqueued: float) -> None:
+    """A starting point or a leader's re-run fixes its own value; the memory edge's narrowing is
+    for the sampler's draws. Asking a fixed value over a narrower range makes Optuna warn on
+    every such trial (and, outside it, would be a value the space never meant to give)."""
+    space = build("token_budget")
+    low, high = int(space.bound.low), int(space.bound.high)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=3))
+    for value in (low, high):
+        study.enqueue_trial({"token_budget": value})
+        trial = study.ask()
+        space.suggest(trial, GRPO_BASE)
+        if value == high:
+            _oom(study, trial, hardware_tag(A100x8))
+        else:
+            study.tell(trial, 1.0)
+    value = int(low + enqueued * (high - low))
+    study.enqueue_trial({"token_budget": value})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trial = study.ask()
+        assert space.suggest(trial, GRPO_BASE)[L.TOKEN_BUDGET] == value
+        study.tell(trial, 1.0)
+        drawn = space.suggest(study.ask(), GRPO_BASE)[L.TOKEN_BUDGET]  # the sampler's: under the OOM
+    assert drawn < high
 
 
 def test_a_second_slot_does_not_probe_the_midpoint_twice() -> None:
