@@ -395,11 +395,11 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
                       confirm_max_runs=5),
     ]
     # The final pass over the coupled knobs, from the chain's winner: a pattern search of a
-    # first pass (2 coupled moves) and up to 4 follow-ups, then it ends (``PolishSpace``).
+    # first pass (2 coupled moves) and up to 3 follow-ups, then it ends (``PolishSpace``).
     # Its bar is 1 + 1%, not 2%: the chain's winner is already at the one-at-a-time optimum,
     # so what the polish can add is small (a few percent), and its leader gets up to 5 runs
     # to show it.
-    polish = StageSettings(name="polish", space=PolishSpace.kind, budget=Budget(max_trials=8), stop=StopRule(tolerance=0.01),
+    polish = StageSettings(name="polish", space=PolishSpace.kind, budget=Budget(max_trials=7), stop=StopRule(tolerance=0.01),
                            sampler=SamplerSettings(n_startup_trials=4), confirm_top=1, confirm_max_runs=5)
     if algorithm is Algorithm.PPO:
         stages.append(StageSettings(name="lam", space=LamSpace.kind, budget=Budget(max_trials=4), confirm_top=1,
