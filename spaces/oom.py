@@ -74,3 +74,14 @@ def fixed_value(trial: "optuna.trial.BaseTrial", param: str) -> Any:
         if t.number == own:  # Optuna's enqueue_trial keeps the point in this system attr
             return t.system_attrs.get("fixed_params", {}).get(param)
     return None
+
+
+def asked_range(trial: "optuna.trial.BaseTrial", param: str, low: float, high: float) -> tuple[float, float]:
+    """The range to ask ``param`` over: ``[low, high]`` (narrowed by OOMs or the memory
+    estimate), widened to hold a value an enqueued point fixed (a starting point, a leader's
+    re-run). That point keeps its value either way; asked over a range without it, Optuna
+    warns on every such trial."""
+    value = fixed_value(trial, param)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return low, high
+    return min(low, value), max(high, value)

@@ -18,7 +18,7 @@ from verl_sweep.spaces import limits as L
 from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, register_space, where_or
 from verl_sweep.spaces.batching import reference_fill
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.oom import (FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, fixed_value, hardware_tag, highest_that_ran,
+from verl_sweep.spaces.oom import (FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, asked_range, hardware_tag, highest_that_ran,
                                    oom_ceiling, study_trials)
 from verl_sweep.verl_knowledge import Config, get
 from verl_sweep.spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
@@ -90,13 +90,8 @@ class BoundedSpace(Space):
         return middle, not running  # a second slot meanwhile draws below the midpoint
 
     def _suggest_value(self, trial: "optuna.trial.BaseTrial") -> float:
-        # An enqueued point (a starting point, a leader's re-run) fixes its own value: it is
-        # asked over the whole bound, the memory edge narrows only the sampler's draws.
-        if fixed_value(trial, self.param) is not None:
-            low, high = self.bound.low, self.bound.high
-        else:
-            high, exact = self._upper(trial)
-            low = high if exact else self.bound.low
+        high, exact = self._upper(trial)
+        low, high = asked_range(trial, self.param, high if exact else self.bound.low, high)
         if self.bound.is_int:
             return trial.suggest_int(self.param, int(low), int(high), log=self.bound.log)
         return trial.suggest_float(self.param, low, high, log=self.bound.log)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.batching import static_batching_fill
-from verl_sweep.spaces.oom import oom_ceiling, study_trials
+from verl_sweep.spaces.oom import asked_range, oom_ceiling, study_trials
 from verl_sweep.verl_knowledge import Config, merge
 from verl_sweep.spaces.systems.choices import SystemsChoices
 from verl_sweep.spaces.systems.keys import (
@@ -71,7 +71,7 @@ def suggest(s: SystemsChoices, trial: "optuna.trial.BaseTrial", base: Config, *,
     # (OOMs of this same layout, and the memory estimate) depend on the knobs chosen above.
     low = s.floors[config[V.ROLLOUT_TP]]
     fit = V.fitting_fraction(s.model, s.hardware, merge(base, config), base=base) if fits_memory else 1.0
-    config[V.GPU_MEMORY] = trial.suggest_float(MEMORY, low, max(low, min(_memory_high(s, trial), fit)))
+    config[V.GPU_MEMORY] = trial.suggest_float(MEMORY, *asked_range(trial, MEMORY, low, max(low, min(_memory_high(s, trial), fit))))
     return config
 
 

@@ -324,6 +324,33 @@ def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
     assert others and max(others) > 0.5
 
 
+def test_a_layouts_rerun_after_a_nearby_oom_keeps_its_memory_fraction_and_optuna_stays_quiet() -> None:
+    """A leader that ran at 0.88 is re-run after the same layout ran out of memory at 0.885:
+    the sampler's draws stay under 0.875, the re-run keeps its 0.88 with no Optuna warning."""
+    space = build("systems")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    layout = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 1, "use_dynamic_bsz": False,
+              "gradient_checkpointing": True, "activation_offload": False, "micro_batch_sp1": None,
+              "log_prob_micro_batch_sp1": None, "max_num_seqs": 512, "enforce_eager": False,
+              "free_cache_engine": True}
+    for fraction, ooms in ((0.88, False), (0.885, True)):
+        study.enqueue_trial({**layout, "gpu_memory_utilization": fraction})
+        trial = study.ask()
+        space.suggest(trial, GRPO_BASE)
+        if ooms:
+            _oom(study, trial, hardware_tag(A100x8))
+        else:
+            study.tell(trial, 1.0)
+    study.enqueue_trial({**layout, "gpu_memory_utilization": 0.88})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rerun = study.ask()
+        assert space.suggest(rerun, GRPO_BASE)[L.GPU_MEMORY] == 0.88
+        study.tell(rerun, 1.0)
+        study.enqueue_trial(layout)
+        assert space.suggest(study.ask(), GRPO_BASE)[L.GPU_MEMORY] < 0.88
+
+
 def test_templates_follow_the_brief() -> None:
     from verl_sweep.verl_knowledge import MEGATRON_TP, MODEL_ENGINE, template_for
 
