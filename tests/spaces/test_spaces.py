@@ -296,13 +296,16 @@ def test_systems_options_and_incumbent() -> None:
     assert space.incumbent_params(merge(GRPO_BASE, {L.ROLLOUT_TP: 8})) is None
 
 
+#: one systems-stage point but its memory fraction
+LAYOUT = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 1, "use_dynamic_bsz": False,
+          "gradient_checkpointing": True, "activation_offload": False, "micro_batch_sp1": None,
+          "log_prob_micro_batch_sp1": None, "max_num_seqs": 512, "enforce_eager": False, "free_cache_engine": True}
+
+
 def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
     space = build("systems")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
-    layout = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 1, "use_dynamic_bsz": False,
-              "gradient_checkpointing": True, "activation_offload": False, "micro_batch_sp1": None,
-              "log_prob_micro_batch_sp1": None, "max_num_seqs": 512, "enforce_eager": False,
-              "free_cache_engine": True}
+    layout = dict(LAYOUT)
     study.enqueue_trial({**layout, "gpu_memory_utilization": 0.5})
     trial = study.ask()
     assert space.suggest(trial, GRPO_BASE)[L.GPU_MEMORY] == 0.5
@@ -329,10 +332,7 @@ def test_a_layouts_rerun_after_a_nearby_oom_keeps_its_memory_fraction_and_optuna
     the sampler's draws stay under 0.875, the re-run keeps its 0.88 with no Optuna warning."""
     space = build("systems")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
-    layout = {"rollout_tp": 4, "strategy": "fsdp2", "forward_prefetch": False, "ulysses": 1, "use_dynamic_bsz": False,
-              "gradient_checkpointing": True, "activation_offload": False, "micro_batch_sp1": None,
-              "log_prob_micro_batch_sp1": None, "max_num_seqs": 512, "enforce_eager": False,
-              "free_cache_engine": True}
+    layout = dict(LAYOUT)
     for fraction, ooms in ((0.88, False), (0.885, True)):
         study.enqueue_trial({**layout, "gpu_memory_utilization": fraction})
         trial = study.ask()
