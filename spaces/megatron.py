@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 from verl_sweep.spaces import bounds as B
 from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, register_space, where_or
-from verl_sweep.spaces.oom import asked_range
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.verl_knowledge import rollout_memory_floors
 from verl_sweep.verl_knowledge import Config, get
@@ -140,8 +139,8 @@ class MegatronSystemsSpace(Space):
         rollout_tp = trial.suggest_categorical("rollout_tp", self.choices["rollout_tp"])
         config[V.ROLLOUT_TP] = rollout_tp
         config.update(rollout_expert_parallel(base, rollout_tp))
-        config[V.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", *asked_range(
-            trial, "gpu_memory_utilization", self.floors[rollout_tp], self.memory.high))
+        # never narrowed: every point enqueued here (incumbent_params, starting_points) lies in it
+        config[V.GPU_MEMORY] = trial.suggest_float("gpu_memory_utilization", self.floors[rollout_tp], self.memory.high)
         return config
 
     def incumbent_params(self, base: Config) -> dict[str, Any] | None:

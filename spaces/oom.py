@@ -6,7 +6,8 @@ memory fraction for the same layout."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from verl_sweep.verl_knowledge import HardwareFacts
 
@@ -55,33 +56,39 @@ def highest_that_ran(trials: Iterable["optuna.trial.FrozenTrial"], param: str, *
     return max(ran) if ran else None
 
 
-def study_trials(trial: "optuna.trial.BaseTrial") -> list["optuna.trial.FrozenTrial"]:
+#: Optuna's system attr in which ``enqueue_trial`` keeps the point it fixes for a trial
+FIXED_PARAMS_ATTR = "fixed_params"
+
+
+@dataclass(frozen=True)
+class TrialHistory:
+    """What a suggest reads of its study, in one read: the study's other trials, and the point
+    an enqueue fixed for this trial (empty where the sampler draws every value)."""
+
+    others: list["optuna.trial.FrozenTrial"]
+    fixed: Mapping[str, Any]
+
+
+def trial_history(trial: "optuna.trial.BaseTrial") -> TrialHistory:
     study = getattr(trial, "study", None)
     if study is None:  # FixedTrial / FrozenTrial: no history to learn from
-        return []
+        return TrialHistory([], {})
     own = getattr(trial, "number", None)
-    return [t for t in study.get_trials(deepcopy=False) if t.number != own]
-
-
-def fixed_value(trial: "optuna.trial.BaseTrial", param: str) -> Any:
-    """The value an enqueued point fixed for ``param`` on this trial, or None where the sampler
-    draws it."""
-    study = getattr(trial, "study", None)
-    own = getattr(trial, "number", None)
-    if study is None or own is None:
-        return None
+    others, fixed = [], {}
     for t in study.get_trials(deepcopy=False):
-        if t.number == own:  # Optuna's enqueue_trial keeps the point in this system attr
-            return t.system_attrs.get("fixed_params", {}).get(param)
-    return None
+        if t.number == own:
+            fixed = t.system_attrs.get(FIXED_PARAMS_ATTR, {})
+        else:
+            others.append(t)
+    return TrialHistory(others, fixed)
 
 
-def asked_range(trial: "optuna.trial.BaseTrial", param: str, low: float, high: float) -> tuple[float, float]:
+def asked_range(fixed: Mapping[str, Any], param: str, low: float, high: float) -> tuple[float, float]:
     """The range to ask ``param`` over: ``[low, high]`` (narrowed by OOMs or the memory
-    estimate), widened to hold a value an enqueued point fixed (a starting point, a leader's
-    re-run). That point keeps its value either way; asked over a range without it, Optuna
-    warns on every such trial."""
-    value = fixed_value(trial, param)
+    estimate), widened to hold the value an enqueued point fixed (``TrialHistory.fixed``: a
+    starting point, a leader's re-run). That point keeps its value either way; asked over a
+    range without it, Optuna warns on every such trial."""
+    value = fixed.get(param)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return low, high
     return min(low, value), max(high, value)

@@ -18,8 +18,8 @@ from verl_sweep.spaces import limits as L
 from verl_sweep.spaces.base import Moves, Space, SpaceError, check_options, register_space, where_or
 from verl_sweep.spaces.batching import reference_fill
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
-from verl_sweep.spaces.oom import (FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, asked_range, hardware_tag, highest_that_ran,
-                                   oom_ceiling, study_trials)
+from verl_sweep.spaces.oom import (FAILURE_KIND_ATTR, HARDWARE_ATTR, OOM_KIND, TrialHistory, asked_range, hardware_tag,
+                                   highest_that_ran, oom_ceiling, trial_history)
 from verl_sweep.verl_knowledge import Config, get
 from verl_sweep.spaces.systems import MAX_TOKEN_LEN_CHOICES, SystemsSpace
 
@@ -60,13 +60,11 @@ class BoundedSpace(Space):
         self.hardware_tag = hardware_tag(hardware)
         self.where = where
 
-    def _upper(self, trial: "optuna.trial.BaseTrial") -> tuple[float, bool]:
+    def _upper(self, history: TrialHistory) -> tuple[float, bool]:
         """The highest value a draw may take, and whether to take exactly that value: the next
         midpoint of the memory edge while it is wider than ``EDGE_RESOLUTION``."""
         high = self.bound.high
-        if not self.oom_clamped:
-            return high, False
-        trials = study_trials(trial)
+        trials = history.others
         ceiling = oom_ceiling(trials, self.param, hardware=self.hardware_tag)
         if ceiling is None or ceiling > high:
             return high, False
@@ -90,8 +88,11 @@ class BoundedSpace(Space):
         return middle, not running  # a second slot meanwhile draws below the midpoint
 
     def _suggest_value(self, trial: "optuna.trial.BaseTrial") -> float:
-        high, exact = self._upper(trial)
-        low, high = asked_range(trial, self.param, high if exact else self.bound.low, high)
+        low, high = self.bound.low, self.bound.high
+        if self.oom_clamped:  # the only narrowing, and the only read of the study
+            history = trial_history(trial)
+            high, exact = self._upper(history)
+            low, high = asked_range(history.fixed, self.param, high if exact else low, high)
         if self.bound.is_int:
             return trial.suggest_int(self.param, int(low), int(high), log=self.bound.log)
         return trial.suggest_float(self.param, low, high, log=self.bound.log)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, overload
 
 from verl_sweep.objectives.score import Score
 from verl_sweep.search.database import compat
-from verl_sweep.spaces.oom import FAILURE_KIND_ATTR, HARDWARE_ATTR
+from verl_sweep.spaces.oom import FAILURE_KIND_ATTR, FIXED_PARAMS_ATTR, HARDWARE_ATTR
 
 if TYPE_CHECKING:
     import optuna
@@ -86,8 +86,8 @@ _REASON, _CLOSED_AS, _CARRIED_FROM, _REQUEUED_BECAUSE = "reason", "closed_as", "
 #: a running probe's rates read to its own last step, by step, where its reports (Optuna's
 #: intermediate values) read to the run's horizon
 _PROBE_RATES = "probe_rates"
-#: system attributes: Optuna's own for an enqueued trial, ours for a re-queued one
-_FIXED_PARAMS, _RETRY_HISTORY, _FAILED_TRIAL = "fixed_params", "retry_history", "failed_trial"
+#: system attributes: ours for a re-queued trial (Optuna's own for an enqueued one: FIXED_PARAMS_ATTR)
+_RETRY_HISTORY, _FAILED_TRIAL = "retry_history", "failed_trial"
 
 # -- the attribute names: studies -------------------------------------------------------------
 #: the root study's: the study definition
@@ -181,7 +181,7 @@ class TrialRecord:
         constraints = getattr(t, "constraints", None) or {}
         return cls(
             frozen=t, number=t.number, state=t.state, value=t.value, params=t.params,
-            point=t.params or t.system_attrs.get(_FIXED_PARAMS), assignment=assignment,
+            point=t.params or t.system_attrs.get(FIXED_PARAMS_ATTR), assignment=assignment,
             role=assignment.role or Role.CANDIDATE, overrides=a.get(_OVERRIDES, {}),
             run_id=a.get(_RUN_ID), run_dir=a.get(_RUN_DIR), owner=a.get(_OWNER),
             score=Score(**a[_SCORE]) if _SCORE in a else None, eta=a.get(_ETA),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from verl_sweep import verl_knowledge as V
 from verl_sweep.spaces.batching import static_batching_fill
-from verl_sweep.spaces.oom import asked_range, oom_ceiling, study_trials
+from verl_sweep.spaces.oom import TrialHistory, asked_range, oom_ceiling, trial_history
 from verl_sweep.verl_knowledge import Config, merge
 from verl_sweep.spaces.systems.choices import SystemsChoices
 from verl_sweep.spaces.systems.keys import (
@@ -71,11 +71,13 @@ def suggest(s: SystemsChoices, trial: "optuna.trial.BaseTrial", base: Config, *,
     # (OOMs of this same layout, and the memory estimate) depend on the knobs chosen above.
     low = s.floors[config[V.ROLLOUT_TP]]
     fit = V.fitting_fraction(s.model, s.hardware, merge(base, config), base=base) if fits_memory else 1.0
-    config[V.GPU_MEMORY] = trial.suggest_float(MEMORY, *asked_range(trial, MEMORY, low, max(low, min(_memory_high(s, trial), fit))))
+    history = trial_history(trial)
+    high = max(low, min(_memory_high(s, trial, history), fit))
+    config[V.GPU_MEMORY] = trial.suggest_float(MEMORY, *asked_range(history.fixed, MEMORY, low, high))
     return config
 
 
-def _memory_high(s: SystemsChoices, trial: "optuna.trial.BaseTrial") -> float:
+def _memory_high(s: SystemsChoices, trial: "optuna.trial.BaseTrial", history: TrialHistory) -> float:
     """Below the smallest memory fraction that ran out of memory with this same layout
     (every other knob equal). An OOM of another layout says nothing about the fraction: it
     may come from training (a large token limit without checkpointing)."""
@@ -83,7 +85,7 @@ def _memory_high(s: SystemsChoices, trial: "optuna.trial.BaseTrial") -> float:
         return {k: v for k, v in params.items() if k != MEMORY}
 
     mine = layout(trial.params)
-    same = [t for t in study_trials(trial) if layout(t.params) == mine]
+    same = [t for t in history.others if layout(t.params) == mine]
     ceiling = oom_ceiling(same, MEMORY, hardware=s.hardware_tag)
     if ceiling is not None and ceiling <= s.memory.high:
         return max(s.memory.low, ceiling - 0.01)

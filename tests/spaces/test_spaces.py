@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import optuna
 import pytest
@@ -327,6 +328,23 @@ def test_oom_at_memory_fraction_keeps_the_same_layout_below_it() -> None:
     assert others and max(others) > 0.5
 
 
+@contextlib.contextmanager
+def _counted_reads(study: optuna.Study) -> Iterator[list[int]]:
+    """How often a space reads the study's trials (a full read on PostgreSQL) while it asks."""
+    reads = [0]
+    read = study.get_trials
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        reads[0] += 1
+        return read(*args, **kwargs)
+
+    study.get_trials = counting  # type: ignore[method-assign]
+    try:
+        yield reads
+    finally:
+        del study.get_trials
+
+
 def test_a_layouts_rerun_after_a_nearby_oom_keeps_its_memory_fraction_and_optuna_stays_quiet() -> None:
     """A leader that ran at 0.88 is re-run after the same layout ran out of memory at 0.885:
     the sampler's draws stay under 0.875, the re-run keeps its 0.88 with no Optuna warning."""
@@ -345,7 +363,9 @@ def test_a_layouts_rerun_after_a_nearby_oom_keeps_its_memory_fraction_and_optuna
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rerun = study.ask()
-        assert space.suggest(rerun, GRPO_BASE)[L.GPU_MEMORY] == 0.88
+        with _counted_reads(study) as reads:
+            assert space.suggest(rerun, GRPO_BASE)[L.GPU_MEMORY] == 0.88
+        assert reads == [1]  # OOMs and the fixed point from one read of the study
         study.tell(rerun, 1.0)
         study.enqueue_trial(layout)
         assert space.suggest(study.ask(), GRPO_BASE)[L.GPU_MEMORY] < 0.88
@@ -687,7 +707,9 @@ def test_a_point_enqueued_after_an_oom_keeps_its_value_and_optuna_stays_quiet(en
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         trial = study.ask()
-        assert space.suggest(trial, GRPO_BASE)[L.TOKEN_BUDGET] == value
+        with _counted_reads(study) as reads:
+            assert space.suggest(trial, GRPO_BASE)[L.TOKEN_BUDGET] == value
+        assert reads == [1]  # OOMs and the fixed point from one read of the study
         study.tell(trial, 1.0)
         drawn = space.suggest(study.ask(), GRPO_BASE)[L.TOKEN_BUDGET]  # the sampler's: under the OOM
     assert drawn < high
