@@ -177,7 +177,8 @@ class StagePolicy:
             return True  # queued work (incumbents, re-queued trials) is already inside the budget
         if self.counted(trials) >= self.rules.budget.max_trials:
             return False
-        return not self.stable(trials)
+        # A candidate started while others run is wasted if they end the stage: wait for them.
+        return not self.stable(trials, running_as_flat=True)
 
     def over_budget(self, trials: Trials, number: int) -> bool:
         """Budgets hold across workers: a fresh trial counts only if fewer than max_trials
@@ -185,11 +186,14 @@ class StagePolicy:
         itself is in the count, so that a trial queued again replaces the failure it retries."""
         return self.counted([t for t in trials if t.number <= number]) > self.rules.budget.max_trials
 
-    def stable(self, trials: Trials) -> bool:
+    def stable(self, trials: Trials, *, running_as_flat: bool = False) -> bool:
         """The method's stop rule: none of the last N finished candidates beat the best before
-        them (the incumbent at first, η = 1) by more than the tolerance."""
+        them (the incumbent at first, η = 1) by more than the tolerance. ``running_as_flat``:
+        whether it holds once the candidates running now end without beating it."""
         done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.role is Role.CANDIDATE),
                       key=lambda t: (t.datetime_complete, t.number))
+        if running_as_flat:
+            done += [t for t in trials if t.state == TrialState.RUNNING and t.role is Role.CANDIDATE]
         n = self.rules.stop.stable_trials
         if len(done) < n:
             return False

@@ -205,6 +205,21 @@ def test_the_sampler_draws_when_nothing_is_queued_and_waits_for_a_round_in_fligh
     assert _ask(_proposer(_Space(), board), mine=mine) == (Tick.GO_ON, True)  # no rounds: the sampler draws
 
 
+def test_the_sampler_waits_for_a_running_candidate_that_may_end_the_stage() -> None:
+    """The stop rule ends the stage after 2 candidates in a row within 2% of the best. One
+    ended flat and one still runs: a draw started now is wasted whenever that one ends flat
+    too, so nothing starts until it ends; it beat the best, and the sampler draws."""
+    board = _Board()
+    for seed in (11, 12):
+        board.add(TrialState.COMPLETE, "incumbent", rate=1.0, seed=seed)
+    board.add(TrialState.COMPLETE, "candidate", x=2, rate=0.99, origin=START_ORIGIN)
+    board.add(TrialState.RUNNING, "candidate", x=3, origin=START_ORIGIN)
+    mine = (3,)
+    assert _ask(_proposer(_Space(), board), mine=mine) == (Tick.GO_ON, False)
+    board.run(3, x=3, rate=1.1)
+    assert _ask(_proposer(_Space(), board)) == (Tick.GO_ON, True)
+
+
 def test_idle_while_others_run_the_stage_it_runs_ahead() -> None:
     board = _Board()
     for seed in (11, 12):
