@@ -187,18 +187,22 @@ class StagePolicy:
         return self.counted([t for t in trials if t.number <= number]) > self.rules.budget.max_trials
 
     def stable(self, trials: Trials, *, running_as_flat: bool = False) -> bool:
-        """The method's stop rule: none of the last N finished candidates beat the best before
-        them (the incumbent at first, η = 1) by more than the tolerance. ``running_as_flat``:
-        whether it holds once the candidates running now end without beating it."""
-        done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.role is Role.CANDIDATE),
+        """The method's stop rule: none of the last N finished candidates (pruned ones too,
+        under ``count_pruned``) beat the best before them (the incumbent at first, η = 1) by
+        more than the tolerance. ``running_as_flat``: whether it holds once the candidates
+        running now end without beating it."""
+        ended = (TrialState.COMPLETE, TrialState.PRUNED) if self.rules.stop.count_pruned else (TrialState.COMPLETE,)
+        done = sorted((t for t in trials if t.state in ended and t.role is Role.CANDIDATE),
                       key=lambda t: (t.datetime_complete, t.number))
         if running_as_flat:
             done += [t for t in trials if t.state == TrialState.RUNNING and t.role is Role.CANDIDATE]
         n = self.rules.stop.stable_trials
         if len(done) < n:
             return False
-        best_before = max([1.0] + [float(t.value) for t in done[:-n] if t.value is not None])
-        return all((t.value or 0.0) <= best_before * self.threshold for t in done[-n:])
+        best_before = max([1.0] + [float(t.value) for t in done[:-n]
+                                   if t.value is not None and t.state == TrialState.COMPLETE])
+        return all(t.state != TrialState.COMPLETE or (t.value or 0.0) <= best_before * self.threshold
+                   for t in done[-n:])
 
     # -- seeds ----------------------------------------------------------------------------------
     def fresh_seeds(self) -> list[int]:

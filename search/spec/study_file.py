@@ -101,10 +101,12 @@ class Budget(_Strict):
 class StopRule(_Strict):
     """End a stage early when none of the last ``stable_trials`` finished candidates beat the
     best so far (the incumbent at first) by more than ``tolerance`` in η — the method's
-    "η stable in 0.98-1.02: done"."""
+    "η stable in 0.98-1.02: done". ``count_pruned``: candidates the pruner stopped count too."""
 
     stable_trials: Int = Field(default=4, ge=1, le=10_000)
     tolerance: Float = Field(default=0.02, gt=0, lt=1)
+    #: a pruned candidate (behind the incumbent on both readings) counts as one that did not beat the best
+    count_pruned: StrictBool = False
 
 
 class SamplerSettings(_Strict):
@@ -359,8 +361,9 @@ class StudySpec(_Strict):
 #: learning alone, so a throughput gain is the same gain in η on any run length, and its
 #: probes read throughput, paired by seed, far more tightly than a reward rate
 SPEED_TOLERANCE = 0.01
-#: a one-knob learning stage ends after 2 candidates in a row within 2% of the best
-LEARNING_STOP = StopRule(stable_trials=2)
+#: a one-knob stage ends after 2 candidates in a row within 2% of the best; KL, lr and λ count
+#: pruned ones (starting points at both ends of the range), the mini-batch's (both below) not
+LEARNING_STOP, BOTH_ENDS_STOP = StopRule(stable_trials=2), StopRule(stable_trials=2, count_pruned=True)
 
 
 def default_stages(algorithm: Algorithm) -> list[StageSettings]:
@@ -389,9 +392,9 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
         # settles anyway (docs/method.md, Evidence).
         StageSettings(name="minibatch", space=MiniBatchSpace.kind, budget=Budget(max_trials=5), confirm_top=1,
                       stop=LEARNING_STOP),
-        StageSettings(name="kl", space=KLSpace.kind, budget=Budget(max_trials=5), confirm_top=1, stop=LEARNING_STOP),
+        StageSettings(name="kl", space=KLSpace.kind, budget=Budget(max_trials=5), confirm_top=1, stop=BOTH_ENDS_STOP),
         # lr gains of 4-6% need more than 3 runs to clear the 2% rule
-        StageSettings(name="lr", space=LRSpace.kind, budget=Budget(max_trials=5), confirm_top=1, stop=LEARNING_STOP,
+        StageSettings(name="lr", space=LRSpace.kind, budget=Budget(max_trials=5), confirm_top=1, stop=BOTH_ENDS_STOP,
                       confirm_max_runs=5),
     ]
     # The final pass over the coupled knobs, from the chain's winner: a pattern search of a
@@ -403,7 +406,7 @@ def default_stages(algorithm: Algorithm) -> list[StageSettings]:
                            sampler=SamplerSettings(n_startup_trials=4), confirm_top=1, confirm_max_runs=5)
     if algorithm is Algorithm.PPO:
         stages.append(StageSettings(name="lam", space=LamSpace.kind, budget=Budget(max_trials=4), confirm_top=1,
-                                    stop=LEARNING_STOP))
+                                    stop=BOTH_ENDS_STOP))
     return [*stages, polish]
 
 

@@ -220,6 +220,22 @@ def test_the_sampler_waits_for_a_running_candidate_that_may_end_the_stage() -> N
     assert _ask(_proposer(_Space(), board)) == (Tick.GO_ON, True)
 
 
+@pytest.mark.parametrize("count_pruned", [True, False])
+def test_two_pruned_starting_points_end_a_stage_that_counts_them(count_pruned: bool) -> None:
+    """KL, lr and λ start at both ends of their range: both pruned say both directions lose,
+    and the stage ends. The mini-batch stage's are both below: its sampler still draws."""
+    board = _Board()
+    for seed in (11, 12):
+        board.add(TrialState.COMPLETE, "incumbent", rate=1.0, seed=seed)
+    for x in (2, 3):
+        board.add(TrialState.PRUNED, "candidate", x=x, origin=START_ORIGIN)
+    spec = _with_stage(SPEC, MINIBATCH, stop={"stable_trials": 2, "count_pruned": count_pruned})
+    policy = StagePolicy(Stage.of(spec, MINIBATCH))
+    proposer = Proposer(policy, Stopper(policy), _Space(), spec.baseline_config(), board, free_slots=lambda: 1,
+                        note=[].append, leaves=lambda trials: False)
+    assert _ask(proposer) == ((Tick.OVER, False) if count_pruned else (Tick.GO_ON, True))
+
+
 def test_idle_while_others_run_the_stage_it_runs_ahead() -> None:
     board = _Board()
     for seed in (11, 12):
