@@ -63,8 +63,7 @@ class BoundedSpace(Space):
     def _upper(self, history: TrialHistory) -> tuple[float, bool]:
         """The highest value a draw may take, and whether to take exactly that value: the next
         midpoint of the memory edge while it is wider than ``EDGE_RESOLUTION``."""
-        high = self.bound.high
-        trials = history.others
+        high, trials = self.bound.high, history.others
         ceiling = oom_ceiling(trials, self.param, hardware=self.hardware_tag)
         if ceiling is None or ceiling > high:
             return high, False

@@ -120,9 +120,9 @@ class _Board:
         self.trials[number] = t
 
 
-def _proposer(space: _Space, board: _Board, notes: list[str] | None = None) -> Proposer:
-    policy = StagePolicy(Stage.of(SPEC, MINIBATCH))
-    return Proposer(policy, Stopper(policy), space, SPEC.baseline_config(), board, free_slots=lambda: 1,
+def _proposer(space: _Space, board: _Board, notes: list[str] | None = None, *, spec: Any = SPEC) -> Proposer:
+    policy = StagePolicy(Stage.of(spec, MINIBATCH))
+    return Proposer(policy, Stopper(policy), space, spec.baseline_config(), board, free_slots=lambda: 1,
                     note=(notes if notes is not None else []).append, leaves=lambda trials: False)
 
 
@@ -230,10 +230,7 @@ def test_two_pruned_starting_points_end_a_stage_that_counts_them(count_pruned: b
     for x in (2, 3):
         board.add(TrialState.PRUNED, "candidate", x=x, origin=START_ORIGIN)
     spec = _with_stage(SPEC, MINIBATCH, stop={"stable_trials": 2, "count_pruned": count_pruned})
-    policy = StagePolicy(Stage.of(spec, MINIBATCH))
-    proposer = Proposer(policy, Stopper(policy), _Space(), spec.baseline_config(), board, free_slots=lambda: 1,
-                        note=[].append, leaves=lambda trials: False)
-    assert _ask(proposer) == ((Tick.OVER, False) if count_pruned else (Tick.GO_ON, True))
+    assert _ask(_proposer(_Space(), board, spec=spec)) == ((Tick.OVER, False) if count_pruned else (Tick.GO_ON, True))
 
 
 def test_idle_while_others_run_the_stage_it_runs_ahead() -> None:
