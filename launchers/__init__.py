@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from verl_sweep.launchers.base import (
+        Branch,
         Launcher,
         LauncherError,
         NoCapacityError,
@@ -43,8 +44,8 @@ _CLASSES = {
 }
 #: every public name but the registry's, by its module
 _NAMES = {
-    **dict.fromkeys(("Launcher", "LauncherError", "NoCapacityError", "RunHandle", "RunSpec", "RunState", "RunStatus"),
-                    "verl_sweep.launchers.base"),
+    **dict.fromkeys(("Branch", "Launcher", "LauncherError", "NoCapacityError", "RunHandle", "RunSpec", "RunState",
+                     "RunStatus"), "verl_sweep.launchers.base"),
     **_CLASSES,
 }
 
@@ -81,6 +82,7 @@ def make_launcher(kind: str, root_dir: Path | str, **options: Any) -> Launcher:
 
 
 __all__ = [
+    "Branch",
     "DEFAULT_KIND",
     "LAUNCHERS",
     "Launcher",

@@ -50,12 +50,36 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
 @dataclasses.dataclass(frozen=True)
+class Branch:
+    """A run that forks a train-mode chain: it resumes ``resume_from`` (a verl ``global_step_N``
+    folder; None: it starts at step 1) and saves every ``save_every`` steps into its own run
+    directory's ``checkpoints/``. verl keeps the checkpoint's learning rate on resume
+    (docs/verl-resume.md §2): with ``lr`` the launcher rewrites its own copy of the checkpoint
+    so the run trains at ``lr``."""
+
+    resume_from: str | None
+    save_every: int
+    lr: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.save_every, bool) or not isinstance(self.save_every, int) or self.save_every < 1:
+            raise LauncherError(f"a branch's save_every must be an integer >= 1, but got {self.save_every!r}. "
+                                "It is the steps between two of the branch's saves.")
+        if self.resume_from is not None and ("\n" in self.resume_from or "\x00" in self.resume_from):
+            raise LauncherError(f"a branch's resume_from must be one line, but got {self.resume_from!r}.")
+        if self.lr is not None and not self.lr > 0:
+            raise LauncherError(f"a branch's lr must be > 0, but got {self.lr!r}. "
+                                "Pass None to keep the checkpoint's lr.")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
     """What to run: one verl probe.
 
     ``overrides`` are verl/Hydra overrides (``key=value``), passed as separate argv items,
     never through a shell. ``run_id`` must be unique within the launcher's root directory
     and deterministic for (study, trial, attempt) so a restarted driver can find the run.
+    ``branch``: the run resumes and saves checkpoints (:class:`Branch`); None: a clean probe.
     """
 
     run_id: str
@@ -63,6 +87,7 @@ class RunSpec:
     n_gpus: int = 1
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metadata: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    branch: Branch | None = None
 
     def __post_init__(self) -> None:
         if not _RUN_ID.match(self.run_id):

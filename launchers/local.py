@@ -8,7 +8,8 @@ Contract:
 - Each run gets its run directory (``verl_sweep.launchers.run_dir``: spec, stdout, stderr, metrics, GPU
   samples on real GPUs) and ``process.json``; its own CUDA_VISIBLE_DEVICES; the clean-probe pins
   (``run_dir.probe_pins``, appended after the caller's overrides, which lose any pinned key); a
-  private Ray.
+  private Ray. A branch (``RunSpec.branch``) resumes its own copy of its checkpoint
+  (``verl_checkpoints.prepare_branch``, made at start) and saves into its run directory.
 - With NVML GPUs present, ``start`` refuses a slot whose GPUs have less than
   ``min_free_gpu_memory_gb`` free. With no GPU and no explicit ``gpu_ids``, construction
   raises ``LauncherError`` (one line; the CLI maps it to exit 2).
@@ -41,6 +42,7 @@ from verl_sweep.launchers.base import (
 )
 from verl_sweep.launchers.options import Option
 from verl_sweep.launchers.run_dir import RunDir, error_lines, merge_overrides, override_key, probe_pins, stderr_tail, tail
+from verl_sweep.launchers.verl_checkpoints import prepare_branch
 
 logger = logging.getLogger(__name__)
 
@@ -284,6 +286,7 @@ class LocalLauncher(Launcher):
         # they have left the probe's process group; SPT_NOENV keeps the environment readable.
         env["SPT_NOENV"] = "1"
         started_at = self.clock()
+        prepare_branch(spec.branch, run_dir)  # first: it may resume a checkpoint of this run's previous attempt
         run_dir.clear_outputs()
         run_dir.write_spec(
             spec,

@@ -14,6 +14,8 @@ Contract:
   storage this driver reads. The job's log (stdout and stderr together) is mirrored into
   ``<root_dir>/<run_id>/stdout.log`` when the run ends, and while it runs as long as no
   metrics file appears, so the console-line parser has something to read.
+- A branch (``RunSpec.branch``) is refused at start, for now: its copy of its checkpoint is
+  made from this machine's files (``verl_checkpoints.prepare_branch``).
 - Ray is imported only inside methods: ``import launchers`` works without Ray.
 """
 
@@ -168,6 +170,11 @@ class RayJobLauncher(Launcher):
 
     # -- hooks -------------------------------------------------------------------------------
     def _start(self, spec: RunSpec) -> RunHandle:
+        if spec.branch is not None:
+            raise LauncherError(
+                f"a branch run ({spec.run_id!r}) needs a launcher on the machine that holds its checkpoints, "
+                "but the ray launcher runs it on a cluster. Use the local or sim launcher for branches, for now."
+            )
         run_dir, remote_dir = self._paths(spec.run_id)
         pins = probe_pins(spec, remote_dir)
         if self.gpus_per_probe is not None:

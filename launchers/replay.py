@@ -11,7 +11,9 @@ of GPU time replays in seconds. Used by the benchmarks; ``poll_advance_s`` lets 
 poll without calling ``wait`` (generic polling loops, the launcher contract) see time pass.
 
 Overrides are parsed and checked exactly as the simulator process does
-(``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers. The
+(``parse_overrides`` + ``check_config``) after the same probe pins as the local launchers. A
+branch (``RunSpec.branch``) resumes its own copy of its checkpoint and saves its checkpoints
+(``verl_sweep.launchers.simulator.checkpoints``) as the simulator process does. The
 trackers a baseline names (W&B, TensorBoard: ``verl_sweep.launchers.simulator.tracking``) are not written:
 a replay is a benchmark's thousands of runs in one process, not a study a person follows.
 """
@@ -26,9 +28,19 @@ import random
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
 
-from verl_sweep.launchers.base import Launcher, LauncherError, NoCapacityError, RunHandle, RunSpec, RunState, RunStatus
+from verl_sweep.launchers.base import (
+    Branch,
+    Launcher,
+    LauncherError,
+    NoCapacityError,
+    RunHandle,
+    RunSpec,
+    RunState,
+    RunStatus,
+)
 from verl_sweep.launchers.options import Option
 from verl_sweep.launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
+from verl_sweep.launchers.verl_checkpoints import prepare_branch
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +205,7 @@ class ReplayLauncher(Launcher):
                 "Wait until poll reports a run finished."
             )
         run_dir = self._files(spec.run_id)
+        prepare_branch(spec.branch, run_dir)  # first: it may resume a checkpoint of this run's previous attempt
         run_dir.clear_outputs()
         pins = [*probe_pins(spec, run_dir), f"trainer.n_gpus_per_node={self.gpus_per_probe}"]
         argv = merge_overrides(spec.overrides, pins)
@@ -240,7 +253,9 @@ class ReplayLauncher(Launcher):
         data = RunDir(run_dir).read_spec()
         if data.get("launcher") != self.name:
             return None
-        spec = RunSpec(run_id=run_id, overrides=tuple(data["overrides"]), n_gpus=int(data["n_gpus"]))
+        branch = data.get("branch")
+        spec = RunSpec(run_id=run_id, overrides=tuple(data["overrides"]), n_gpus=int(data["n_gpus"]),
+                       branch=None if branch is None else Branch(**branch))
         handle = RunHandle.in_dir(run_id, self.name, run_dir, external_id=f"replay:{run_id}", started_at=self._now)
         done = _last_step(handle.metrics_path)
         if "Training finished" in _read(handle.stdout_path) or _read(handle.stderr_path).strip():
@@ -306,6 +321,7 @@ class ReplayLauncher(Launcher):
     ) -> Iterator[tuple[float, str, Any]]:
         """What ``python -m verl_sweep.launchers.simulator argv`` does, as timed events; writing happens
         as each event is taken (so lines appear when the clock passes them)."""
+        from verl_sweep.launchers.simulator import checkpoints
         from verl_sweep.launchers.simulator.trace import console_line, gpu_sample, json_line, real_record
         from verl_sweep.launchers.simulator.config import ConfigError, get, logger_path, parse_overrides
         from verl_sweep.launchers.simulator.landscape import LandscapeError
@@ -355,6 +371,22 @@ class ReplayLauncher(Launcher):
             err.write(f"{prefix} Traceback (most recent call last):\n{failure.message}\n")
             yield t, "exit", 1
             return
+        if get(config, "trainer.resume_mode") != "disable":
+            yield t, "wake", None  # the workers are up: verl looks for its checkpoint now
+
+        def say(line: str) -> None:  # verl's lines about the checkpoint, once
+            if self.write_console and skip_steps == 0:
+                out.write(f"{prefix} {line}\n")
+
+        try:
+            resume = checkpoints.resume_from(config, say=say)
+        except checkpoints.CheckpointError as e:
+            err.write(f"{prefix} Traceback (most recent call last):\n{prefix} {e}\n")
+            yield t, "exit", 1
+            return
+        load_s = 0.0 if resume is None else landscape.checkpoint_s(config)
+        if skip_steps == 0:
+            t += load_s
         path = logger_path(config)
         metrics = open(path, "a", buffering=1) if path else None
         samples = (open(handle.files.gpu_samples, "a", buffering=1)
@@ -364,18 +396,19 @@ class ReplayLauncher(Launcher):
                 files[key] = f
         yield t, "wake", None
         if metrics is not None and skip_steps == 0 and bool(get(config, "trainer.val_before_train")):
-            val = {"val-core/default/reward/mean@1": expectation.r0}
-            metrics.write(json.dumps({"step": 0, "data": val}) + "\n")
+            val_step = 0 if resume is None else resume.step
+            val = {"val-core/default/reward/mean@1": expectation.r0 if resume is None else resume.reward}
+            metrics.write(json.dumps({"step": val_step, "data": val}) + "\n")
             if self.write_console:
-                out.write(f"{prefix} step:0 - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
+                out.write(f"{prefix} step:{val_step} - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
         n_gpus = int(get(config, "trainer.n_gpus_per_node"))
         gpu_mb = landscape.gpu_memory_gb * 1024.0
         seed = get(config, "data.seed")
         jitter = random.Random(f"gpu:{landscape.seed}:{0 if seed is None else seed}")
-        last = 0
-        sim_now = startup  # the process's own clock (for the GPU samples' "t")
+        last = 0 if resume is None else resume.step
+        sim_now = startup + load_s  # the process's own clock (for the GPU samples' "t")
         template = real_record() if self.verl_record else {}
-        for record in landscape.simulate(config):
+        for record in landscape.simulate(config, resume=resume):
             sim_now += record.step_time_s
             last = record.step
             if record.step <= skip_steps:
@@ -384,6 +417,8 @@ class ReplayLauncher(Launcher):
                 continue
             t += record.step_time_s
             yield t, "step", record.step
+            if record.checkpoint is not None:
+                checkpoints.save(config, record.checkpoint)
             if metrics is not None:
                 metrics.write(json_line(template, record.step, record.metrics))
             if self.write_console:

@@ -12,8 +12,11 @@
 - ``sim_clock.jsonl``: a simulated run's own timeline (``verl_sweep.launchers.sim``)
 - ``worker_errors.log``: error lines kept from the run's own Ray workers when it failed
 - ``hydra/``: Hydra's run directory
+- ``checkpoints/``: a branch's saves (``trainer.default_local_dir``: ``global_step_N/``), and
+  ``resume/``: its own copy of the checkpoint it resumes (``verl_sweep.launchers.verl_checkpoints``)
 
-The pins (``probe_pins``) make a probe clean (docs/method.md §3), point verl's file logger into
+The pins (``probe_pins``) make a probe clean (docs/method.md §3), or make a branch resume and save
+(``verl_sweep.launchers.base.Branch``), point verl's file logger into
 this directory and name the probe in the user's trackers; a caller's override of a pinned key is dropped (``merge_overrides``). Readers
 (``verl_sweep.objectives.sources``, ``verl_sweep.search.views.status``, the report) find a run's files through
 ``RunDir`` too.
@@ -26,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -37,6 +41,19 @@ logger = logging.getLogger(__name__)
 METRICS_OVERRIDE = ENV_OVERRIDE + "VERL_FILE_LOGGER_PATH"
 #: pinned keys whose caller value the pins carry on (the baseline's loggers): no note when dropped
 _CARRIED = frozenset({"trainer.logger"})
+
+
+class _Branch(Protocol):
+    """What the pins and ``spec.json`` read of a ``verl_sweep.launchers.base.Branch``."""
+
+    @property
+    def resume_from(self) -> str | None: ...
+
+    @property
+    def save_every(self) -> int: ...
+
+    @property
+    def lr(self) -> float | None: ...
 
 
 class _Spec(Protocol):
@@ -56,6 +73,9 @@ class _Spec(Protocol):
 
     @property
     def metadata(self) -> Mapping[str, str]: ...
+
+    @property
+    def branch(self) -> _Branch | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +120,25 @@ class RunDir:
     def hydra(self) -> Path:
         return self.path / "hydra"
 
+    @property
+    def checkpoints(self) -> Path:
+        """A branch's ``trainer.default_local_dir``."""
+        return self.path / "checkpoints"
+
+    @property
+    def resume(self) -> Path:
+        """Where a branch's own copy of the checkpoint it resumes lies."""
+        return self.path / "resume"
+
+    def step_dir(self, step: int) -> Path:
+        """The folder of the checkpoint this run saved at ``step``."""
+        return self.checkpoints / f"global_step_{step}"
+
+    def resume_step_dir(self, resume_from: str) -> Path:
+        """The run's copy of the checkpoint folder ``resume_from``: the folder keeps its name
+        (verl reads the step from it)."""
+        return self.resume / Path(resume_from).name
+
     @classmethod
     def make(cls, root: Path, run_id: str) -> RunDir:
         """``root/run_id``, created."""
@@ -108,14 +147,19 @@ class RunDir:
         return run_dir
 
     def clear_outputs(self) -> None:
-        """Remove a previous attempt's outputs, so that a reader never mixes two runs."""
+        """Remove a previous attempt's outputs, its saved checkpoints included, so that a
+        reader never mixes two runs."""
         for path in (self.metrics, self.stdout, self.stderr, self.gpu_samples, self.sim_clock):
             path.unlink(missing_ok=True)
+        if self.checkpoints.exists():
+            shutil.rmtree(self.checkpoints)
 
     def write_spec(self, spec: _Spec, extra: Mapping[str, Any] | None = None) -> None:
         """Record the spec (``spec.json``) for people and for re-attaching."""
+        branch = None if spec.branch is None else {
+            "resume_from": spec.branch.resume_from, "save_every": spec.branch.save_every, "lr": spec.branch.lr}
         payload = {"run_id": spec.run_id, "overrides": list(spec.overrides), "n_gpus": spec.n_gpus,
-                   "env": dict(spec.env), "metadata": dict(spec.metadata), **(extra or {})}
+                   "env": dict(spec.env), "metadata": dict(spec.metadata), "branch": branch, **(extra or {})}
         self.spec.write_text(json.dumps(payload, indent=2))
 
     def read_spec(self) -> dict[str, Any]:
@@ -129,17 +173,26 @@ class RunDir:
 
 def probe_pins(spec: _Spec, run_dir: RunDir, *, metrics_path: Path | None = None) -> list[str]:
     """The overrides that make a probe clean and findable (docs/method.md §3): no resume, no
-    validation before training, no checkpoints, its own experiment name and Hydra directory,
+    validation before training, no checkpoints (a branch: it resumes its own copy of its
+    checkpoint, ``run_dir.resume``, and saves into ``run_dir.checkpoints``), its own experiment
+    name and Hydra directory,
     the baseline's loggers with verl's console and file loggers, the file logger's path
     (``metrics_path``: where the run can write it, by default the run directory's), and the
     names the user's trackers give it (``verl_sweep.launchers.trackers``: W&B's group and job type, the
     TensorBoard directory, by default the run directory's)."""
     metrics = metrics_path or run_dir.metrics
     tracking = ProbeTracking.plan(spec.run_id, spec.overrides, spec.metadata)
+    branch = spec.branch
+    resume, saves = ["trainer.resume_mode=disable"], ["trainer.save_freq=-1"]
+    if branch is not None:
+        if branch.resume_from is not None:
+            resume = ["trainer.resume_mode=resume_path",
+                      f"trainer.resume_from_path={run_dir.resume_step_dir(branch.resume_from)}"]
+        saves = [f"trainer.save_freq={branch.save_every}", f"trainer.default_local_dir={run_dir.checkpoints}"]
     return [
-        "trainer.resume_mode=disable",
+        *resume,
         "trainer.val_before_train=false",
-        "trainer.save_freq=-1",
+        *saves,
         f"trainer.experiment_name={spec.run_id}",
         f"hydra.run.dir={run_dir.hydra}",
         tracking.logger_pin(),

@@ -111,16 +111,18 @@ class SimLauncher(LocalLauncher):
         """From the run's own timeline (``sim_clock.jsonl``), not the clock's differences: those
         add the simulator process's start (Python and its imports, real seconds × ``time_scale``)
         and the driver's delay in reading it, which no verl run holds GPUs for. A run holds them
-        for its modelled start-up, the steps up to ``last_step`` and the modelled part of a step
-        it failed in: one stopped from outside stops as its last read step ends, as a real run
-        does within a poll. Without a timeline (its process ended before its start-up did), the
-        clock's differences."""
+        for its modelled start-up (a branch's includes loading its checkpoint), the steps up to
+        ``last_step`` and the modelled part of a step it failed in: one stopped from outside stops
+        as its last read step ends, as a real run does within a poll. The timeline starts at the
+        run's own start, never at the seconds of the run a branch resumes. Without a timeline (its
+        process ended before its start-up did), the clock's differences."""
         events = _read_timeline(handle.files.sim_clock)
         if not events:
             return super().run_time(handle, started_at=started_at, ended_at=ended_at,
                                     first_step_at=first_step_at, last_step=last_step)
         held = next((seconds for step, seconds in reversed(events) if step <= last_step), events[0][1])
-        return RunTime(held_s=held, startup_s=None if first_step_at is None else events[0][1])
+        startup = next(seconds for step, seconds in reversed(events) if step == events[0][0])  # up to its first step
+        return RunTime(held_s=held, startup_s=None if first_step_at is None else startup)
 
     def _count_real_gpus(self) -> int:
         return 0  # fake ids: no NVML preflight, no sampler, even on a GPU machine

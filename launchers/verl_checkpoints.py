@@ -5,19 +5,24 @@ checkpoint's optimizer param groups and lr-scheduler state, not from its config 
 §2). A branch that changes the lr therefore resumes from its own copy with those rewritten; every
 other file of the copy is a hard link to the incumbent's, which verl only reads.
 
+The launchers that run on this machine's files (local, sim, replay) make a branch run's copy
+with :func:`prepare_branch`, for verl's shards and for the simulator's state files alike.
 Torch is imported only while a copy's files are rewritten.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from verl_sweep.launchers.base import LauncherError
+from verl_sweep.launchers.base import Branch, LauncherError
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.launchers.simulator import checkpoints as sim_checkpoints
 
 #: verl's tracker beside the step folders (``trainer_base.py`` writes it after a save)
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -61,13 +66,7 @@ def branch_checkpoint(src_step_dir: Path | str, dst_dir: Path | str, *, lr: floa
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be > 0, but got {lr}. Pass the branch's actor_rollout_ref.actor.optim.lr.")
     src = Path(src_step_dir)
-    match = _STEP_DIR.fullmatch(src.name)
-    if match is None:
-        raise VerlCheckpointError(f"A verl checkpoint folder must be named global_step_N (verl reads N from the name), "
-                                  f"but got {src}. Pass the global_step_N folder under trainer.default_local_dir.")
-    if not src.is_dir():
-        raise VerlCheckpointError(f"A verl checkpoint folder must exist, but {src} is not a directory. "
-                                  f"Pass a global_step_N folder that verl saved.")
+    step = _step(src)
     actor = src / "actor"
     if not actor.is_dir() or not any(_SHARD.fullmatch(p.name) for p in actor.iterdir()):
         raise VerlCheckpointError(f"A verl checkpoint must hold actor/model_world_size_W_rank_R.pt shards, but {actor} "
@@ -79,10 +78,8 @@ def branch_checkpoint(src_step_dir: Path | str, dst_dir: Path | str, *, lr: floa
     if dst.exists():
         raise VerlCheckpointError(f"A branch's checkpoint folder must not exist yet, but {dst} does. "
                                   f"Give each branch its own dst_dir.")
-    partial = dst_root / f".{src.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
     n_copied = n_linked = 0
-    try:
+    with _partial(dst_root, src.name) as partial:
         for path in sorted(src.rglob("*")):
             target = partial / path.relative_to(src)
             if path.is_dir():
@@ -99,12 +96,67 @@ def branch_checkpoint(src_step_dir: Path | str, dst_dir: Path | str, *, lr: floa
             except OSError:  # another filesystem, or one without hard links
                 shutil.copy2(path, target)
                 n_copied += target.stat().st_size
-        partial.rename(dst)
+    (dst_root / TRACKER).write_text(str(step))
+    return BranchedCheckpoint(dst, n_bytes_copied=n_copied, n_bytes_linked=n_linked)
+
+
+def prepare_branch(branch: Branch | None, run_dir: RunDir) -> Path | None:
+    """Make a branch run's own copy of the checkpoint it resumes, ``run_dir.resume_step_dir``
+    (the folder its pins resume, ``run_dir.probe_pins``), and return it; None for a run that
+    resumes nothing. Called by the launchers that run on this machine's files as they start a
+    run; a previous attempt's copy is removed first.
+
+    verl's shards: :func:`branch_checkpoint` (hard links, the lr rewritten in new files). The
+    simulator's state files (``verl_sweep.launchers.simulator.checkpoints``): checked, copied (its
+    ``rewrite_lr`` writes in place) and, with ``branch.lr``, rewritten. Raises
+    :class:`VerlCheckpointError`, one line naming the path, for a folder that is missing, not
+    named ``global_step_N``, or not a checkpoint that loads.
+    """
+    if branch is None or branch.resume_from is None:
+        return None
+    src = Path(branch.resume_from)
+    step = _step(src)
+    shutil.rmtree(run_dir.resume, ignore_errors=True)
+    if not sim_checkpoints.is_simulated(src):
+        return branch_checkpoint(src, run_dir.resume, lr=branch.lr).step_dir
+    dst = run_dir.resume_step_dir(branch.resume_from)
+    try:
+        sim_checkpoints.check(src)
+        with _partial(run_dir.resume, src.name) as partial:
+            shutil.copytree(src, partial)
+            if branch.lr is not None:
+                sim_checkpoints.rewrite_lr(partial, branch.lr)
+    except sim_checkpoints.CheckpointError as e:
+        raise VerlCheckpointError(f"A branch's checkpoint must load, but {src} does not ({' '.join(str(e).split())}). "
+                                  f"Branch from another step, or re-save this one.") from e
+    (run_dir.resume / TRACKER).write_text(str(step))
+    return dst
+
+
+def _step(src: Path) -> int:
+    """N of a checkpoint folder ``global_step_N`` that exists; VerlCheckpointError otherwise."""
+    match = _STEP_DIR.fullmatch(src.name)
+    if match is None:
+        raise VerlCheckpointError(f"A verl checkpoint folder must be named global_step_N (verl reads N from the name), "
+                                  f"but got {src}. Pass the global_step_N folder under trainer.default_local_dir.")
+    if not src.is_dir():
+        raise VerlCheckpointError(f"A verl checkpoint folder must exist, but {src} is not a directory. "
+                                  f"Pass a global_step_N folder that verl saved.")
+    return int(match.group(1))
+
+
+@contextlib.contextmanager
+def _partial(dst_root: Path, name: str) -> Iterator[Path]:
+    """A folder that becomes ``dst_root/name`` when the block ends, and leaves nothing when it fails."""
+    partial = dst_root / f".{name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield partial
+        partial.rename(dst_root / name)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    (dst_root / TRACKER).write_text(match.group(1))
-    return BranchedCheckpoint(dst, n_bytes_copied=n_copied, n_bytes_linked=n_linked)
 
 
 def _shards(actor: Path, pattern: str) -> list[Path]:

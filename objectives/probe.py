@@ -38,6 +38,8 @@ MIN_REAL_HANG_S = 10.0
 #: that rose and levelled off has converged (long probes after a slow start reach their
 #: ceiling), and its rate over the whole probe is the result, not a fault
 CONVERGED_RISE = 0.05
+#: a plateau window no run fills
+NEVER = 2**62
 #: bootstrap resamples for the score a stopped (pruned, unhealthy) run keeps
 KEPT_N_BOOT = 200
 
@@ -69,6 +71,13 @@ class ProbeSettings:
     #: a learning probe's score (running and final) reads its fitted curve to this step (the
     #: full run's length: a study chooses the config of a whole run); None: to the probe's end
     horizon_steps: int | None = None
+    #: the health screen calls a flat reward stuck (a train-mode branch late in the run may be
+    #: near its ceiling from its first step: flat, and not stuck)
+    plateau_screen: bool = True
+    #: how the reward's rise is read (``verl_sweep.objectives.score.ESTIMATORS``): a saturating
+    #: curve from the run's start, or a line over the probe's steps (a train-mode branch's
+    #: window, late on a curve whose start it never saw)
+    estimator: str = "curve"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +237,8 @@ class Probe:
     def _health_verdict(self) -> HealthVerdict | None:
         if not self.settings.health_screen:
             return None
+        if not self.settings.plateau_screen:
+            return screen(self.steps, plateau_steps=NEVER)
         return screen(self.steps, plateau_max_rise=CONVERGED_RISE)
 
     def _stopped_by_health(self, verdict: HealthVerdict) -> ProbeOutcome:
@@ -247,7 +258,7 @@ class Probe:
             )
         return score_reward_rate(
             steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=final, n_boot=n_boot, min_steps=min_steps,
-            horizon_steps=self.settings.horizon_steps,
+            horizon_steps=self.settings.horizon_steps, estimator=self.settings.estimator,
         )
 
     def _scored_outcome(self) -> ProbeOutcome:

@@ -33,6 +33,8 @@ from verl_sweep.launchers.simulator.outcomes import CheckpointState
 
 TRACKER = "latest_checkpointed_iteration.txt"
 FORMAT = "verl-sweep simulated checkpoint 1"
+#: every rank's state file of one checkpoint (``state_file`` names a world size's)
+STATE_FILES = "sim_state_world_size_*_rank_*.json"
 
 
 class CheckpointError(Exception):
@@ -105,7 +107,17 @@ def resume_from(config: Mapping[str, Any], *, say: Callable[[str], object] = lam
 def load(step_dir: Path, config: Mapping[str, Any], *, step: int) -> CheckpointState:
     """The state in ``step_dir`` as a run of ``config`` (its world size) loads it at ``step``."""
     path = state_file(step_dir, config)
-    data = _read(path)
+    return _state(path, _read(path), step=step)
+
+
+def check(step_dir: Path) -> None:
+    """Raise :class:`CheckpointError` (verl's line) unless ``step_dir/actor`` holds state files
+    and each loads, whatever the world size it was saved at."""
+    for path in _state_files(step_dir):
+        _state(path, _read(path), step=0)
+
+
+def _state(path: Path, data: dict[str, Any], *, step: int) -> CheckpointState:
     try:
         if not data["optimizer"]["param_groups"]:
             raise ValueError("no optimizer param groups")
@@ -132,10 +144,7 @@ def rewrite_lr(step_dir: Path, lr: float) -> None:
     own copy (``shutil.copytree``): every state file in ``step_dir/actor`` changes."""
     if not lr > 0:
         raise ValueError(f"lr must be > 0, but got {lr}.")
-    paths = sorted((step_dir / "actor").glob("sim_state_world_size_*_rank_*.json"))
-    if not paths:
-        raise CheckpointError(f"FileNotFoundError: [Errno 2] No such file or directory: '{step_dir / 'actor'}'")
-    for path in paths:
+    for path in _state_files(step_dir):
         data = _read(path)
         try:
             for group in data["optimizer"]["param_groups"]:
@@ -147,6 +156,18 @@ def rewrite_lr(step_dir: Path, lr: float) -> None:
         except (KeyError, TypeError, ZeroDivisionError) as e:
             raise _corrupt(path, f"missing or bad field {e}") from None
         path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def is_simulated(step_dir: Path) -> bool:
+    """Whether ``step_dir`` holds the simulator's state files rather than verl's shards."""
+    return any((step_dir / "actor").glob(STATE_FILES))
+
+
+def _state_files(step_dir: Path) -> list[Path]:
+    paths = sorted((step_dir / "actor").glob(STATE_FILES))
+    if not paths:
+        raise CheckpointError(f"FileNotFoundError: [Errno 2] No such file or directory: '{step_dir / 'actor'}'")
+    return paths
 
 
 def _to_json(state: CheckpointState) -> dict[str, Any]:

@@ -435,14 +435,16 @@ def export(
     _setup(debug)
 
     def action() -> None:
+        from verl_sweep.search.database.records import StageResult
         from verl_sweep.search.views import export as exporter
-        from verl_sweep.search.views.status import finished_results
+        from verl_sweep.search.views.status import study_status
 
         if fmt not in exporter.FORMATS:
             raise BadInputError(f"--format must be one of {', '.join(exporter.FORMATS)}, but got {fmt!r}.")
         _check_output(output, export=True)
         opened, spec = _open_study(name, storage, readonly=True)
-        results = finished_results(opened, spec)
+        data = study_status(opened, spec)
+        results = [StageResult.of(stage["winner"]) for stage in data["stages"] if stage.get("winner")]
         if not results:
             raise BadInputError(f"study {name!r} has no finished stage yet; nothing to export.")
         config = results[-1].config
@@ -453,15 +455,25 @@ def export(
             print(f"warning: the study is not finished ({len(results)} of {len(spec.stages)} stages); "
                   "exporting the best config so far.", file=sys.stderr)
         config_name = output.stem if output else "best"
-        from verl_sweep.search.views.status import final_check_status
+        schedule = None
+        if "train" in data:  # train mode: which config trained which steps, and the model
+            from verl_sweep.search.views.train import schedule as train_schedule
 
-        _, overall = final_check_status(opened, spec, [r.to_attr() for r in results])
-        text = exporter.render(spec, results, config, fmt, config_name=config_name, overall=overall)
+            schedule = train_schedule(data, config)
+        text = exporter.render(spec, results, config, fmt, config_name=config_name, overall=data["overall"],
+                               schedule=schedule)
         if output is None:
             sys.stdout.write(text)
         else:
             _write_output(output, text)
             print(f"wrote {output}")
+            if schedule is not None:
+                from verl_sweep.search.views.train import schedule_yaml
+
+                beside = exporter.schedule_path(output)
+                _write_output(beside, schedule_yaml(schedule, config_file=output.name))
+                print(f"wrote {beside}: which config trained which steps, and "
+                      + (f"the model ({schedule['model']})" if schedule["trained"] else "that the model is not trained yet"))
 
     _guard(action)
 

@@ -96,6 +96,8 @@ SPEC_ATTR = "verl_sweep_spec"
 LAUNCHER_ATTR = "verl_sweep_launcher"
 _BASE_CONFIG, _STAGE, _PROBE_STEPS, _AHEAD_OF, _RUN_PREFIX = "base_config", "stage", "probe_steps", "ahead_of", "run_prefix"
 _INITIALIZED, _WALL_CLOCK_USED_S, _RESULT = "initialized", "wall_clock_used_s", "result"
+#: a train-mode learning stage's: the chain's checkpoint its runs branch from (``ChainPoint``)
+_BRANCH = "branch"
 
 
 #: ``Assignment.origin`` of a stage's starting points (``Space.starting_points``), and of the
@@ -416,19 +418,36 @@ class StageStudyAttrs:
     initialized: bool
     wall_clock_used_s: float
     result: StageResult | None
+    #: train mode: where its runs branch from (None in search mode)
+    branch: ChainPoint | None = None
 
     @classmethod
     def of(cls, attrs: Mapping[str, Any]) -> StageStudyAttrs:
-        result = attrs.get(_RESULT)
+        result, branch = attrs.get(_RESULT), attrs.get(_BRANCH)
         return cls(base_config=attrs.get(_BASE_CONFIG), stage=attrs.get(_STAGE), probe_steps=attrs.get(_PROBE_STEPS),
                    ahead_of=attrs.get(_AHEAD_OF), run_prefix=attrs.get(_RUN_PREFIX),
                    initialized=bool(attrs.get(_INITIALIZED)),
                    wall_clock_used_s=float(attrs.get(_WALL_CLOCK_USED_S, 0.0)),
-                   result=None if result is None else StageResult.of(result))
+                   result=None if result is None else StageResult.of(result),
+                   branch=None if branch is None else ChainPoint(**branch))
 
 
-def created_study_attrs(*, base: Config, stage: dict[str, Any], probe_steps: int) -> dict[str, Any]:
-    return {_BASE_CONFIG: base, _STAGE: stage, _PROBE_STEPS: probe_steps}
+@dataclasses.dataclass(frozen=True)
+class ChainPoint:
+    """A point of a train-mode chain: step ``step`` of the model, in the checkpoint folder
+    ``step_dir`` (verl's ``global_step_N``; None at step 0: from scratch), left by trial
+    ``trial`` of stage ``stage`` (None: the chain's start)."""
+
+    step: int
+    step_dir: str | None = None
+    stage: str | None = None
+    trial: int | None = None
+
+
+def created_study_attrs(*, base: Config, stage: dict[str, Any], probe_steps: int,
+                        branch: ChainPoint | None = None) -> dict[str, Any]:
+    attrs = {_BASE_CONFIG: base, _STAGE: stage, _PROBE_STEPS: probe_steps}
+    return attrs if branch is None else {**attrs, _BRANCH: dataclasses.asdict(branch)}
 
 
 def ahead_study_attrs(*, ahead_of: str, run_prefix: str) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from verl_sweep.search.spec.errors import Interrupted, SweepError
 from verl_sweep.search.engine.events import Broadcast, StudyListener
 from verl_sweep.search.database.records import FLAT_BAND, Decision, StageResult
 from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.engine.chain import chain_point
+from verl_sweep.search.engine.continuation import Continuation
 from verl_sweep.search.engine.final_check import FinalCheck, final_probe
 from verl_sweep.search.engine.stage_loop import Context, StageLoop, Tick, slow_start_seen
 from verl_sweep.search.engine.stage_study import StageStudy
@@ -112,9 +114,31 @@ class StudyRunner:
                     raise SweepError(f"stage {stage.name} was decided while this worker still ran it")
             flat = flat + 1 if flat == index and result.flat else flat
             base = result.config
-        if not self.leave_at_end:  # the driver's alone: one process queues and follows its runs
+        if self.leave_at_end:  # the driver's alone: one process queues and follows its runs
+            return base
+        if self.spec.train is not None:
+            self.run_continuation(base)
+        else:
             self.run_final_check(base)
         return base
+
+    def run_continuation(self, final: Config) -> None:
+        """Train mode: the chain's config trains on from the chain's last checkpoint to the
+        run's end (``verl_sweep.search.engine.continuation``); a resume goes on from the last
+        checkpoint it saved."""
+        point = chain_point(self.storage, self.spec, len(self.spec.stages))
+        run = with_retries(lambda: Continuation.open(self.storage, self.spec, final, point, self.launcher,
+                                                     self.console), what="open the continuation")
+        if run is None:
+            return
+        try:
+            while run.tick():
+                if self._stop_requested:
+                    raise Interrupted(f"stopped by {self._stop_requested}")
+                self.launcher.wait(self.poll_interval_s)
+        except BaseException as e:
+            run.abandon(why=str(e) or type(e).__name__)
+            raise
 
     def run_final_check(self, final: Config) -> None:
         """The final config against the baseline on fresh paired seeds (``verl_sweep.search.engine.final_check``),
@@ -219,6 +243,8 @@ class StudyRunner:
         to follow."""
         if current.ahead_of is not None or current.index + 1 >= len(self.spec.stages):
             return False  # one stage ahead at most
+        if self.spec.train is not None:
+            return False  # a train-mode stage branches from the checkpoint its stage before chooses
         if self.ahead is not None:
             return True
         guess = current.policy.leading_config(current.study.view(), current.base)

@@ -22,7 +22,8 @@ from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.method.policy import StagePolicy, ranked_candidates, slow_start
 from verl_sweep.search.method.proposer import Proposer, Tick
 from verl_sweep.search.method.stopper import Stopper
-from verl_sweep.search.database.records import Decision, Role, StageResult, TrialRecord, stage_study_name
+from verl_sweep.search.database.records import ChainPoint, Decision, Role, StageResult, TrialRecord, stage_study_name
+from verl_sweep.search.engine.chain import chain_point
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.engine.stage_study import StageClock, StageStudy
 from verl_sweep.search.database.storage import HEARTBEAT_INTERVAL_S, with_retries
@@ -56,7 +57,7 @@ class StageLoop:
     this one runs ahead of it (None once that stage chose the config it started from)."""
 
     def __init__(self, ctx: Context, index: int, policy: StagePolicy, base: Config, study: StageStudy,
-                 space: Space, *, ahead_of: str | None) -> None:
+                 space: Space, *, ahead_of: str | None, branch: ChainPoint | None = None) -> None:
         self.ctx = ctx
         self.index = index
         self.policy = policy
@@ -70,7 +71,8 @@ class StageLoop:
         self.proposer = Proposer(policy, self.stopper, space, base, study, free_slots=ctx.launcher.free_slots,
                                  note=ctx.console.note, leaves=self.nothing_left_for_me)
         self.runner = TrialRunner(ctx.launcher, ctx.console, study, policy, self.stopper, space, base,
-                                  run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}")
+                                  run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}",
+                                  branch=attrs.branch or branch)
         self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
         self.last_heartbeat = 0.0
         self.last_saved = time.monotonic()
@@ -95,10 +97,11 @@ class StageLoop:
             if ahead_of is not None:
                 return None
             raise BadInputError(str(e)) from None
-        seen = slow_start_seen(ctx, index) if plan.learns else False
+        seen = slow_start_seen(ctx, index) if plan.learns and not plan.branches else False
         if seen is None and ahead_of is not None:
             return None  # the probe length is decided by the stage still running
-        plan = Stage.of(spec, index, slow_start=bool(seen))
+        branch = chain_point(ctx.storage, spec, index) if plan.branches else None
+        plan = Stage.of(spec, index, slow_start=bool(seen), start_step=branch.step if branch else 0)
         policy = StagePolicy(plan)
         if seen and ahead_of is None and plan.stretch > 1:
             console.note(f"{stage_study_name(spec, plan.settings)}: probes of {plan.probe_steps} steps, not "
@@ -107,18 +110,19 @@ class StageLoop:
 
         opened = with_retries(lambda: StageStudy.open(ctx.storage, plan, base, ahead_of=ahead_of,
                                                       launcher=ctx.launcher, on_vacated=_vacated_note(console),
-                                                      learn_ooms=not space.oom_clamped),
+                                                      learn_ooms=not space.oom_clamped, branch=branch),
                               what="open the stage study")
         if opened is None:
             return None
         study, created = opened
         carried: list[TrialRecord] = []
         if created:
-            earlier = StageStudy.earlier_runs(ctx.storage, spec, index, base, plan.probe_steps)
+            # A branch's runs cover later steps than the stage before's: none carries over.
+            earlier = {} if plan.branches else StageStudy.earlier_runs(ctx.storage, spec, index, base, plan.probe_steps)
             leaders = undecided_leaders(ctx, index) if space.takes_earlier_leaders else []
             carried = study.enqueue_initial(plan, space, base, carried=earlier, leaders=leaders)
             study.mark_initialized()
-        loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of)
+        loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of, branch=branch)
         if ahead_of is None:
             loop.announce()
         if carried:

@@ -24,7 +24,7 @@ from verl_sweep.search.spec.errors import SweepError
 from verl_sweep.search.method.proposer import first_points
 from verl_sweep.search.method.pruning import IncumbentPruner
 from verl_sweep.search.database.records import (
-    Assignment, RecordCache, Role, StageResult, StageStudyAttrs, StageView, TrialRecord,
+    Assignment, ChainPoint, RecordCache, Role, StageResult, StageStudyAttrs, StageView, TrialRecord,
     ahead_study_attrs, carried_attrs, created_study_attrs, initialized_attr, records, result_attr, stage_study_name,
     wall_clock_attr, wasted_attrs,
 )
@@ -89,11 +89,12 @@ class StageStudy:
     def open(cls, storage: optuna.storages.RDBStorage, plan: Stage, base: Config, *,
              ahead_of: str | None = None, launcher: Launcher | None = None,
              on_vacated: Callable[[str, str, str], None] | None = None,
-             learn_ooms: bool = True) -> tuple[StageStudy, bool] | None:
+             learn_ooms: bool = True, branch: ChainPoint | None = None) -> tuple[StageStudy, bool] | None:
         """Create or join the study of stage ``plan`` from ``base``; (study, created). None
         when ``ahead_of`` is given and another worker already runs the stage ahead from
         another leader. A study opened ahead from a leader that lost is moved aside first.
-        ``learn_ooms``: for ``build_sampler``."""
+        ``learn_ooms``: for ``build_sampler``; ``branch``: train mode's checkpoint its runs
+        branch from."""
         spec, stage = plan.spec, plan.settings
         name = stage_study_name(spec, stage)
         pruner = plan.pruner()
@@ -105,7 +106,7 @@ class StageStudy:
                                             sampler=build_sampler(stage, 0, learn_ooms=learn_ooms), pruner=pruner)
                 study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
                 attrs = created_study_attrs(base=base, stage=stage.model_dump(mode="json"),
-                                            probe_steps=plan.probe_steps)
+                                            probe_steps=plan.probe_steps, branch=branch)
                 if ahead_of is not None:
                     # Its run ids stay unique if it is moved aside and the stage opened again.
                     attrs.update(ahead_study_attrs(ahead_of=ahead_of, run_prefix=f"{name}.ahead{study._study_id}"))

@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
+from verl_sweep.search.engine.chain import branch_of
 from verl_sweep.launchers.trackers import NO_TRACKERS
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeState
 from verl_sweep.objectives.score import Score, eta as eta_of, paired_eta
@@ -30,8 +31,8 @@ from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.method.policy import Skip, Start
 from verl_sweep.search.method.stopper import CLOSED_ELSEWHERE, Running
 from verl_sweep.search.database.records import (
-    Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, probe_rates_attrs, reason_attrs, set_attrs,
-    skipped_attrs, started_attrs, stopped_attrs,
+    ChainPoint, Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, probe_rates_attrs,
+    reason_attrs, set_attrs, skipped_attrs, started_attrs, stopped_attrs,
 )
 from verl_sweep.spaces import hardware_tag
 from verl_sweep.spaces.base import SpaceError
@@ -85,8 +86,11 @@ class TrialRunner:
     """The runs of one stage that this process follows (``active``, by trial number)."""
 
     def __init__(self, launcher: Launcher, console: StudyListener, study: StageStudy, policy: StagePolicy,
-                 stopper: Stopper, space: Space, base: Config, *, run_prefix: str) -> None:
+                 stopper: Stopper, space: Space, base: Config, *, run_prefix: str,
+                 branch: ChainPoint | None = None) -> None:
+        """``branch``: train mode's checkpoint the stage's runs branch from."""
         self.stage = policy.stage
+        self.branch = branch
         self.spec = policy.spec
         self.launcher = launcher
         self.console = console
@@ -210,6 +214,7 @@ class TrialRunner:
             n_gpus=self.spec.hardware.n_gpus,
             metadata={"study": self.spec.name, "stage": self.stage_name, "trial": str(trial.number),
                       **({} if self.spec.probe.trackers else NO_TRACKERS)},
+            branch=branch_of(self.stage, self.branch, config, base) if self.branch is not None else None,
         )
         probe = Probe(self.launcher, spec, self.stage.probe)
         try:
@@ -229,7 +234,7 @@ class TrialRunner:
             self.launcher.cancel(handle)  # nobody would follow it: never leave it running
             raise
         self.active[trial.number] = ActiveTrial(trial, probe, role, seed, overrides, view.record(trial.number).rerun_of,
-                                                next_report_step=self.stage.report_every)
+                                                next_report_step=self.stage.start_step + self.stage.report_every)
         self.study.refresh(trial._trial_id)  # the view held now has this run's parameters, seed and role
         self.console.trial_started(self.stage_name, trial.number, role, overrides)
         return True
@@ -266,7 +271,7 @@ class TrialRunner:
                 self.study.heartbeat([frozen._trial_id])
                 self.active[frozen.number] = ActiveTrial(
                     trial, probe, record.role, record.seed or 0, dict(record.overrides), record.rerun_of,
-                    next_report_step=self.stage.report_every, outcome=outcome,
+                    next_report_step=self.stage.start_step + self.stage.report_every, outcome=outcome,
                 )
                 adopted.append(frozen.number)
                 continue

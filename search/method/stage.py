@@ -38,27 +38,32 @@ PACE = Pace(alone=KL_PARAMS, together=(MiniBatchSpace.param, LRSpace.param))
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """Stage ``index`` of ``spec``; ``stretch``: how many times the study's probe length its
-    learning probes run (1 unless a slow start was seen before it)."""
+    learning probes run (1 unless a slow start was seen before it); ``start_step``: in train
+    mode, the chain's step its learning probes branch from (they run steps ``start_step + 1 ..
+    start_step + branch_steps``)."""
 
     spec: StudySpec
     index: int
     moves: Moves
     stretch: int = 1
+    start_step: int = 0
 
     @classmethod
-    def of(cls, spec: StudySpec, index: int, *, slow_start: bool = False) -> Stage:
+    def of(cls, spec: StudySpec, index: int, *, slow_start: bool = False, start_step: int = 0) -> Stage:
         """From the study file. Raises SpaceError for a space kind that is not registered."""
         settings = spec.stages[index]
         stage = cls(spec, index, space_class(settings.space, where=f"stages[{index}]").moves)
+        if stage.branches:
+            return dataclasses.replace(stage, start_step=start_step)  # a branch's length is fixed
         if slow_start and stage.may_be_stretched:
             return dataclasses.replace(stage, stretch=spec.probe.slow_start_factor)
         return stage
 
     @classmethod
-    def stored(cls, spec: StudySpec, index: int, probe_steps: int | None) -> Stage:
+    def stored(cls, spec: StudySpec, index: int, probe_steps: int | None, start_step: int = 0) -> Stage:
         """As its stored study ran it (``probe_steps``: the length stored when it opened; None
         before it opened): probes longer than the study's were stretched by a slow start."""
-        stage = cls.of(spec, index)
+        stage = cls.of(spec, index, start_step=start_step)
         if probe_steps and stage.may_be_stretched and probe_steps > spec.probe.steps:
             return dataclasses.replace(stage, stretch=probe_steps // spec.probe.steps)
         return stage
@@ -99,9 +104,15 @@ class Stage:
         return Metric.REWARD_RATE if self.learns else Metric.THROUGHPUT
 
     @property
+    def branches(self) -> bool:
+        """A learning stage of a train-mode study: its runs branch from the chain's checkpoint."""
+        return self.learns and self.spec.train is not None
+
+    @property
     def may_be_stretched(self) -> bool:
-        """A learning stage at the study's probe length (not one with probe_steps of its own)."""
-        return self.learns and not self.settings.probe_steps
+        """A learning stage at the study's probe length (not one with probe_steps of its own,
+        nor a train-mode branch)."""
+        return self.learns and not self.settings.probe_steps and not self.branches
 
     @property
     def may_stretch(self) -> bool:
@@ -111,8 +122,11 @@ class Stage:
 
     @property
     def probe_steps(self) -> int:
-        """Its probes' length: its own, else the study's (the speed length for a speed stage),
-        × ``stretch``."""
+        """Its probes' length: a train-mode branch's, its own, else the study's (the speed
+        length for a speed stage), × ``stretch``."""
+        if self.branches:
+            assert self.spec.train is not None
+            return self.spec.train.branch_steps
         if self.settings.probe_steps:
             return self.settings.probe_steps
         if not self.learns:
@@ -126,13 +140,26 @@ class Stage:
 
     @property
     def probe(self) -> ProbeSettings:
-        """How its probes run and are scored."""
-        return ProbeSettings(steps=self.probe_steps, metric=self.metric, warmup_steps=self.warmup_steps,
+        """How its probes run and are scored: a branch's steps come after ``start_step``, and
+        its score places them there (read to the run's end, as every learning probe's)."""
+        last = self.start_step + self.probe_steps
+        return ProbeSettings(steps=last, metric=self.metric, warmup_steps=self.start_step + self.warmup_steps,
                              hang_timeout_s=self.spec.probe.hang_timeout_s, health_screen=self.learns,
                              n_gpus=self.spec.hardware.n_gpus,
                              settle_tolerance=0.0 if self.learns else self.spec.probe.speed_settle_tolerance,
-                             horizon_steps=probe_horizon(study_run_length(self.spec).steps, self.probe_steps)
-                             if self.learns else None)
+                             horizon_steps=self.horizon_steps if self.learns and not self.branches else None,
+                             plateau_screen=not (self.branches and self.start_step > 0),
+                             estimator="ols" if self.branches else "curve")
+
+    @property
+    def horizon_steps(self) -> int | None:
+        """The step its learning probes' rates are read to (``probe_horizon``), counted from
+        the step they start at."""
+        run_steps = study_run_length(self.spec).steps
+        if run_steps is None:
+            return None
+        horizon = probe_horizon(max(run_steps - self.start_step, self.probe_steps), self.probe_steps)
+        return None if horizon is None else self.start_step + horizon
 
     # -- pruning ----------------------------------------------------------------------------------
     @property
@@ -143,14 +170,14 @@ class Stage:
     @property
     def prune_from(self) -> int:
         """No pruning before this step."""
-        return self._pruning_steps()[1]
+        return self.start_step + self._pruning_steps()[1]
 
     @property
     def late_prune_from(self) -> int:
         """No pruning before this step for a candidate that changes the KL pull, or the
         mini-batch and lr both (``verl_sweep.search.method.pruning``): three quarters of the probe, where a
         stretched probe's pruning starts too."""
-        return self.probe_steps * 3 // 4 if self.learns else 0
+        return self.start_step + self.probe_steps * 3 // 4 if self.learns else 0
 
     def _pruning_steps(self) -> tuple[int, int]:
         """Speed probes are short and steady from step to step, so the 500-step settings would
@@ -168,7 +195,7 @@ class Stage:
         else:
             start = pruner.warmup_steps * self.stretch
         if self.stretch > 1:
-            return pruner.interval_steps * self.stretch, max(start, self.late_prune_from)
+            return pruner.interval_steps * self.stretch, max(start, self.probe_steps * 3 // 4)
         return pruner.interval_steps, start
 
     def pruner(self) -> optuna.pruners.BasePruner:
@@ -184,7 +211,7 @@ class Stage:
         if self.settings.pruner.name == "none":
             return None
         interval = self.report_every
-        earliest = max(self.prune_from, self.warmup_steps + MIN_RUNNING_STEPS)
+        earliest = max(self.prune_from, self.start_step + self.warmup_steps + MIN_RUNNING_STEPS)
         first_report = -(-earliest // interval) * interval
         return first_report + (reports_to_prune(self.settings.pruner) - 1) * interval
 
@@ -204,7 +231,7 @@ class Stage:
         """A pruner that cannot act before the probe ends: it would cost nothing, and do nothing
         (a probe that reports once, at its last step)."""
         step = self.first_prune_step()
-        if step is None or step < self.probe_steps:
+        if step is None or step < self.start_step + self.probe_steps:
             return None
         pruner = self.settings.pruner
         return (f"{self.where}.pruner: stage {self.name}'s pruner can first stop a candidate at step {step} "

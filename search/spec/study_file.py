@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from pathlib import Path
@@ -25,6 +24,7 @@ from verl_sweep.launchers import DEFAULT_KIND
 from verl_sweep.launchers.user_files import UserFileError, load_json, parse_yaml, read_user_text
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.spec.masking import mask_url
+from verl_sweep.search.spec.plain import check_plain as _check_plain, short as _short
 from verl_sweep.verl_knowledge import Algorithm, HardwareFacts, ModelFacts
 from verl_sweep.verl_knowledge import OverrideError, check_key, format_value, merge
 
@@ -36,36 +36,6 @@ MAX_FILE_BYTES = 1_000_000
 # (pydantic's lax mode would take both). StrictFloat still takes an integer.
 Int = StrictInt
 Float = StrictFloat
-
-
-def _plain_problem(value: Any) -> str | None:
-    """Why a free-form value (launcher options, space params) cannot be stored and read back
-    as it was written, or None: a non-finite number (JSON stores it as null, and the study could
-    then never be resumed) or an integer beyond 64 bits."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return f"must be a finite number, but got {item}"
-        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**63 - 1:
-            return f"must fit in 64 bits, but got {_short(item)}"
-        if isinstance(item, dict):
-            stack.extend(item.values())
-            if not all(isinstance(k, str) for k in item):
-                return f"keys must be strings, but got {_short(next(k for k in item if not isinstance(k, str)))}"
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif not isinstance(item, (str, int, float, bool, type(None))):
-            return f"must be a number, string, list or mapping, but got {type(item).__name__}"
-    return None
-
-
-def _check_plain(values: dict[str, Any]) -> dict[str, Any]:
-    for key, value in values.items():
-        problem = _plain_problem(value)
-        if problem:
-            raise ValueError(f"{key}: {problem}")
-    return values
 
 
 class _Strict(BaseModel):
@@ -194,6 +164,15 @@ class FinalCheckSettings(_Strict):
         return self.runs > 0
 
 
+class TrainSettings(_Strict):
+    """Train mode: the study is the run (``verl_sweep.search.engine.chain``). Each learning stage
+    branches its runs from the chain's checkpoint, ``branch_steps`` steps each; its winner's
+    branch is the chain the next stage branches from; after the last stage the winner trains
+    on to the run's end, and that checkpoint is the model."""
+
+    branch_steps: Int = Field(default=250, ge=2, le=10_000_000)
+
+
 class ProbeSettings(_Strict):
     steps: Int = Field(default=500, ge=2, le=10_000_000)
     #: steps at the start that the score leaves out (engine warm-up)
@@ -263,6 +242,8 @@ class StudySpec(_Strict):
     #: the final config against the baseline on fresh paired seeds, after the last stage
     #: (``{runs: N}``; ``false``: none)
     final_check: FinalCheckSettings = Field(default_factory=FinalCheckSettings)
+    #: train mode (``{branch_steps: N}``): the study trains the model as it tunes; None: search mode
+    train: TrainSettings | None = None
     #: where the study file lives (set by the loader; storage and paths are relative to it)
     source_dir: Path | None = Field(default=None, exclude=True)
 
@@ -423,11 +404,6 @@ def _field_path(loc: tuple[Any, ...]) -> str:
         else:
             path += ("." if path else "") + str(part)
     return path or "(top level)"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def describe_error(error: Any) -> str:

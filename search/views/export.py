@@ -3,6 +3,11 @@
 The export is the config for the full run, not for a probe: the settings a probe pins
 (logger, resume mode, validation, step limit, experiment name, seed) are never part of the
 chain's config, and the method's guards are added where the baseline is silent.
+
+In train mode the study trained the model itself: the export also says which config trained
+which steps and where the model is (``verl_sweep.search.views.train.schedule``), in the YAML's
+comment header and, with ``-o best.yaml``, in ``best.schedule.yaml`` beside it; the config file
+itself stays the same verl config.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,6 +29,11 @@ from verl_sweep.verl_knowledge import Config, get, merge, nest, to_overrides
 GUARDS: Config = {"trainer.max_actor_ckpt_to_keep": 3, "trainer.max_critic_ckpt_to_keep": 3}
 
 FORMATS = ("yaml", "overrides", "command", "json")
+
+
+def schedule_path(output: Path) -> Path:
+    """Where ``export -o output`` writes train mode's schedule: ``best.yaml`` → ``best.schedule.yaml``."""
+    return output.with_name(f"{output.stem}.schedule.yaml")
 
 
 #: significant digits of an exported float: what verl needs (an lr of 3.162e-06, a memory
@@ -46,9 +57,12 @@ def final_config(base: Config) -> Config:
     return rounded(merge(guards, base))
 
 
-def header_lines(spec: StudySpec, results: list[StageResult], overall: str | None = None) -> list[str]:
+def header_lines(spec: StudySpec, results: list[StageResult], overall: str | None = None,
+                 schedule: dict[str, Any] | None = None) -> list[str]:
     """The export's comment: the study, the overall gain against the baseline (``overall``:
-    ``verl_sweep.search.views.status.overall_line``) first, then each stage's result."""
+    ``verl_sweep.search.views.status.overall_line``) first, then each stage's result; in train
+    mode (``schedule``: ``verl_sweep.search.views.train.schedule``) then which config trained
+    which steps, and the model."""
     lines = [
         f"verl-sweep export of study '{spec.name}' ({spec.algorithm.value}), "
         f"{datetime.date.today().isoformat()}",
@@ -69,15 +83,19 @@ def header_lines(spec: StudySpec, results: list[StageResult], overall: str | Non
                     f"{k}={rounded(v)}" for k, v in sorted(result.overrides.items())
                 )
             )
+    if schedule is not None:
+        from verl_sweep.search.views.train import schedule_comment
+
+        lines.extend(schedule_comment(schedule))
     return lines
 
 
 def to_yaml(spec: StudySpec, results: list[StageResult], config: Config, *, config_name: str = "best",
-            overall: str | None = None) -> str:
+            overall: str | None = None, schedule: dict[str, Any] | None = None) -> str:
     """A primary Hydra config: ``defaults: [ppo_trainer, _self_]`` with verl's config package on
     the search path, so ``python -m verl.trainer.main_ppo --config-path DIR --config-name
-    <name>`` composes it."""
-    comments = header_lines(spec, results, overall) + [
+    <name>`` composes it. ``schedule``: train mode's, told in the header's comment."""
+    comments = header_lines(spec, results, overall, schedule) + [
         f"run: python -m verl.trainer.main_ppo --config-path <this dir> --config-name {config_name}",
     ]
     config = dict(config)
@@ -95,22 +113,25 @@ def to_yaml(spec: StudySpec, results: list[StageResult], config: Config, *, conf
 
 
 def render(spec: StudySpec, results: list[StageResult], base: Config, fmt: str, *, config_name: str = "best",
-           overall: dict[str, Any] | None = None) -> str:
-    """``overall``: ``status``'s overall gain (``verl_sweep.search.views.status.final_check_status``)."""
+           overall: dict[str, Any] | None = None, schedule: dict[str, Any] | None = None) -> str:
+    """``overall``: ``status``'s overall gain (``verl_sweep.search.views.status.final_check_status``);
+    ``schedule``: train mode's (``verl_sweep.search.views.train.schedule``; None in search mode),
+    in the YAML's header and under the JSON's ``train``."""
     from verl_sweep.search.views.status import overall_line
 
     config = final_config(base)
     if fmt == "yaml":
         return to_yaml(spec, results, config, config_name=config_name,
-                       overall=overall_line({"overall": overall}) if overall else None)
+                       overall=overall_line({"overall": overall}) if overall else None, schedule=schedule)
     overrides = to_overrides(config)
     if fmt == "overrides":
         return "\n".join(overrides) + "\n"
     if fmt == "command":
         return shlex.join(["python", "-m", "verl.trainer.main_ppo", *overrides]) + "\n"
     if fmt == "json":
-        return json.dumps(
-            {"study": spec.name, "finished": len(results) == len(spec.stages), "stages": [rounded(r.to_attr()) for r in results],
-             "overall": overall, "config": config}, indent=2
-        ) + "\n"
+        body = {"study": spec.name, "finished": len(results) == len(spec.stages),
+                "stages": [rounded(r.to_attr()) for r in results], "overall": overall, "config": config}
+        if schedule is not None:
+            body["train"] = schedule
+        return json.dumps(body, indent=2) + "\n"
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, but got {fmt!r}.")

@@ -92,10 +92,12 @@ def ended_early(stage: Stage, trials: list[TrialRecord]) -> str | None:
     if not stage.learns and stage.spec.probe.speed_settle_tolerance > 0:
         return None
     steps = stage.probe_steps
+    end = stage.start_step + steps  # a train-mode branch runs on from the chain's step
     done = [int(t.probe.get("last_step") or 0) for t in trials if t.state.name == "COMPLETE"]
-    if not done or max(done) >= steps:
+    if not done or max(done) >= end:
         return None
-    return (f"every probe of this stage ended before its {steps} steps (the furthest at step {max(done)}): the run "
+    until = f"its {steps} steps" if not stage.start_step else f"step {end} (its {steps} steps from step {stage.start_step})"
+    return (f"every probe of this stage ended before {until} (the furthest at step {max(done)}): the run "
             "itself stops there (trainer.total_training_steps or trainer.total_epochs). Make the probes at most ¼ "
             "of the run (`verl-sweep init` sets them so), or lengthen the run")
 
@@ -174,6 +176,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
     import optuna
 
     stages: list[dict[str, Any]] = []
+    stored: dict[str, StageStudyAttrs] = {}  # each opened stage's attributes (train mode reads its branch)
     for index, stage in enumerate(spec.stages):
         name = stage_study_name(spec, stage)
         entry: dict[str, Any] = {"name": stage.name, "study": name, "space": stage.space,
@@ -192,13 +195,13 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
             incumbent_eta = incumbent_etas.get(row["number"])
             if incumbent_eta is not None:
                 row.update(eta=incumbent_eta.value, eta_interval=[incumbent_eta.low, incumbent_eta.high])
-        attrs = StageStudyAttrs.of(study.user_attrs)
+        attrs = stored[stage.name] = StageStudyAttrs.of(study.user_attrs)
         result = None if attrs.result is None else attrs.result.to_attr()
         counts = collections.Counter(r["state"] for r in rows)
         reasons = collections.Counter(reason_category(r) for r in rows if r["state"] in ("pruned", "fail"))
         base: Config = attrs.base_config or {}
         gpu_s = sum(r["gpu_time_s"] or 0.0 for r in rows)
-        planned = Stage.stored(spec, index, attrs.probe_steps)
+        planned = Stage.stored(spec, index, attrs.probe_steps, attrs.branch.step if attrs.branch is not None else 0)
         entry.update(
             state="finished" if result else "running",
             counts=dict(counts),
@@ -219,7 +222,13 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
     if final_entry is not None:
         data["final_check"] = final_entry
     data["overall"] = overall
-    data["cost"] = _cost(spec, stages, final_entry, overall, run_steps)
+    continuation = None
+    if spec.train is not None:  # train mode: the chain, the continuation, the model (search mode: no key)
+        from verl_sweep.search.views.train import train_status
+
+        data["train"] = train_status(storage, spec, stages, stored)
+        continuation = data["train"]["continuation"]
+    data["cost"] = _cost(spec, stages, final_entry, overall, run_steps, continuation)
     return data
 
 
@@ -241,6 +250,8 @@ def final_check_status(storage: "optuna.storages.BaseStorage", spec: StudySpec,
     if result is not None:
         overall.update(state="measured", eta=round(result.eta, 4), low=round(result.low, 4),
                        high=round(result.high, 4), n_pairs=result.n_pairs)
+    elif spec.train is not None and entry is None:  # the driver runs the continuation instead
+        overall.update(state="skipped", note="train mode runs none, the study is the run")
     elif len(winners) < len(spec.stages):
         overall["state"] = "stages running"
     else:
@@ -279,14 +290,20 @@ def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry:
 
 
 def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None,
-          overall: dict[str, Any], run_steps: int | None) -> dict[str, Any]:
+          overall: dict[str, Any], run_steps: int | None, continuation: dict[str, Any] | None = None) -> dict[str, Any]:
     """GPU-hours spent, and for a full run of the baseline (R: ``run_steps`` steps, else the
     baseline's own length, else 2,000 assumed) at its measured speed: what it costs, the study's
     cost in R (each stage's too: its ``cost_r``), what the winner saves on it (the same reward
-    reached η times sooner) and how many full runs repay the study (break-even)."""
+    reached η times sooner) and how many full runs repay the study (break-even).
+
+    Train mode (``continuation``: ``train_status``'s entry of it): the continuation's GPU-hours
+    count too, and instead of a payback, ``train`` holds the study's total in R (tuning and the
+    trained run) against the one full run of the baseline it replaces."""
     from verl_sweep.search.method.run_length import study_run_length
 
-    spent = sum(s.get("gpu_hours") or 0.0 for s in stages) + (final_entry or {}).get("gpu_hours", 0.0)
+    tuning = sum(s.get("gpu_hours") or 0.0 for s in stages) + (final_entry or {}).get("gpu_hours", 0.0)
+    trained = (continuation or {}).get("gpu_hours") or 0.0
+    spent = tuning + trained
     run = study_run_length(spec, run_steps)
     cost: dict[str, Any] = {"gpu_hours_spent": round(spent, 2), "simulated": simulated(spec),
                             "run_steps": run.steps, "run_steps_from": run.how, "run_steps_assumed": run.assumed,
@@ -294,12 +311,17 @@ def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, 
     step_s = _baseline_step_s(spec, stages, final_entry)
     cost["baseline_step_s"] = None if step_s is None else round(step_s, 3)
     full = None if step_s is None or run.steps is None else run.steps * step_s * spec.hardware.n_gpus / 3600.0
-    for entry in [*stages, *([final_entry] if final_entry is not None else [])]:
+    for entry in [*stages, *(e for e in (final_entry, continuation) if e is not None)]:
         hours = entry.get("gpu_hours")
         entry["cost_r"] = None if not full or hours is None else round(hours / full, 4)
     if not full:
         return cost
     cost.update(full_run_gpu_hours=round(full, 2), r_gpu_hours=round(full, 2), cost_r=round(spent / full, 4))
+    if continuation is not None:  # the study is the run: no full run follows for a payback
+        cost["train"] = {"tuning_gpu_hours": round(tuning, 2), "tuning_r": round(tuning / full, 4),
+                         "continuation_gpu_hours": round(trained, 2), "continuation_r": round(trained / full, 4),
+                         "continuation_state": continuation["state"], "total_r": round(spent / full, 4)}
+        return cost
     eta, low, high = overall.get("eta"), overall.get("low"), overall.get("high")
     if eta is None or low is None or high is None:
         return cost
@@ -350,8 +372,8 @@ _NO_SAVING = {"stages running": "the stages are still running", "not started": "
 
 def cost_lines(data: dict[str, Any], *, give: str = "give --run-steps N") -> list[str]:
     """Two lines (each ≤ ~150 characters): the study's cost in GPU-hours and in R (one full run
-    of the baseline), and the winner's payback on a full run (``status``, the report's header,
-    the end of ``run``). ``give``: how to set a full run's length, where 2,000 steps are assumed."""
+    of the baseline), and the winner's payback on a full run, or in train mode the study's total
+    against one full run (``train_total_line``) (``status``, the report's header, the end of ``run``). ``give``: how to set a full run's length, where 2,000 steps are assumed."""
     c = data.get("cost") or {}
     tag = "SIMULATED " if c.get("simulated") else ""
     spent = f"{tag}cost: {c.get('gpu_hours_spent', 0.0):,.1f} GPU-h"
@@ -361,6 +383,8 @@ def cost_lines(data: dict[str, Any], *, give: str = "give --run-steps N") -> lis
     if c.get("cost_r") is None:
         return [spent + f" (R, {run}: its step time is not measured yet{assumed})"]
     lines = [spent + f" = {r_text(c['cost_r'])} (R: {run}, {c['r_gpu_hours']:,.1f} GPU-h{assumed})"]
+    if c.get("train") is not None:
+        return lines + [train_total_line(c, tag)]
     saved = c.get("saved_gpu_hours_per_run")
     if saved is None:
         state = (data.get("overall") or {}).get("state", "not started")
@@ -370,6 +394,21 @@ def cost_lines(data: dict[str, Any], *, give: str = "give --run-steps N") -> lis
     low, high = c["saved_interval"]
     return lines + [f"{tag}payback: the winner saves {saved:,.1f} [{low:,.1f}, {high:,.1f}] GPU-h a full run = "
                     f"{r_text(saved / c['r_gpu_hours'])}; break-even after {c['break_even_runs']:.1f} runs"]
+
+
+#: the continuation's part of the train mode's total, by its state
+_CONTINUATION_PART = {"trained": "the trained run", "running": "the trained run so far (running)",
+                      "stopped": "the trained run so far (stopped: resume it)"}
+
+
+def train_total_line(cost: dict[str, Any], tag: str = "") -> str:
+    """Train mode's line in place of the payback: the study is the run, so its total (tuning and
+    the continuation) stands against the one full run of the baseline (1 R) it replaces."""
+    t = cost["train"]
+    part = _CONTINUATION_PART.get(t["continuation_state"])
+    trained = f"{r_text(t['continuation_r'])} {part}" if part else "the trained run not started"
+    return (f"{tag}train mode: the study is the run: {r_text(t['tuning_r'])} tuning + {trained} = "
+            f"{r_text(t['total_r'])}, against 1 R for one full run of the baseline (no separate full run follows)")
 
 
 def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> list[StageResult]:

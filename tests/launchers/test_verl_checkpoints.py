@@ -12,8 +12,9 @@ from typing import Any, Callable
 import pytest
 
 from support import REPO
-from verl_sweep.launchers.base import LauncherError
-from verl_sweep.launchers.verl_checkpoints import VerlCheckpointError, branch_checkpoint
+from verl_sweep.launchers.base import Branch, LauncherError
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.launchers.verl_checkpoints import VerlCheckpointError, branch_checkpoint, prepare_branch
 
 pytestmark = pytest.mark.fast
 torch = pytest.importorskip("torch")
@@ -89,6 +90,21 @@ def test_links_every_file_it_does_not_rewrite(tmp_path: Path) -> None:
 
     plain = branch_checkpoint(src, tmp_path / "plain")
     assert plain.n_bytes_copied == 0 and plain.n_bytes_linked == sum(p.stat().st_size for p in files.values())
+
+
+def test_a_branch_run_gets_its_own_copy_in_its_run_dir_each_attempt(tmp_path: Path) -> None:
+    """What the local launcher does as it starts a branch run (``prepare_branch``): the copy its
+    pins resume, linked but for the rewritten shards; a restarted attempt replaces it."""
+    src = _incumbent(tmp_path / "incumbent")
+    run_dir = RunDir.make(tmp_path / "runs", "b")
+    assert prepare_branch(Branch(None, save_every=2), run_dir) is None and not run_dir.resume.exists()
+    for lr in (3e-4, 5e-4):  # two attempts of one run
+        copy = prepare_branch(Branch(str(src), save_every=2, lr=lr), run_dir)
+        assert copy == run_dir.resume_step_dir(str(src)) == run_dir.resume / "global_step_4"
+        assert sorted(p.name for p in run_dir.resume.iterdir()) == ["global_step_4", "latest_checkpointed_iteration.txt"]
+        model = Path("actor/model_world_size_2_rank_0.pt")
+        assert (copy / model).stat().st_ino == (src / model).stat().st_ino
+        assert _load(copy / "actor/extra_state_world_size_2_rank_0.pt")["lr_scheduler"]["base_lrs"] == [lr]
 
 
 def _corrupt_optimizer(step_dir: Path) -> Path:

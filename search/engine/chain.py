@@ -1,0 +1,83 @@
+"""Train mode's chain: the model the study trains while it tunes.
+
+In train mode (``train:`` in the study file) the speed stages run as in search mode. Each
+learning stage then branches every run of its own (the incumbent's and the candidates') from
+the chain's checkpoint at the stage's start, ``train.branch_steps`` steps each; the first
+learning stage's runs start from step 1. The config the stage chooses continues the chain:
+its run on the first seed that reached the stage's end left the checkpoint the next stage
+branches from. After the last stage the chain's config trains on to the run's end
+(``verl_sweep.search.engine.continuation``), and that checkpoint is the model.
+
+Everything here is read from the stored stage studies, so a resume and every worker compute
+the same chain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from optuna.trial import TrialState
+
+from verl_sweep.launchers.base import Branch
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.search.database.records import ChainPoint, Decision, StageStudyAttrs, TrialRecord
+from verl_sweep.search.spec.errors import SweepError
+from verl_sweep.verl_knowledge import LR, Config, merge, setting
+
+if TYPE_CHECKING:
+    import optuna
+
+    from verl_sweep.search.method.stage import Stage
+    from verl_sweep.search.spec.study_file import StudySpec
+
+
+def chain_point(storage: optuna.storages.BaseStorage, spec: StudySpec, index: int) -> ChainPoint:
+    """Where the chain stands before stage ``index`` (``len(spec.stages)``: after the last):
+    the checkpoint the last learning stage before it left at its end, or step 0 (from scratch)
+    when no learning stage ran before it (none, or each skipped)."""
+    from verl_sweep.search.engine.stage_study import StageStudy
+    from verl_sweep.search.method.stage import Stage
+
+    for earlier in reversed(range(index)):
+        plan = Stage.of(spec, earlier)
+        if not plan.branches:
+            continue
+        stored = StageStudy.stored_stage(storage, spec, spec.stages[earlier])
+        if stored is None or stored.result is None:
+            raise SweepError(f"stage {plan.name} has no result yet, so the chain has no checkpoint to branch from; "
+                             "run the stages in order (resume the study)")
+        if stored.result.decision is Decision.SKIPPED:
+            continue
+        attrs = StageStudyAttrs.of(stored.study.user_attrs)
+        start = attrs.branch.step if attrs.branch is not None else 0
+        return _left_by(plan, stored.trials(), attrs, stored.result.config, stored.result.winner_trial,
+                        start + plan.probe_steps)
+    return ChainPoint(step=0)
+
+
+def _left_by(plan: Stage, trials: list[TrialRecord], attrs: StageStudyAttrs, chosen: Config, winner: int | None,
+             step: int) -> ChainPoint:
+    """The checkpoint at ``step`` of a finished run of ``chosen`` (the stage's choice): the
+    winning trial's, else the first seed's that has one."""
+    base = attrs.base_config or {}
+    runs = [t for t in trials if t.state == TrialState.COMPLETE and t.run_dir
+            and merge(base, t.overrides) == chosen]
+    runs.sort(key=lambda t: (t.number != winner, t.seed if t.seed is not None else 2**31, t.number))
+    for t in runs:
+        assert t.run_dir is not None
+        step_dir = RunDir(Path(t.run_dir)).step_dir(step)
+        if step_dir.is_dir():
+            return ChainPoint(step=step, step_dir=str(step_dir), stage=plan.name, trial=t.number)
+    raise SweepError(f"stage {plan.name}: no finished run of its chosen config left a checkpoint at step {step} "
+                     f"({len(runs)} finished run(s) of it); the chain cannot go on. Check the runs' checkpoints "
+                     "folders, or start the study again under a new name")
+
+
+def branch_of(stage: Stage, point: ChainPoint, config: Config, chain_config: Config) -> Branch:
+    """How a run of ``config`` in ``stage`` branches from ``point``: it saves at the stage's
+    end (every ``branch_steps``), and trains at its own lr, not the checkpoint's (verl keeps
+    the checkpoint's: the launcher rewrites the run's copy, docs/verl-resume.md §2)."""
+    lr = setting(config, LR)
+    changed = point.step_dir is not None and lr is not None and lr != setting(chain_config, LR)
+    return Branch(resume_from=point.step_dir, save_every=stage.probe_steps, lr=float(lr) if changed else None)

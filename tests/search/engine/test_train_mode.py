@@ -1,0 +1,109 @@
+"""Train mode: each learning stage branches its runs from the chain's checkpoint, the chosen
+config's branch carries the chain on, and after the last stage the chain trains to the run's
+end. Run on the replay launcher (the simulator's model, in-process): the checkpoints, the
+steps each run trains and the chain are read from the files the runs leave."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from benchmarks import methods as M
+from benchmarks.run import demo_spec
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.search.database.records import StageStudyAttrs, records, stage_study_name
+from verl_sweep.search.database.study_root import save_spec
+from verl_sweep.search.engine.chain import chain_point
+from verl_sweep.search.engine.continuation import stored_model
+from verl_sweep.search.engine.driver import StudyRunner
+from verl_sweep.search.spec.errors import SweepError
+from verl_sweep.search.views.console import Console
+from verl_sweep.spaces import build_space
+
+BRANCH = 100
+RUN_STEPS = 1755  # the default world's run: 15 epochs of 117 steps
+
+
+def _spec(**extra: Any) -> Any:
+    spec = demo_spec("default")
+    data = spec.model_dump(mode="json")
+    data.update(run_steps=RUN_STEPS, train={"branch_steps": BRANCH}, stop_when_flat=0, final_check=False,
+                stages=[{"name": "kl", "space": "kl", "budget": {"max_trials": 3}, "confirm_top": 0},
+                        {"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "confirm_top": 0}], **extra)
+    return type(spec).model_validate(data)
+
+
+def _run(spec: Any, tmp_path: Path) -> tuple[dict[str, Any], optuna.storages.RDBStorage]:
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/train.db")
+    save_spec(storage, spec)
+    launcher = M.replay_launcher(tmp_path / "runs", "default")
+    runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space,
+                         poll_interval_s=M.POLL_S)
+    try:
+        config = runner.run()
+    finally:
+        launcher.close()
+    return config, storage
+
+
+def _steps(run_dir: str) -> list[int]:
+    lines = RunDir(Path(run_dir)).metrics.read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def _stage(storage: Any, spec: Any, index: int) -> tuple[StageStudyAttrs, list[Any]]:
+    study = optuna.load_study(study_name=stage_study_name(spec, spec.stages[index]), storage=storage)
+    return StageStudyAttrs.of(study.user_attrs), records(study.get_trials(deepcopy=False))
+
+
+def test_each_stage_branches_from_the_chain_and_the_chain_trains_to_the_run_end(tmp_path: Path) -> None:
+    spec = _spec()
+    config, storage = _run(spec, tmp_path)
+    first, first_runs = _stage(storage, spec, 0)
+    assert first.branch is not None and first.branch.step == 0 and first.branch.step_dir is None
+    for t in first_runs:  # from scratch, saving at the stage's end
+        if t.run_dir:
+            assert _steps(t.run_dir)[0] == 1 and RunDir(Path(t.run_dir)).step_dir(BRANCH).is_dir()
+    second, second_runs = _stage(storage, spec, 1)
+    assert second.branch is not None and second.branch.step == BRANCH
+    assert second.branch.stage == "kl" and second.branch.step_dir is not None
+    assert Path(second.branch.step_dir).is_dir()  # the first stage's chosen run's checkpoint
+    ran = [t for t in second_runs if t.run_dir]
+    assert ran and all(_steps(t.run_dir)[0] == BRANCH + 1 and _steps(t.run_dir)[-1] >= 2 * BRANCH for t in ran)
+    model, attempts = stored_model(storage, spec)
+    assert model is not None and model.step == RUN_STEPS and Path(model.step_dir).is_dir()
+    assert len(attempts) == 1 and _steps(attempts[0].run_dir)[0] == 2 * BRANCH + 1
+    assert chain_point(storage, spec, len(spec.stages)).step == 2 * BRANCH
+    assert config == second.base_config or config != spec.baseline_config()
+
+
+def test_a_branch_trains_at_its_own_lr_not_the_checkpoints(tmp_path: Path) -> None:
+    spec = _spec()
+    _, storage = _run(spec, tmp_path)
+    _, runs = _stage(storage, spec, 1)
+    lrs = set()
+    for t in runs:
+        if not t.run_dir or t.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        wanted = float(t.overrides.get("actor_rollout_ref.actor.optim.lr", 1e-6))
+        logged = {json.loads(line)["data"]["actor/lr"] for line in
+                  RunDir(Path(t.run_dir)).metrics.read_text().splitlines() if line.strip()}
+        assert max(abs(lr / wanted - 1) for lr in logged) < 1e-9, (t.number, logged, wanted)
+        lrs.add(wanted)
+    assert len(lrs) > 1  # candidates at other lrs than the chain's ran
+
+
+def test_a_missing_chain_checkpoint_stops_the_study_with_its_path(tmp_path: Path) -> None:
+    spec = _spec()
+    _, storage = _run(spec, tmp_path)
+    gone = [p for p in (tmp_path / "runs").rglob(f"global_step_{BRANCH}") if p.parent.name == "checkpoints"]
+    assert gone
+    for step_dir in gone:  # every run of the first stage loses its checkpoint at its end
+        shutil.rmtree(step_dir)
+    with pytest.raises(SweepError, match=f"stage kl: no finished run of its chosen config left a checkpoint at step {BRANCH}"):
+        chain_point(storage, spec, 1)
