@@ -400,6 +400,7 @@ def _study_for_key(spec: Any) -> dict[str, Any]:
     # run_steps sets how a method measures (its probes' horizon); the benchmark judges every
     # choice at the world's own horizon (``true_steps``)
     del data["probe"], data["launcher"], data["run_steps"]
+    data.pop("train", None)  # train mode branches its runs: how a method measures, not what it reaches
     for (section, name), neutral in NEUTRAL_STUDY_FIELDS.items():
         if name in data.get(section, {}) and data[section][name] == neutral:
             del data[section][name]

@@ -15,10 +15,12 @@ checkpoints, as ``Landscape.simulate`` resumes them.
 - Baseline: the baseline's full run, noise-free. Search mode: the same world and repetition's
   run of today's benchmark (``--search-results``, ``benchmarks.run``): its study's GPU-hours plus
   its final config's full run from scratch, noise-free.
-- A false adoption: a stage that took a new config whose noise-free continuation from the
-  stage's checkpoint to the run's end ends below its incumbent's continued the same way.
+- A false adoption (one on noise): a stage that took a new config whose noise-free branch from
+  the stage's checkpoint rises less per second over its window than its incumbent's. Also counted: adoptions whose
+  config, continued alone to the run's end, would end below the incumbent's (``late``: a gain
+  of the window that a later config must keep; the chain changes config after it).
 - Target (the train mode's issue): the model's reward ≥ the baseline's and ≥ 98% of search
-  mode's in ≥ 9 of 10 runs, at ≤ 1.5 R, no false adoption.
+  mode's in at least 90% of a world's runs, each at ≤ 1.5 R, no false adoption.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def quiet(world: Any) -> Any:
     return dataclasses.replace(world, data={**world.data, "noise": noise})
 
 
-def segment(world: Any, config: dict[str, Any], start: Any, first: int, last: int) -> tuple[float, Any]:
+def segment(world: Any, config: dict[str, Any], start: Any, first: int, last: int) -> tuple[float, Any, float]:
     """Steps ``first + 1 .. last`` of ``config`` from the checkpoint ``start`` (None: from
     scratch) at the config's own lr, as a branch runs them: (the reward at ``last``, 0 for a
-    run that failed or diverged; the checkpoint saved there)."""
+    run that failed or diverged; the checkpoint saved there; the steps' seconds)."""
     from verl_sweep.verl_knowledge import LR, merge, setting
 
     config = merge(config, {"trainer.total_training_steps": last, "trainer.total_epochs": 10**6,
@@ -63,10 +65,11 @@ def segment(world: Any, config: dict[str, Any], start: Any, first: int, last: in
         lr = float(setting(config, LR))
         resume = dataclasses.replace(start, lr=start.lr * lr / start.base_lr, base_lr=lr)
     records = list(world.simulate(config, max_steps=last, resume=resume))
+    seconds = sum(float(r.metrics["timing_s/step"]) for r in records)
     if not records or records[-1].step < last:
-        return 0.0, None
+        return 0.0, None, seconds
     reward = float(records[-1].metrics["critic/score/mean"])
-    return (reward if math.isfinite(reward) else 0.0), records[-1].checkpoint
+    return (reward if math.isfinite(reward) else 0.0), records[-1].checkpoint, seconds
 
 
 def schedule_of(storage: Any, spec: Any) -> list[dict[str, Any]]:
@@ -100,14 +103,18 @@ def schedule_of(storage: Any, spec: Any) -> list[dict[str, Any]]:
 
 def judge(world: Any, schedule: list[dict[str, Any]], run_steps: int) -> tuple[float, list[bool]]:
     """The schedule's model replayed noise-free: its reward at the run's end, and for each
-    adopted stage whether the adoption was false."""
+    adopted stage whether the adoption was false (on noise: the chosen config's noise-free
+    window rises less per second than the incumbent's, what the stage measured)."""
     still, checkpoint, falses = quiet(world), None, []
     for row in schedule:
         if row["adopted"]:
-            ends = [segment(still, config, checkpoint, row["from"], run_steps)[0]
-                    for config in (row["config"], row["incumbent"])]
-            falses.append(ends[0] < ends[1])
-        reward, checkpoint = segment(still, row["config"], checkpoint, row["from"], row["to"])
+            level = 0.0 if checkpoint is None else checkpoint.reward
+            window = [segment(still, c, checkpoint, row["from"], row["to"]) for c in (row["config"], row["incumbent"])]
+            rates = [(reward - level) / seconds if seconds > 0 else 0.0 for reward, _, seconds in window]
+            ends = [segment(still, c, checkpoint, row["from"], run_steps)[0] for c in (row["config"], row["incumbent"])]
+            falses.append(rates[0] <= rates[1])
+            row.update(false=rates[0] <= rates[1], false_to_end=ends[0] < ends[1], window_rates=rates, ends=ends)
+        reward, checkpoint, _ = segment(still, row["config"], checkpoint, row["from"], row["to"])
         if checkpoint is None and row["to"] < run_steps:
             return 0.0, falses  # the chain's run failed: no model
     return reward, falses
@@ -153,6 +160,7 @@ def run_one(task: tuple[str, int, int, dict[str, Any] | None]) -> dict[str, Any]
     row = {"landscape": world.name, "split": R.split_of(landscape), "rep": rep, "branch_steps": branch_steps,
            "final_reward": final, "baseline_reward": baseline, "gpu_h": gpu_h, "cost_r": gpu_h / big_r,
            "run_gpu_h": big_r, "adopted": sum(r["adopted"] for r in schedule), "false": sum(falses),
+           "late": sum(bool(r.get("false_to_end")) for r in schedule),
            "schedule": [{k: v for k, v in r.items() if k != "incumbent"} for r in schedule]}
     if found is not None:
         search_reward = segment(still, found["final_config"], None, 0, steps)[0]
@@ -183,19 +191,19 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "reward_vs_baseline": statistics.median(r["final_reward"] / r["baseline_reward"] for r in rs),
                     "cost_r": cost, "max_cost_r": max(r["cost_r"] for r in rs),
                     "search_cost_r": statistics.median(r.get("search_cost_r", math.nan) for r in rs),
-                    "adopted": sum(r["adopted"] for r in rs), "false": false,
+                    "adopted": sum(r["adopted"] for r in rs), "false": false, "late": sum(r["late"] for r in rs),
                     "pass": ok >= 0.9 * len(rs) and max(r["cost_r"] for r in rs) <= MAX_COST_R and false == 0})  # fmt: skip
     return out
 
 
 def table(summary: list[dict[str, Any]]) -> str:
     lines = ["| world (SIMULATED) | split | branch steps | runs ≥ baseline & ≥ 98% search | train ÷ search reward "
-             "| train ÷ baseline reward | train GPU-h (R) | search GPU-h (R) | adopted | false | target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| train ÷ baseline reward | train GPU-h (R) | search GPU-h (R) | adopted | false | late | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(summary, key=lambda r: (r["branch_steps"], r["split"] != "report", r["landscape"])):
         lines.append(f"| {r['landscape']} | {r['split']} | {r['branch_steps']} | {r['ok']}/{r['n']} | "
                      f"{r['reward_vs_search']:.3f} | {r['reward_vs_baseline']:.3f} | {r['cost_r']:.2f} "
-                     f"(max {r['max_cost_r']:.2f}) | {r['search_cost_r']:.2f} | {r['adopted']} | {r['false']} | "
+                     f"(max {r['max_cost_r']:.2f}) | {r['search_cost_r']:.2f} | {r['adopted']} | {r['false']} | {r['late']} | "
                      f"{'met' if r['pass'] else 'not met'} |")
     return "\n".join(lines)
 

@@ -39,7 +39,8 @@ def chain_point(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
     from verl_sweep.search.engine.stage_study import StageStudy
     from verl_sweep.search.method.stage import Stage
 
-    for earlier in reversed(range(index)):
+    point = ChainPoint(step=0)
+    for earlier in range(index):
         plan = Stage.of(spec, earlier)
         if not plan.branches:
             continue
@@ -51,9 +52,9 @@ def chain_point(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
             continue
         attrs = StageStudyAttrs.of(stored.study.user_attrs)
         start = attrs.branch.step if attrs.branch is not None else 0
-        return _left_by(plan, stored.trials(), attrs, stored.result.config, stored.result.winner_trial,
-                        start + plan.probe_steps)
-    return ChainPoint(step=0)
+        point = _left_by(plan, stored.trials(), attrs, stored.result.config, stored.result.winner_trial,
+                         start + plan.probe_steps)
+    return point
 
 
 def _left_by(plan: Stage, trials: list[TrialRecord], attrs: StageStudyAttrs, chosen: Config, winner: int | None,

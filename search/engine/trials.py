@@ -24,7 +24,7 @@ from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
 from verl_sweep.search.engine.chain import branch_of
 from verl_sweep.launchers.trackers import NO_TRACKERS
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeState
-from verl_sweep.objectives.score import Score, eta as eta_of, paired_eta
+from verl_sweep.objectives.score import Score, ScoreError, eta as eta_of, paired_eta
 from verl_sweep.objectives.utilisation import MIN_FREE_GB
 from verl_sweep.search.database import liveness
 from verl_sweep.search.spec.errors import BadInputError
@@ -392,10 +392,20 @@ class TrialRunner:
         closes_as = self.stopper.closes_as(outcome)
         if closes_as == TrialState.COMPLETE:
             assert outcome.score is not None
-            if item.role is Role.INCUMBENT:  # against the incumbent's mean, itself included
-                eta = eta_of(outcome.score, [score for _, score in incumbents])
-            else:  # against the incumbent's run on the same seed where there is one
-                eta = paired_eta([(item.seed, outcome.score)], incumbents)
+            try:
+                if item.role is Role.INCUMBENT and not outcome.score.rate > 0:
+                    raise ScoreError(f"the incumbent's rate must be > 0 to form a ratio, but got {outcome.score.rate:.3g}")
+                if item.role is Role.INCUMBENT:  # against the incumbent's mean, itself included
+                    eta = eta_of(outcome.score, [score for _, score in incumbents])
+                else:  # against the incumbent's run on the same seed where there is one
+                    eta = paired_eta([(item.seed, outcome.score)], incumbents)
+            except ScoreError as e:
+                # A train-mode branch at the chain's ceiling: its incumbent's reward no longer
+                # rises, and no ratio can be formed (a search-mode probe always rises).
+                outcome = dataclasses.replace(outcome, reason=f"no η: {e}")
+                closes_as = TrialState.FAIL
+        if closes_as == TrialState.COMPLETE:
+            assert outcome.score is not None
             set_attrs(trial, eta_attrs(eta.value, eta.low, eta.high))
             study.tell(trial, eta.value, skip_if_finished=True)
             console.trial_finished(study, trial.number, item.role, item.overrides, eta=eta.value,

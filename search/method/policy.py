@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from optuna.trial import TrialState
 
-from verl_sweep.objectives.score import Eta, Score, eta as eta_of, paired_eta
+from verl_sweep.objectives.score import Eta, Score, ScoreError, eta as eta_of, paired_eta
 from verl_sweep.search.spec.errors import SweepError
 from verl_sweep.search.database.records import (
     FOLLOW_UP_ORIGIN, START_ORIGIN, Assignment, CloseReason, Decision, Role, StageResult, TrialRecord, requeued_numbers,
@@ -535,12 +535,16 @@ def ranked_candidates(trials: Trials, *, confirmed_only: bool = True) -> tuple[l
     if not candidates:
         return [], "no candidate held up on a fresh seed"
 
-    def pooled(t: TrialRecord) -> Pooled:
+    def pooled(t: TrialRecord) -> Pooled | None:
         # Every run of the same point counts: the sampler may have proposed it twice.
         twins = [c for c in candidates if c.params == t.params]
         runs = [(c.seed, c.score) for c in twins if c.score is not None] + [r for c in twins for r in reruns.get(c.number, [])]
-        e = paired_eta(runs, incumbents)
+        try:
+            e = paired_eta(runs, incumbents)
+        except ScoreError:  # no ratio: the incumbent's runs on these seeds did not rise (a branch at a ceiling)
+            return None
         return e.value, e.low, e.high, len(runs)
 
     confirmed = [t for t in candidates if t.number in reruns or not confirmed_only] or candidates
-    return sorted(((pooled(t), t) for t in confirmed), key=lambda item: item[0][0], reverse=True), ""
+    ranked = [(p, t) for t in confirmed if (p := pooled(t)) is not None]
+    return sorted(ranked, key=lambda item: item[0][0], reverse=True), "" if ranked else "no candidate has an η"

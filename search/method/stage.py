@@ -53,8 +53,8 @@ class Stage:
         """From the study file. Raises SpaceError for a space kind that is not registered."""
         settings = spec.stages[index]
         stage = cls(spec, index, space_class(settings.space, where=f"stages[{index}]").moves)
-        if stage.branches:
-            return dataclasses.replace(stage, start_step=start_step)  # a branch's length is fixed
+        if stage.branches:  # a branch's length is fixed
+            return dataclasses.replace(stage, start_step=start_step)
         if slow_start and stage.may_be_stretched:
             return dataclasses.replace(stage, stretch=spec.probe.slow_start_factor)
         return stage
@@ -147,9 +147,18 @@ class Stage:
                              hang_timeout_s=self.spec.probe.hang_timeout_s, health_screen=self.learns,
                              n_gpus=self.spec.hardware.n_gpus,
                              settle_tolerance=0.0 if self.learns else self.spec.probe.speed_settle_tolerance,
-                             horizon_steps=self.horizon_steps if self.learns and not self.branches else None,
-                             plateau_screen=not (self.branches and self.start_step > 0),
-                             estimator="ols" if self.branches else "curve")
+                             horizon_steps=self.horizon_steps if self.learns and not self.mid_chain else None,
+                             plateau_screen=not self.mid_chain,
+                             estimator="ols" if self.mid_chain else "curve")
+
+    @property
+    def mid_chain(self) -> bool:
+        """A train-mode branch from a checkpoint, mid-run: scored on a line over its own window
+        (a saturating curve fitted from the run's start cannot be read off a window late on it:
+        its chord swings with the guessed ceiling), no horizon (its window's rate at the chain's
+        reward level already tells a higher ceiling: a curve that has further to rise rises
+        faster there), never called stuck (near its ceiling it is flat from its first step)."""
+        return self.branches and self.start_step > 0
 
     @property
     def horizon_steps(self) -> int | None:

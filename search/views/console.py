@@ -359,6 +359,8 @@ class Console(StudyListener):
             mark = " · best so far" if best is not None and best[0] == number else ""
             changes = changed_params(overrides, self._base_of(stage), width=WIDTH - len(text) - len(mark) - 2)
             self.line(f"{text}  {changes}{mark}")
+        elif state == "complete" and not reason:  # a run with no η (the train mode's continuation)
+            self.line(f"{head} complete")
         else:
             text = f"{head} {state}: "
             self.line(text + cut(reason or "no reason recorded", WIDTH - len(text)))
@@ -398,7 +400,8 @@ def _best_and_gpu(study: "optuna.Study") -> tuple[tuple[int, float] | None, floa
 
 def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
     """``verl-sweep status``: the stages as a table that fits 80 columns, each stage's decision,
-    and the top trials of each stage (``trials``: every trial instead), in one screen."""
+    in train mode the chain (``verl_sweep.search.views.train.chain_lines``), and the top trials
+    of each stage (``trials``: every trial instead), in one screen."""
     from rich import box
     from rich.console import Console as RichConsole
     from rich.table import Table
@@ -446,6 +449,11 @@ def print_status_table(data: dict[str, Any], *, trials: bool = False) -> None:
         for text in (lost and f"  {stage['name']}: {lost}", stage.get("ended_early") and f"  {stage['ended_early']}"):
             if text:
                 say(cut(text, WIDTH))
+    if data.get("train"):  # train mode: the chain each learning stage carried on, the continuation, the model
+        from verl_sweep.search.views.train import chain_lines
+
+        for text in chain_lines(data):  # whole: a checkpoint's path is copied from here
+            say(text)
     if trials:
         _print_trials(data, say)
         return

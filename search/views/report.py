@@ -2,7 +2,8 @@
 
 Contract: ``write_report(storage, spec, output_path)`` reads the study's database (read-only)
 and the probes' run directories and writes ONE HTML file that opens offline: plotly.js is
-inlined once (with the first figure), nothing is fetched. Sections: a stage summary, η of
+inlined once (with the first figure), nothing is fetched. Sections: a stage summary (in train
+mode then the chain, the continuation and the model, in place of the final check), η of
 every trial per stage with its interval, best η so far against simulated GPU-hours, reward
 curves of each stage's incumbent and winner, parameter importance (or a note why not), prune
 and failure reasons, GPU utilisation, and the exported YAML. Every piece of text is escaped.
@@ -33,6 +34,7 @@ from verl_sweep.objectives.sources import read_run
 from verl_sweep.search.views import export
 from verl_sweep.search.database.records import Role, TrialRecord, records, stage_study_name
 from verl_sweep.search.views.status import cost_lines, finished_results, overall_line, r_text, study_status, trial_gpu_summary
+from verl_sweep.search.views.train import schedule as train_schedule, schedule_yaml as train_schedule_yaml
 from verl_sweep.search.spec.study_file import StageSettings, StudySpec
 
 if TYPE_CHECKING:
@@ -382,6 +384,41 @@ def _gpu_table(stages: list[_StageData]) -> str:
                               "peak memory GB", "least free GB", "samples", "diagnosis"], rows))
 
 
+def _train_section(status: dict[str, Any]) -> str:
+    """Train mode's chain: each learning stage's branch (the step and checkpoint it started from,
+    the steps its runs trained, its runs, the config it chose, the checkpoint it left), then the
+    continuation and the model (``verl_sweep.search.views.train``)."""
+    from verl_sweep.search.views.train import chain_lines
+
+    train = status["train"]
+    rows = []
+    for link in train["chain"]:
+        steps = "—" if link["steps"] is None else f"{link['steps'][0]:,}–{link['steps'][1]:,}"
+        start = link["from"] or {}
+        source = ("—" if not start else "from scratch" if not start.get("step_dir")
+                  else f"step {start['step']:,}: {start['stage']} trial {start['trial']}, {start['step_dir']}")
+        left = link.get("left") or {}
+        winner = (status["stages"][link["index"]].get("winner") or {})
+        rows.append([link["stage"], link["state"], steps, source, link["n_runs"], winner.get("summary") or "—",
+                     "—" if not left.get("step_dir") else f"step {left['step']:,}: trial {left['trial']}, {left['step_dir']}"])
+    c = train["continuation"]
+    start = c.get("from") or {}
+    model = c.get("model") or {}
+    rows.append(["continuation", c["state"],
+                 "—" if not start else f"{start['step'] + 1:,}–" + ("?" if c["to_step"] is None else f"{c['to_step']:,}"),
+                 "—" if not start.get("step_dir") else
+                 f"step {start['step']:,}: {start['stage']} trial {start['trial']}, {start['step_dir']}",
+                 len(c["attempts"]), f"the chain's config trains to the run's end ({c['gpu_hours']:.2f} GPU-h)",
+                 model.get("step_dir") or "the model: not trained yet"])
+    lines = "".join(f"<p>{_e(line)}</p>" for line in chain_lines(status)[:1])
+    model_text = (f"The model: step {model['step']:,}, <code>{_e(model['step_dir'])}</code>" if model
+                  else "The model is not trained yet: <code>verl-sweep resume</code> trains it to the run's end.")
+    return ("<h2>Train mode: the chain and the model</h2>" + lines
+            + _table(["stage", "state", "steps its runs trained", "branched from", "runs (attempts)",
+                      "decision (the config the chain went on with)", "the chain's checkpoint it left (the model)"], rows)
+            + f"<p><b>{model_text}</b></p>")
+
+
 def _final_check_section(status: dict[str, Any]) -> str:
     """The final check's runs: the baseline and the final config on each fresh seed."""
     entry = status.get("final_check")
@@ -457,16 +494,21 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, run
     total_gpu_h = sum(s.get("gpu_hours", 0.0) for s in status["stages"])
     saved_gpu_h = sum(s.get("gpu_hours_saved", 0.0) for s in status["stages"])
     kind = "SIMULATED GPU-hours" if status["cost"]["simulated"] else "GPU-hours"
+    train = status.get("train")
+    continuation = "" if train is None else \
+        f", {train['continuation']['gpu_hours']:.2f} by the continuation (train mode: it trains the model)"
     parts.append(f"<h1>verl-sweep study {_e(spec.name)} ({_e(status['algorithm'])})</h1>")
     # The answer first: the final config against the user's baseline, and what it pays back.
     costs = "".join(f"<p>{_e(line)}</p>" for line in cost_lines(status))
     parts.append(f'<div class="overall"><p><b>{_e(overall_line(status))}</b></p>{costs}</div>')
     parts.append(
         f"<p>{len(spec.stages)} stages, {spec.hardware.n_gpus} GPUs per run, probes of {spec.probe.steps} steps; "
-        f"{total_gpu_h:.2f} {kind} used by the stages, about {saved_gpu_h:.2f} saved by pruning. "
+        f"{total_gpu_h:.2f} {kind} used by the stages{continuation}, about {saved_gpu_h:.2f} saved by pruning. "
         f"Generated {_e(datetime.datetime.now().isoformat(timespec='seconds'))}.</p>"
     )
     parts.append("<h2>Stages</h2>" + _summary_table(status))
+    if train is not None:
+        parts.append(_train_section(status))
 
     overview = best_so_far_figure(stages)
     parts.append("<h2>Best η so far against GPU-hours</h2>")
@@ -485,16 +527,21 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, run
         parts.append("<h3>Parameter importance</h3>")
         parts.append(figures.render(importance) if importance is not None else f'<p class="note">{_e(why_not)}</p>')
 
-    parts.append(_final_check_section(status))
+    if train is None:  # train mode runs none (the overall line says so)
+        parts.append(_final_check_section(status))
     parts.append("<h2>Pruned and failed trials</h2>" + _reasons_table(status))
     parts.append("<h2>GPU utilisation</h2>" + _gpu_table(stages))
 
     results = finished_results(storage, spec)
     parts.append("<h2>Exported config</h2>")
     if results:
-        text = export.render(spec, results, results[-1].config, "yaml", overall=status["overall"])
+        plan = None if train is None else train_schedule(status, results[-1].config)
+        text = export.render(spec, results, results[-1].config, "yaml", overall=status["overall"], schedule=plan)
         parts.append(f"<p>As written by <code>verl-sweep export {_e(spec.name)} -o best.yaml</code>:</p>"
                      f"<pre>{_e(text)}</pre>")
+        if plan is not None:
+            parts.append("<p>and beside it, <code>best.schedule.yaml</code>: which config trained which steps, and "
+                         f"the model:</p><pre>{_e(train_schedule_yaml(plan, config_file='best.yaml'))}</pre>")
     else:
         parts.append('<p class="note">No stage has finished yet; nothing to export.</p>')
 

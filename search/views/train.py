@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from verl_sweep.search.database.records import Decision, StageStudyAttrs
+from verl_sweep.search.database.records import ChainPoint, Decision, StageStudyAttrs
+from verl_sweep.search.engine.continuation import TRAIN_STAGE
 from verl_sweep.search.spec.errors import BadInputError, SweepError
 from verl_sweep.verl_knowledge import Config
 
@@ -37,8 +38,9 @@ def train_status(storage: optuna.storages.BaseStorage, spec: StudySpec, stages: 
     from verl_sweep.search.method.stage import Stage
 
     assert spec.train is not None
-    chain = [_link(index, entry, stored.get(entry["name"]), Stage.of(spec, index).probe_steps)
-             for index, entry in enumerate(stages) if Stage.of(spec, index).branches]
+    plans = [Stage.of(spec, index) for index in range(len(stages))]
+    chain = [_link(plan.index, entry, stored.get(entry["name"]), plan.probe_steps)
+             for plan, entry in zip(plans, stages) if plan.branches]
     continuation = _continuation(storage, spec, all(s.get("winner") for s in stages))
     points = [link["from"] for link in chain] + [continuation["from"]]
     for i, link in enumerate(chain):
@@ -58,7 +60,7 @@ def train_status(storage: optuna.storages.BaseStorage, spec: StudySpec, stages: 
         link["seed"] = next((r["seed"] for r in stages[link["index"]]["trials"] if r["number"] == left_trial), None)
     if continuation["from"] is None and continuation["state"] == NOT_STARTED:  # where it will start
         lefts = [link["left"] for link in chain if link["state"] == "finished"]
-        continuation["from"] = lefts[-1] if lefts else {"step": 0, "step_dir": None, "stage": None, "trial": None}
+        continuation["from"] = lefts[-1] if lefts else dataclasses.asdict(ChainPoint(step=0))
     return {"branch_steps": spec.train.branch_steps, "run_steps": _run_steps(spec), "chain": chain,
             "continuation": continuation}
 
@@ -138,12 +140,16 @@ def _from_text(point: dict[str, Any] | None) -> str:
     return f"from step {_step(point['step'])} ({who}'s checkpoint)"
 
 
-def _chose_text(link: dict[str, Any]) -> str:
+def _chose_text(data: dict[str, Any], link: dict[str, Any]) -> str:
+    """The config that carried the chain on: the incumbent's, or the winner's changes and η."""
     from verl_sweep.search.views.console import format_params
 
     if link["winner_trial"] is None:
         return "kept its incumbent's config"
-    return f"chose trial {link['winner_trial']} ({format_params(link['overrides'])})"
+    winner = data["stages"][link["index"]].get("winner") or {}
+    eta = "" if winner.get("eta") is None else \
+        f", η {winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]"
+    return f"chose trial {link['winner_trial']} ({format_params(link['overrides'])}){eta}"
 
 
 def chain_lines(data: dict[str, Any]) -> list[str]:
@@ -152,9 +158,8 @@ def chain_lines(data: dict[str, Any]) -> list[str]:
     continuation and the model. Paths stand whole on lines of their own."""
     train = data["train"]
     c = train["continuation"]
-    lines = [f"train mode: the study is the run: each learning stage's runs train {train['branch_steps']:,} steps "
-             f"from the chain's checkpoint, its chosen config carries the chain on; then that config trains "
-             f"to step {_step(train['run_steps'])}, the model:"]
+    lines = [f"train mode (the study is the run): each learning stage branches {train['branch_steps']:,}-step runs "
+             f"from the chain, its choice carries it on; the continuation trains to step {_step(train['run_steps'])}:"]
     for link in train["chain"]:
         head = f"  {link['stage']}: "
         if link["state"] == "skipped":
@@ -169,10 +174,12 @@ def chain_lines(data: dict[str, Any]) -> list[str]:
         if link["state"] != "finished":
             lines.append(f"{text} so far, {link['state']}")
             continue
-        lines.append(f"{text}; {_chose_text(link)}, η {_eta(data, link)}")
+        lines.append(f"{text}; {_chose_text(data, link)}")
         left = link.get("left")
         if left is not None and left.get("step_dir"):
-            lines.append(f"    the chain's checkpoint at step {_step(left['step'])} (trial {left['trial']}): {left['step_dir']}")
+            seed = "" if link.get("seed") is None else f", seed {link['seed']}"
+            lines.append(f"    the chain's checkpoint at step {_step(left['step'])} (trial {left['trial']}{seed}): "
+                         f"{left['step_dir']}")
         elif link.get("left_note"):
             lines.append(f"    the chain's checkpoint: not found: {link['left_note']}")
     lines.append("  " + continuation_text(c))
@@ -182,20 +189,13 @@ def chain_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _eta(data: dict[str, Any], link: dict[str, Any]) -> str:
-    winner = data["stages"][link["index"]].get("winner") or {}
-    if winner.get("eta") is None:
-        return "—"
-    return f"{winner['eta']:.3f} [{winner['eta_low']:.3f}, {winner['eta_high']:.3f}]"
-
-
 def continuation_text(c: dict[str, Any]) -> str:
     """One line: the continuation's steps, where it starts from, its state, attempts and cost."""
     start = c.get("from")
     first = None if start is None else start["step"] + 1
     steps = f"steps {_step(first)}-{_step(c['to_step'])}"
     if c["state"] == WAITING:
-        return f"continuation: {steps}: waits for the stages"
+        return f"continuation: to step {_step(c['to_step'])}, once the stages are done"
     n = len(c["attempts"])
     cost = f"{c['gpu_hours']:,.1f} GPU-h" + ("" if c.get("cost_r") is None else f" = {_r(c['cost_r'])}")
     text = f"continuation: {steps} {_from_text(start)}: {c['state']}"
@@ -238,7 +238,7 @@ def schedule(data: dict[str, Any], final: Config) -> dict[str, Any]:
     if c["state"] != WAITING and c.get("from") is not None:
         trial = model["trial"] if model else (c["attempts"][-1]["number"] if c["attempts"] else None)
         seed = next((r["seed"] for r in c["attempts"] if r["number"] == trial), None)
-        segments.append({"steps": [c["from"]["step"] + 1, model["step"] if model else c["to_step"]], "stage": "train",
+        segments.append({"steps": [c["from"]["step"] + 1, model["step"] if model else c["to_step"]], "stage": TRAIN_STAGE,
                          "trial": trial, "seed": seed, "from": c["from"].get("step_dir"),
                          "checkpoint": model["step_dir"] if model else None, "state": c["state"],
                          "changes_from_final": {}})
@@ -256,14 +256,15 @@ def _changes(config: Config, final: Config) -> Config:
 def schedule_comment(plan: dict[str, Any]) -> list[str]:
     """The schedule in a few comment lines (the config YAML's header): the steps, the stage whose
     config trained them, the changes from this file; then the model."""
-    lines = ["train mode: the study trained the model; which config trained which steps:"]
+    lines = ["train mode: the study trains the model; which config trained which steps:"]
     for s in plan["schedule"]:
         changes = ", ".join(f"{k}={'unset' if v is None else v}" for k, v in s["changes_from_final"].items())
         first, last = s["steps"]
-        who = f"{s['stage']} trial {s['trial']}" if s["trial"] is not None else s["stage"]
-        lines.append(f"  steps {first:,}-{_step(last)}: {who}: "
-                     + (f"this config with {changes}" if changes else "this config")
-                     + ("" if s.get("state", TRAINED) == TRAINED else f" ({s['state']})"))
+        stage = "continuation" if s["stage"] == TRAIN_STAGE else s["stage"]
+        who = f"{stage} trial {s['trial']}" if s["trial"] is not None else stage
+        state = "" if s.get("state", TRAINED) == TRAINED else f", {s['state']}"
+        lines.append(f"  steps {first:,}-{_step(last)} ({who}{state}): "
+                     + (f"this config with {changes}" if changes else "this config"))
     lines.append(f"model: {plan['model']}" if plan["trained"] else
                  "model: not trained yet; `verl-sweep resume` trains it to the run's end")
     return lines
@@ -277,4 +278,6 @@ def schedule_yaml(plan: dict[str, Any], *, config_file: str | None = None) -> st
             "from: the checkpoint the segment's run started from (null: from scratch); checkpoint: the one it left"]
     if not plan["trained"]:
         head.append("the model is not trained yet: `verl-sweep resume` trains it to the run's end")
-    return "".join(f"# {line}\n" for line in head) + yaml.safe_dump(plan, sort_keys=False, default_flow_style=False)
+    # flow style for the leaves only: ``steps: [1, 250]``, ``changes_from_final: {…}``
+    return "".join(f"# {line}\n" for line in head) + yaml.safe_dump(plan, sort_keys=False, default_flow_style=None,
+                                                                      width=10_000)

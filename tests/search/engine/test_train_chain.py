@@ -25,6 +25,8 @@ from verl_sweep.search.spec.errors import SweepError
 from verl_sweep.search.views.console import Console
 from verl_sweep.spaces import build_space
 
+pytestmark = pytest.mark.fast
+
 BRANCH = 100
 RUN_STEPS = 1755  # the default world's run: 15 epochs of 117 steps
 
