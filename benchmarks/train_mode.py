@@ -123,7 +123,8 @@ def judge(world: Any, schedule: list[dict[str, Any]], run_steps: int) -> tuple[f
 def train_spec(landscape: str, rep: int, branch_steps: int, run_steps: int) -> Any:
     spec = R.rep_spec(landscape, rep)
     data = spec.model_dump(mode="json")
-    data.update(train={"branch_steps": branch_steps}, run_steps=run_steps, final_check=False)
+    data.update(train={**(data.get("train") or {}), "branch_steps": branch_steps}, run_steps=run_steps,
+                final_check=False)
     # The run is the chain: it must not end with the baseline's epochs before the run's steps.
     data["baseline"] = {**data["baseline"], "trainer.total_epochs": 10**6}
     return type(spec).model_validate(data)

@@ -455,11 +455,9 @@ def export(
             print(f"warning: the study is not finished ({len(results)} of {len(spec.stages)} stages); "
                   "exporting the best config so far.", file=sys.stderr)
         config_name = output.stem if output else "best"
-        schedule = None
-        if "train" in data:  # train mode: which config trained which steps, and the model
-            from verl_sweep.search.views.train import schedule as train_schedule
+        from verl_sweep.search.views.train import schedule as train_schedule, schedule_yaml
 
-            schedule = train_schedule(data, config)
+        schedule = train_schedule(data, config) if "train" in data else None  # train mode: steps by config
         text = exporter.render(spec, results, config, fmt, config_name=config_name, overall=data["overall"],
                                schedule=schedule)
         if output is None:
@@ -468,8 +466,6 @@ def export(
             _write_output(output, text)
             print(f"wrote {output}")
             if schedule is not None:
-                from verl_sweep.search.views.train import schedule_yaml
-
                 beside = exporter.schedule_path(output)
                 _write_output(beside, schedule_yaml(schedule, config_file=output.name))
                 print(f"wrote {beside}: which config trained which steps, and "

@@ -59,19 +59,20 @@ def chain_point(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
 
 def _left_by(plan: Stage, trials: list[TrialRecord], attrs: StageStudyAttrs, chosen: Config, winner: int | None,
              step: int) -> ChainPoint:
-    """The checkpoint at ``step`` of a finished run of ``chosen`` (the stage's choice): the
-    winning trial's, else the first seed's that has one."""
+    """The checkpoint at ``step`` of a run of ``chosen`` (the stage's choice) that got there:
+    the winning trial's, else a finished run's on the first seed that has one (a run with no
+    η, at the chain's ceiling, ran its window too)."""
     base = attrs.base_config or {}
-    runs = [t for t in trials if t.state == TrialState.COMPLETE and t.run_dir
-            and merge(base, t.overrides) == chosen]
-    runs.sort(key=lambda t: (t.number != winner, t.seed if t.seed is not None else 2**31, t.number))
+    runs = [t for t in trials if t.run_dir and merge(base, t.overrides) == chosen]
+    runs.sort(key=lambda t: (t.number != winner, t.state != TrialState.COMPLETE,
+                             t.seed if t.seed is not None else 2**31, t.number))
     for t in runs:
         assert t.run_dir is not None
         step_dir = RunDir(Path(t.run_dir)).step_dir(step)
         if step_dir.is_dir():
             return ChainPoint(step=step, step_dir=str(step_dir), stage=plan.name, trial=t.number)
-    raise SweepError(f"stage {plan.name}: no finished run of its chosen config left a checkpoint at step {step} "
-                     f"({len(runs)} finished run(s) of it); the chain cannot go on. Check the runs' checkpoints "
+    raise SweepError(f"stage {plan.name}: no run of its chosen config left a checkpoint at step {step} "
+                     f"({len(runs)} run(s) of it); the chain cannot go on. Check the runs' checkpoints "
                      "folders, or start the study again under a new name")
 
 

@@ -28,7 +28,7 @@ from verl_sweep.objectives.score import Score, ScoreError, eta as eta_of, paired
 from verl_sweep.objectives.utilisation import MIN_FREE_GB
 from verl_sweep.search.database import liveness
 from verl_sweep.search.spec.errors import BadInputError
-from verl_sweep.search.method.policy import Skip, Start
+from verl_sweep.search.method.policy import NO_RATIO, Skip, Start
 from verl_sweep.search.method.stopper import CLOSED_ELSEWHERE, Running
 from verl_sweep.search.database.records import (
     ChainPoint, Role, TrialRecord, eta_attrs, failure_attrs, outcome_attrs, owner_attrs, probe_rates_attrs,
@@ -402,7 +402,7 @@ class TrialRunner:
             except ScoreError as e:
                 # A train-mode branch at the chain's ceiling: its incumbent's reward no longer
                 # rises, and no ratio can be formed (a search-mode probe always rises).
-                outcome = dataclasses.replace(outcome, reason=f"no η: {e}")
+                outcome = dataclasses.replace(outcome, reason=f"{NO_RATIO}: {e}")
                 closes_as = TrialState.FAIL
         if closes_as == TrialState.COMPLETE:
             assert outcome.score is not None

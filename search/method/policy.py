@@ -52,6 +52,11 @@ Pooled = tuple[float, float, float, int]
 SLOW_START_LATE_GAIN = 0.9
 
 
+#: the reason of a run whose rate forms no ratio: a train-mode branch whose incumbent's reward
+#: no longer rose over its window (search-mode probes always rise)
+NO_RATIO = "no η"
+
+
 def slow_start(incumbent_runs: Sequence[Score]) -> bool | None:
     """Did the incumbent's reward still accelerate at the probe's end? None without a reading."""
     gains = [s.late_gain for s in incumbent_runs if s.metric == "reward_rate" and s.late_gain is not None]
@@ -394,6 +399,8 @@ class StagePolicy:
                 and t.closed_as is not CloseReason.WASTED]
         scores = [(t.seed, t.score) for t in mine if t.state == TrialState.COMPLETE and t.score is not None]
         pending = any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine)
+        if not scores and not pending and mine and all((t.reason or "").startswith(NO_RATIO) for t in mine):
+            return [], True  # a train-mode chain at its ceiling: no η, so the stage keeps its incumbent
         if not scores and not pending and mine:
             cause = next((t.reason for t in reversed(mine) if t.reason), "no reason recorded")
             raise SweepError(

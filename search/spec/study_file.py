@@ -170,7 +170,7 @@ class TrainSettings(_Strict):
     branch is the chain the next stage branches from; after the last stage the winner trains
     on to the run's end, and that checkpoint is the model."""
 
-    branch_steps: Int = Field(default=250, ge=2, le=10_000_000)
+    branch_steps: Int = Field(default=150, ge=2, le=10_000_000)
 
 
 class ProbeSettings(_Strict):

@@ -22,6 +22,7 @@ from rich.console import Console as RichConsole
 from rich.table import Column
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from verl_sweep.search.views.text import _shortest_unique_suffix, format_params
 from verl_sweep.objectives.metrics import REWARD_KEY
 from verl_sweep.search.engine.events import StudyListener
 from verl_sweep.search.views.progress import StudyProgress, duration as _duration
@@ -38,27 +39,6 @@ if TYPE_CHECKING:
 WIDTH = 120
 #: how many finished trials between two study progress lines without a terminal
 PLAIN_PROGRESS_EVERY = 10
-
-
-def format_params(overrides: dict[str, Any]) -> str:
-    if not overrides:
-        return "baseline"
-    parts = []
-    for key, value in sorted(overrides.items()):
-        short = _shortest_unique_suffix(key, overrides)
-        parts.append(f"{short}={value:.4g}" if isinstance(value, float) else f"{short}={value}")
-    return ", ".join(parts)
-
-
-def _shortest_unique_suffix(key: str, keys: Iterable[str]) -> str:
-    """The key's last name, or as many more as tell it apart from the others (the actor's and
-    the reference model's ``ulysses_sequence_parallel_size`` are both in the systems stage)."""
-    parts = key.split(".")
-    for n in range(1, len(parts)):
-        suffix = ".".join(parts[-n:])
-        if not any(other != key and (other == suffix or other.endswith("." + suffix)) for other in keys):
-            return suffix
-    return key
 
 
 #: short names of verl's keys, by the key's last name (others: ``short_name``'s rules)

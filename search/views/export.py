@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from verl_sweep.search.views.text import SIGNIFICANT_DIGITS, rounded
 from verl_sweep.search.database.records import StageResult
 from verl_sweep.search.spec.study_file import StudySpec
 from verl_sweep.verl_knowledge import MODEL_ENGINE
@@ -38,20 +39,6 @@ def schedule_path(output: Path) -> Path:
 
 #: significant digits of an exported float: what verl needs (an lr of 3.162e-06, a memory
 #: share of 0.8925), not the sampler's 16
-SIGNIFICANT_DIGITS = 4
-
-
-def rounded(value: Any) -> Any:
-    """``value`` with a float cut to ``SIGNIFICANT_DIGITS`` (ints, booleans and text as they are)."""
-    if isinstance(value, float) and value == value and abs(value) != float("inf"):
-        return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    return value
-
-
 def final_config(base: Config) -> Config:
     guards = {k: v for k, v in GUARDS.items() if get(base, k) is None}
     return rounded(merge(guards, base))

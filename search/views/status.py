@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verl_sweep.search.views.text import r_number, r_text
 from verl_sweep.launchers.run_dir import RunDir
 from verl_sweep.objectives.metrics import STEP_TIME_KEY
 from verl_sweep.objectives.sources import read_run
@@ -226,7 +227,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
     if spec.train is not None:  # train mode: the chain, the continuation, the model (search mode: no key)
         from verl_sweep.search.views.train import train_status
 
-        data["train"] = train_status(storage, spec, stages, stored)
+        data["train"] = train_status(storage, spec, stages, stored, trial_row=_trial_row)
         continuation = data["train"]["continuation"]
     data["cost"] = _cost(spec, stages, final_entry, overall, run_steps, continuation)
     return data
@@ -333,19 +334,6 @@ def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, 
     cost["saved_interval"] = [round(saved(low), 2), round(saved(high), 2)]
     cost["break_even_runs"] = round(spent / saved(eta), 2) if saved(eta) > 0 else None
     return cost
-
-
-def r_number(r: float) -> str:
-    """A cost in R (full runs of the baseline) as printed: 12, 6.7, 0.31, 0.042 (two significant
-    figures under 1)."""
-    if abs(r) >= 10:
-        return f"{r:,.0f}"
-    return f"{r:.1f}" if abs(r) >= 1 else f"{r:.2g}"
-
-
-def r_text(r: float) -> str:
-    """``r_number`` with its unit: 6.7 R."""
-    return f"{r_number(r)} R"
 
 
 def overall_line(data: dict[str, Any]) -> str:

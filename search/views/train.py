@@ -10,7 +10,7 @@ Read-only, like ``verl_sweep.search.views.status``: ``train_status`` is ``study_
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
@@ -29,9 +29,10 @@ WAITING, NOT_STARTED, RUNNING, STOPPED, TRAINED = "waiting", "not started", "run
 
 
 def train_status(storage: optuna.storages.BaseStorage, spec: StudySpec, stages: list[dict[str, Any]],
-                 stored: dict[str, StageStudyAttrs]) -> dict[str, Any]:
+                 stored: dict[str, StageStudyAttrs], *, trial_row: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """The chain and the continuation of a train-mode study. ``stages``: ``study_status``'s stage
-    entries; ``stored``: the attributes of each stage that opened. A checkpoint is read from what
+    entries; ``stored``: the attributes of each stage that opened; ``trial_row``: how status shows
+    a trial (the continuation's attempts). A checkpoint is read from what
     the stages and the continuation stored, else (the next stage not opened yet) found as the
     driver finds it (``chain_point``); one not found is None with a ``left_note`` saying why."""
     from verl_sweep.search.engine.chain import chain_point
@@ -41,7 +42,7 @@ def train_status(storage: optuna.storages.BaseStorage, spec: StudySpec, stages: 
     plans = [Stage.of(spec, index) for index in range(len(stages))]
     chain = [_link(plan.index, entry, stored.get(entry["name"]), plan.probe_steps)
              for plan, entry in zip(plans, stages) if plan.branches]
-    continuation = _continuation(storage, spec, all(s.get("winner") for s in stages))
+    continuation = _continuation(storage, spec, all(s.get("winner") for s in stages), trial_row)
     points = [link["from"] for link in chain] + [continuation["from"]]
     for i, link in enumerate(chain):
         if link["state"] != "finished":
@@ -93,14 +94,14 @@ def _link(index: int, entry: dict[str, Any], attrs: StageStudyAttrs | None, bran
     return link
 
 
-def _continuation(storage: optuna.storages.BaseStorage, spec: StudySpec, stages_done: bool) -> dict[str, Any]:
+def _continuation(storage: optuna.storages.BaseStorage, spec: StudySpec, stages_done: bool,
+                  trial_row: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """``<study>.train``: its state, the chain point it started from, its attempts (``status``'s
     trial rows), their GPU-hours and the model once trained."""
     import optuna
 
     # _START: the continuation's own attribute for its start (it has no public reader of it)
     from verl_sweep.search.engine.continuation import _START, continuation_study_name, stored_model
-    from verl_sweep.search.views.status import _trial_row
 
     name = continuation_study_name(spec)
     model, attempts = stored_model(storage, spec)
@@ -109,7 +110,7 @@ def _continuation(storage: optuna.storages.BaseStorage, spec: StudySpec, stages_
         start = optuna.load_study(study_name=name, storage=storage).user_attrs.get(_START)
     except KeyError:
         pass
-    rows = [_trial_row(t, {}) for t in attempts]
+    rows = [trial_row(t, {}) for t in attempts]
     if model is not None:
         state = TRAINED
     elif any(r["state"] == "running" for r in rows):
@@ -142,7 +143,7 @@ def _from_text(point: dict[str, Any] | None) -> str:
 
 def _chose_text(data: dict[str, Any], link: dict[str, Any]) -> str:
     """The config that carried the chain on: the incumbent's, or the winner's changes and η."""
-    from verl_sweep.search.views.console import format_params
+    from verl_sweep.search.views.text import format_params
 
     if link["winner_trial"] is None:
         return "kept its incumbent's config"
@@ -208,7 +209,7 @@ def continuation_text(c: dict[str, Any]) -> str:
 
 
 def _r(r: float) -> str:
-    from verl_sweep.search.views.status import r_text
+    from verl_sweep.search.views.text import r_text
 
     return r_text(r)
 
@@ -221,7 +222,7 @@ def schedule(data: dict[str, Any], final: Config) -> dict[str, Any]:
     over its branch (the run of it that left the chain's checkpoint), then the continuation's; each
     as its changes from ``final`` (the exported config; None: a key the segment leaves unset), and
     the model's checkpoint (None until trained)."""
-    from verl_sweep.search.views.export import rounded
+    from verl_sweep.search.views.text import rounded
 
     train = data["train"]
     segments: list[dict[str, Any]] = []

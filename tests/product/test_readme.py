@@ -37,6 +37,7 @@ EXERCISED = {
     "## Install into your verl environment": "tests/product/test_install.py::test_the_readmes_install_lines_change_nothing_installed",
     "## The two commands": "test_the_two_commands_are_documented (demo.sh runs the quickstart's commands; .ci/run runs scripts/test.sh)",
     "## Quickstart": "test_quickstart_runs_as_written",
+    "## Train mode: the study is the run": "test_train_mode_runs_as_written",
     "## From your verl command": "test_from_your_verl_command_runs_as_written",
     "## On a cluster": "test_the_cluster_commands_parse (their behaviour: tests/product/test_workers.py on PostgreSQL)",
 }
@@ -113,6 +114,26 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
             "print(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)")
     composed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert composed.returncode == 0 and composed.stdout.strip().isdigit(), composed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_train_mode_runs_as_written(tmp_path: Path) -> None:
+    """The train-mode block: run, status and export of studies/demo-train.yaml (its stage budgets
+    cut as the quickstart's): the export writes the config and the schedule beside it, whose
+    model is the checkpoint the continuation left at the run's end."""
+    (tmp_path / "studies").mkdir()
+    shutil.copy(REPO / "studies" / "demo-train.yaml", tmp_path / "studies" / "demo-train.yaml")
+    _cut_demo_budgets(tmp_path / "studies" / "demo-train.yaml")
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    commands = _block_after("## Train mode: the study is the run")
+    assert len(commands) == 3 and all(c.startswith(".venv/bin/verl-sweep ") for c in commands)
+    for line in commands:
+        result = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, (line, result.stdout[-2000:], result.stderr[-2000:])
+    schedule = yaml.safe_load((tmp_path / "out" / "best.schedule.yaml").read_text())
+    assert schedule["trained"] and Path(schedule["model"]).is_dir(), schedule
+    assert schedule["model_step"] == schedule["run_steps"] and "defaults:" in (tmp_path / "out" / "best.yaml").read_text()
 
 
 def test_from_your_verl_command_runs_as_written(tmp_path: Path) -> None:

@@ -107,5 +107,5 @@ def test_a_missing_chain_checkpoint_stops_the_study_with_its_path(tmp_path: Path
     assert gone
     for step_dir in gone:  # every run of the first stage loses its checkpoint at its end
         shutil.rmtree(step_dir)
-    with pytest.raises(SweepError, match=f"stage kl: no finished run of its chosen config left a checkpoint at step {BRANCH}"):
+    with pytest.raises(SweepError, match=f"stage kl: no run of its chosen config left a checkpoint at step {BRANCH}"):
         chain_point(storage, spec, 1)
