@@ -10,6 +10,7 @@ from verl_sweep.launchers import LAUNCHERS
 from verl_sweep.search.method.preflight import memory_refusal
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.spec.study_file import StudySpec
+from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.views.trackers import tracker_lines
 from verl_sweep.spaces import SpaceError
 from verl_sweep.verl_knowledge import Config, check_config, merge
@@ -195,6 +196,7 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
         lines += [f"  {text}" for text in space.explain()]
         spaces.append((index, stage, space))
     problems += probe_fit_problems(spec, base, spaces, lines)
+    problems += train_problems(spec)
     verl = None
     if with_verl and not problems:
         from verl_sweep.verl_knowledge import VerlValidator, verl_available, verl_version
@@ -271,3 +273,22 @@ class _no_verl:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def train_problems(spec: Any) -> list[str]:
+    """Train mode trains to the run's end: the run's length must be known, and its learning
+    stages' branches must end before it."""
+    if spec.train is None:
+        return []
+    from verl_sweep.search.engine.continuation import run_steps_of
+
+    try:
+        run_steps = run_steps_of(spec)
+    except BadInputError as e:
+        return [str(e)]
+    branching = sum(Stage.of(spec, i).branches for i in range(len(spec.stages)))
+    if branching * spec.train.branch_steps >= run_steps:
+        return [f"train.branch_steps: {branching} learning stages of {spec.train.branch_steps} steps reach step "
+                f"{branching * spec.train.branch_steps}, but the run ends at step {run_steps}: lower branch_steps or "
+                "raise run_steps"]
+    return []

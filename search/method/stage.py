@@ -231,7 +231,7 @@ class Stage:
         need, steps, warmup = self.metric.min_steps, self.probe_steps, self.warmup_steps
         if steps - warmup >= need:
             return None
-        field = (f"{self.where}.probe_steps" if self.settings.probe_steps
+        field = ("train.branch_steps" if self.branches else f"{self.where}.probe_steps" if self.settings.probe_steps
                  else "probe.steps" if self.learns else "probe.speed_steps")
         return (f"{field}: a probe of stage {self.name} must score at least {need} steps after its warm-up "
                 f"({warmup}), but {steps} steps leave {max(steps - warmup, 0)}. Raise it to at least {warmup + need}.")

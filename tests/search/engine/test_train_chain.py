@@ -34,9 +34,9 @@ RUN_STEPS = 1755  # the default world's run: 15 epochs of 117 steps
 def _spec(**extra: Any) -> Any:
     spec = demo_spec("default")
     data = spec.model_dump(mode="json")
-    data.update(run_steps=RUN_STEPS, train={"branch_steps": BRANCH}, stop_when_flat=0, final_check=False,
-                stages=[{"name": "kl", "space": "kl", "budget": {"max_trials": 3}, "confirm_top": 0},
-                        {"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "confirm_top": 0}], **extra)
+    data.update({"run_steps": RUN_STEPS, "train": {"branch_steps": BRANCH}, "stop_when_flat": 0, "final_check": False,
+                 "stages": [{"name": "kl", "space": "kl", "budget": {"max_trials": 3}, "confirm_top": 0},
+                            {"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "confirm_top": 0}], **extra})
     return type(spec).model_validate(data)
 
 
@@ -109,3 +109,17 @@ def test_a_missing_chain_checkpoint_stops_the_study_with_its_path(tmp_path: Path
         shutil.rmtree(step_dir)
     with pytest.raises(SweepError, match=f"stage kl: no run of its chosen config left a checkpoint at step {BRANCH}"):
         chain_point(storage, spec, 1)
+
+
+def test_validate_refuses_a_train_mode_whose_run_length_is_unknown_or_too_short() -> None:
+    from verl_sweep.search.commands.validate import train_problems
+
+    assert train_problems(_spec()) == []
+    short = train_problems(_spec(run_steps=2 * BRANCH))
+    assert short and short[0].startswith(f"train.branch_steps: 2 learning stages of {BRANCH} steps reach step {2 * BRANCH}")
+    spec = _spec()
+    data = spec.model_dump(mode="json")
+    data["run_steps"] = None
+    data["baseline"].pop("trainer.total_training_steps", None)
+    unknown = train_problems(type(spec).model_validate(data))
+    assert unknown and "the run's length is unknown: set run_steps" in unknown[0], unknown
