@@ -123,3 +123,36 @@ def test_validate_refuses_a_train_mode_whose_run_length_is_unknown_or_too_short(
     data["baseline"].pop("trainer.total_training_steps", None)
     unknown = train_problems(type(spec).model_validate(data))
     assert unknown and "the run's length is unknown: set run_steps" in unknown[0], unknown
+
+
+def test_a_study_stopped_mid_stage_resumes_its_chain(tmp_path: Path) -> None:
+    from verl_sweep.search.engine.events import StudyListener
+    from verl_sweep.search.spec.errors import Interrupted
+
+    spec = _spec()
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/train.db")
+    save_spec(storage, spec)
+
+    class StopInLr(StudyListener):
+        def trial_finished(self, study: Any, number: int, role: Any, overrides: dict[str, Any], **details: Any) -> None:
+            if study.study_name.endswith(".lr"):
+                runner.request_stop("a test")
+
+    launcher = M.replay_launcher(tmp_path / "runs", "default")
+    runner = StudyRunner(spec, storage, launcher, console=Console(quiet=True), listeners=[StopInLr()],
+                         build_space=build_space, poll_interval_s=M.POLL_S)
+    with pytest.raises(Interrupted):
+        runner.run()
+    launcher.close()
+    stopped, _ = _stage(storage, spec, 1)
+    assert stopped.result is None and stopped.branch is not None and stopped.branch.step == BRANCH
+    assert stored_model(storage, spec)[0] is None
+    launcher = M.replay_launcher(tmp_path / "runs", "default")  # resume: a new process, the same database and files
+    StudyRunner(spec, storage, launcher, console=Console(quiet=True), build_space=build_space,
+                poll_interval_s=M.POLL_S).run()
+    launcher.close()
+    resumed, runs = _stage(storage, spec, 1)
+    assert resumed.branch == stopped.branch and resumed.result is not None
+    assert all(_steps(t.run_dir)[0] == BRANCH + 1 for t in runs if t.run_dir and RunDir(Path(t.run_dir)).metrics.is_file())
+    model, _ = stored_model(storage, spec)
+    assert model is not None and model.step == RUN_STEPS
