@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 #: the continuation's study beside the stages' (``<study>.train``)
 TRAIN_STAGE = "train"
+#: the reason of an attempt its driver stopped (Ctrl-C, SIGTERM, an error elsewhere)
+STOPPED = "its driver stopped"
 #: the study's attributes: the config, the chain point it starts from, the model once trained
 _CONFIG, _START, _MODEL = "config", "start", "model"
 
@@ -99,8 +101,9 @@ class Continuation:
         if _CONFIG not in study.user_attrs:
             study.set_user_attr(_CONFIG, config)
             study.set_user_attr(_START, dataclasses.asdict(point))
-        for t in records(study.get_trials(deepcopy=False)):  # an attempt a stopped driver left RUNNING
+        for t in records(study.get_trials(deepcopy=False)):  # an attempt a killed driver left RUNNING
             if t.state == TrialState.RUNNING:
+                set_attrs(optuna.trial.Trial(study, t.frozen._trial_id), reason_attrs(STOPPED))
                 study.tell(t.number, state=TrialState.FAIL)
         run = cls(spec, study, launcher, console)
         start = run.resume_point()
@@ -135,7 +138,9 @@ class Continuation:
             return self._finish(trial, probe, outcome, start)
         set_attrs(trial, reason_attrs(outcome.reason))
         self.study.tell(trial, state=TrialState.FAIL)
-        attempts = len(self.study.get_trials(deepcopy=False))
+        # A driver's stop is no failure of the run: only runs that failed count against the retries.
+        attempts = sum(1 for t in records(self.study.get_trials(deepcopy=False))
+                       if t.state == TrialState.FAIL and not (t.reason or "").startswith(STOPPED))
         self.console.trial_finished(self.study, trial.number, Role.CANDIDATE, {}, state="failed", reason=outcome.reason,
                                     requeued=attempts <= self.spec.probe.max_retries, stderr_tail=outcome.stderr_tail)
         if attempts > self.spec.probe.max_retries:
@@ -144,6 +149,8 @@ class Continuation:
         return True
 
     def _start(self) -> bool:
+        if self.launcher.free_slots() < 1:
+            return False
         start = self.resume_point()
         trial = self.study.ask()
         seed = self.spec.seeds[0]
@@ -197,7 +204,7 @@ class Continuation:
         try:
             if probe.handle is not None:
                 self.launcher.cancel(probe.handle)
-            set_attrs(trial, reason_attrs(f"its driver stopped ({why})"))
+            set_attrs(trial, reason_attrs(f"{STOPPED} ({why})"))
             self.study.tell(trial, state=TrialState.FAIL)
         except Exception:  # noqa: BLE001 - best effort on the way out; the next open fails what is left
             pass
