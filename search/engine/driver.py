@@ -129,16 +129,8 @@ class StudyRunner:
         point = chain_point(self.storage, self.spec, len(self.spec.stages))
         run = with_retries(lambda: Continuation.open(self.storage, self.spec, final, point, self.launcher,
                                                      self.console), what="open the continuation")
-        if run is None:
-            return
-        try:
-            while run.tick():
-                if self._stop_requested:
-                    raise Interrupted(f"stopped by {self._stop_requested}")
-                self.launcher.wait(self.poll_interval_s)
-        except BaseException as e:
-            run.abandon(why=str(e) or type(e).__name__)
-            raise
+        if run is not None:
+            self._follow(run)
 
     def run_final_check(self, final: Config) -> None:
         """The final config against the baseline on fresh paired seeds (``verl_sweep.search.engine.final_check``),
@@ -146,15 +138,18 @@ class StudyRunner:
         probe = final_probe(self.spec, slow_start=bool(slow_start_seen(self.ctx, len(self.spec.stages))))
         check = with_retries(lambda: FinalCheck.open(self.storage, self.spec, final, self.launcher, self.console,
                                                      probe=probe), what="open the final check")
-        if check is None:
-            return
+        if check is not None:
+            self._follow(check)
+
+    def _follow(self, run: FinalCheck | Continuation) -> None:
+        """Tick the final check or the continuation to its end; a stop abandons its runs."""
         try:
-            while check.tick():
+            while run.tick():
                 if self._stop_requested:
                     raise Interrupted(f"stopped by {self._stop_requested}")
                 self.launcher.wait(self.poll_interval_s)
         except BaseException as e:
-            check.abandon(why=str(e) or type(e).__name__)
+            run.abandon(why=str(e) or type(e).__name__)
             raise
 
     def skip_stage(self, index: int, base: Config, flat: int) -> StageResult:
