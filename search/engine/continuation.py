@@ -154,7 +154,8 @@ class Continuation:
         start = self.resume_point()
         trial = self.study.ask()
         seed = self.spec.seeds[0]
-        config = merge(self.config, {"data.seed": seed})
+        # The run ends at run_steps, where verl saves its last checkpoint (save_freq > 0).
+        config = merge(self.config, {"data.seed": seed, "trainer.total_training_steps": self.run_steps})
         run_id = f"{continuation_study_name(self.spec)}.t{trial.number:04d}"
         # Saved by a run of this very config (the last learning stage's choice): the same lr.
         assert self.spec.train is not None

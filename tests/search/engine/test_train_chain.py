@@ -156,3 +156,12 @@ def test_a_study_stopped_mid_stage_resumes_its_chain(tmp_path: Path) -> None:
     assert all(_steps(t.run_dir)[0] == BRANCH + 1 for t in runs if t.run_dir and RunDir(Path(t.run_dir)).metrics.is_file())
     model, _ = stored_model(storage, spec)
     assert model is not None and model.step == RUN_STEPS
+
+
+def test_the_model_is_saved_at_run_steps_when_the_configs_own_run_is_longer(tmp_path: Path) -> None:
+    spec = _spec(run_steps=1010)  # not a multiple of the branches' 100 steps
+    data = spec.model_dump(mode="json")
+    data["baseline"]["trainer.total_epochs"] = 10**6  # the config alone would run far past it
+    _, storage = _run(type(spec).model_validate(data), tmp_path)
+    model, _ = stored_model(storage, spec)
+    assert model is not None and model.step == 1010 and Path(model.step_dir).name == "global_step_1010"
