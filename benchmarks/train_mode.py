@@ -162,12 +162,18 @@ def run_one(task: tuple[str, int, int, dict[str, Any] | None]) -> dict[str, Any]
            "final_reward": final, "baseline_reward": baseline, "gpu_h": gpu_h, "cost_r": gpu_h / big_r,
            "run_gpu_h": big_r, "adopted": sum(r["adopted"] for r in schedule), "false": sum(falses),
            "late": sum(bool(r.get("false_to_end")) for r in schedule),
-           "schedule": [{k: v for k, v in r.items() if k != "incumbent"} for r in schedule]}
+           "schedule": [{**{k: v for k, v in r.items() if k not in ("config", "incumbent")},
+                         "changes": changes(spec.baseline_config(), r["config"])} for r in schedule]}
     if found is not None:
         search_reward = segment(still, found["final_config"], None, 0, steps)[0]
         search_run_h = R.full_run(landscape, R.rep_spec(landscape, 0), steps)["run_gpu_h"]
         row.update(search_reward=search_reward, search_cost_r=found["gpu_h"] / big_r + search_run_h / big_r)
     return row
+
+
+def changes(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """What ``config`` sets otherwise than ``base`` (None: a key it leaves unset)."""
+    return {k: config.get(k) for k in sorted({*base, *config}) if base.get(k) != config.get(k)}
 
 
 def meets(row: dict[str, Any]) -> bool:

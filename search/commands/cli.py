@@ -19,6 +19,7 @@ import typer
 import typer.core
 
 from verl_sweep.search.spec.errors import BadInputError, Interrupted, SweepError
+from verl_sweep.search.spec.masking import mask_url
 
 class _UsageCommand(typer.core.TyperCommand):
     """A usage line as help texts write it, ``run [OPTIONS] STUDY_FILE``: Typer 0.29 prints a
@@ -113,7 +114,7 @@ def _remember_study(name: str, url: str) -> None:
     from verl_sweep.search.database.storage import default_storage_for
 
     global _study_args
-    _study_args = name if default_storage_for(name) == url else f"{name} --storage {_masked(url)}"
+    _study_args = name if default_storage_for(name) == url else f"{name} --storage {mask_url(url)}"
 
 
 def _url_of(name: str, storage: Optional[str]) -> str:
@@ -138,7 +139,7 @@ def _open_study(name: str, storage: Optional[str], *, readonly: bool = False):  
 
     url = _url_of(name, storage)
     if not is_new_sqlite_file(url) and not holds_studies(url):  # no file at all: open_storage says where it looked
-        raise StudyNotFoundError(f"no study named {name!r} in the database {_masked(url)}: it holds no verl-sweep "
+        raise StudyNotFoundError(f"no study named {name!r} in the database {mask_url(url)}: it holds no verl-sweep "
                                  "studies yet. Pass the --storage the study was run with.")
     opened = open_storage(url, create=False, readonly=readonly)
     spec = load_spec(opened, name)
@@ -257,7 +258,7 @@ def _finished_read_only(name: str, url: str) -> bool:
     if len(finished_results(opened, spec)) < len(spec.stages):
         return False  # not finished: the read-only error of opening it for writing says what to do
     _remember_study(name, url)
-    print(f"study {name} is finished: nothing left to run (its database {_masked(url)} is read-only here).")
+    print(f"study {name} is finished: nothing left to run (its database {mask_url(url)} is read-only here).")
     _print_results(opened, spec)
     return True
 
@@ -322,7 +323,7 @@ def run(
                       "where and how probes run; everything else as stored)")
             _remember_study(spec.name, url)
             _drive(spec, opened, built, kind=launcher or spec.launcher.kind,
-                   joined=f"study {spec.name}: {len(spec.stages)} stages, database {_masked(url)}")
+                   joined=f"study {spec.name}: {len(spec.stages)} stages, database {mask_url(url)}")
 
     _guard(action)
 
@@ -438,6 +439,7 @@ def export(
         from verl_sweep.search.database.records import StageResult
         from verl_sweep.search.views import export as exporter
         from verl_sweep.search.views.status import study_status
+        from verl_sweep.search.views.train import schedule as train_schedule, schedule_yaml
 
         if fmt not in exporter.FORMATS:
             raise BadInputError(f"--format must be one of {', '.join(exporter.FORMATS)}, but got {fmt!r}.")
@@ -447,29 +449,25 @@ def export(
         results = [StageResult.of(stage["winner"]) for stage in data["stages"] if stage.get("winner")]
         if not results:
             raise BadInputError(f"study {name!r} has no finished stage yet; nothing to export.")
-        config = results[-1].config
         if fmt == "yaml" and output is not None and output.suffix != ".yaml":
             raise BadInputError(f"-o {output}: Hydra finds a --config-name only in a .yaml file; "
                                 f"use -o {output.with_suffix('.yaml')}.")
         if len(results) < len(spec.stages):
             print(f"warning: the study is not finished ({len(results)} of {len(spec.stages)} stages); "
                   "exporting the best config so far.", file=sys.stderr)
-        config_name = output.stem if output else "best"
-        from verl_sweep.search.views.train import schedule as train_schedule, schedule_yaml
-
+        config = results[-1].config
         schedule = train_schedule(data, config) if "train" in data else None  # train mode: steps by config
-        text = exporter.render(spec, results, config, fmt, config_name=config_name, overall=data["overall"],
-                               schedule=schedule)
+        text = exporter.render(spec, results, config, fmt, config_name=output.stem if output else "best",
+                               overall=data["overall"], schedule=schedule)
         if output is None:
             sys.stdout.write(text)
-        else:
-            _write_output(output, text)
-            print(f"wrote {output}")
-            if schedule is not None:
-                beside = exporter.schedule_path(output)
-                _write_output(beside, schedule_yaml(schedule, config_file=output.name))
-                print(f"wrote {beside}: which config trained which steps, and "
-                      + (f"the model ({schedule['model']})" if schedule["trained"] else "that the model is not trained yet"))
+            return
+        _write_output(output, text)
+        print(f"wrote {output}")  # and, in train mode, the schedule beside it
+        if schedule is not None:
+            _write_output(exporter.schedule_path(output), schedule_yaml(schedule, config_file=output.name))
+            print(f"wrote {exporter.schedule_path(output)}: which config trained which steps, and "
+                  + (f"the model ({schedule['model']})" if schedule["trained"] else "that the model is not trained yet"))
 
     _guard(action)
 
@@ -571,12 +569,6 @@ def _write_output(output: Path, text: str) -> None:
         output.write_text(text, encoding="utf-8")
     except OSError as e:
         raise BadInputError(f"-o {output}: cannot write it ({e.strerror or e}). Pick another path.") from None
-
-
-def _masked(url: str) -> str:
-    from verl_sweep.search.database.storage import mask_url
-
-    return mask_url(url)
 
 
 def _tolerant_streams() -> None:

@@ -66,6 +66,15 @@ def stored_model(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
     return (TrainedModel.of(attr) if attr else None), records(study.get_trials(deepcopy=False))
 
 
+def stored_start(storage: optuna.storages.BaseStorage, spec: StudySpec) -> ChainPoint | None:
+    """The chain point the continuation started from (None before it opened)."""
+    try:
+        attr = optuna.load_study(study_name=continuation_study_name(spec), storage=storage).user_attrs.get(_START)
+    except KeyError:
+        return None
+    return None if attr is None else ChainPoint(**attr)
+
+
 def run_steps_of(spec: StudySpec) -> int:
     """The run's length, which train mode trains to; refused when unknown."""
     from verl_sweep.search.method.run_length import study_run_length

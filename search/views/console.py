@@ -22,7 +22,7 @@ from rich.console import Console as RichConsole
 from rich.table import Column
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from verl_sweep.search.views.text import _shortest_unique_suffix, format_params
+from verl_sweep.search.views.text import format_params
 from verl_sweep.objectives.metrics import REWARD_KEY
 from verl_sweep.search.engine.events import StudyListener
 from verl_sweep.search.views.progress import StudyProgress, duration as _duration

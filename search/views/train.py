@@ -98,18 +98,12 @@ def _continuation(storage: optuna.storages.BaseStorage, spec: StudySpec, stages_
                   trial_row: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """``<study>.train``: its state, the chain point it started from, its attempts (``status``'s
     trial rows), their GPU-hours and the model once trained."""
-    import optuna
-
-    # _START: the continuation's own attribute for its start (it has no public reader of it)
-    from verl_sweep.search.engine.continuation import _START, continuation_study_name, stored_model
+    from verl_sweep.search.engine.continuation import continuation_study_name, stored_model, stored_start
 
     name = continuation_study_name(spec)
     model, attempts = stored_model(storage, spec)
-    start = None
-    try:
-        start = optuna.load_study(study_name=name, storage=storage).user_attrs.get(_START)
-    except KeyError:
-        pass
+    point = stored_start(storage, spec)
+    start = None if point is None else dataclasses.asdict(point)
     rows = [trial_row(t, {}) for t in attempts]
     if model is not None:
         state = TRAINED
