@@ -83,3 +83,37 @@ def branch_of(stage: Stage, point: ChainPoint, config: Config, chain_config: Con
     lr = setting(config, LR)
     changed = point.step_dir is not None and lr is not None and lr != setting(chain_config, LR)
     return Branch(resume_from=point.step_dir, save_every=stage.probe_steps, lr=float(lr) if changed else None)
+
+
+def cap_overrun(storage: optuna.storages.BaseStorage, spec: StudySpec, index: int, base: Config) -> str | None:
+    """Train mode with ``train.max_cost_r``: why learning stage ``index`` is skipped, opened
+    from ``base``, because the study all told would pass the cap if it ran
+    (``verl_sweep.search.method.run_cost``); None where it fits or cannot be priced yet."""
+    from verl_sweep.search.engine.continuation import run_steps_of
+    from verl_sweep.search.engine.stage_study import StageStudy
+    from verl_sweep.search.method.run_cost import StageCost, project
+    from verl_sweep.search.method.stage import Stage
+
+    plan = Stage.of(spec, index)
+    cap = spec.train.max_cost_r if spec.train is not None else None
+    if cap is None or not plan.branches or StageStudy.stored_stage(storage, spec, spec.stages[index]) is not None:
+        return None  # an opened stage runs on (a resume reads what it decided at opening)
+    stages = []
+    for earlier in range(index):
+        stored = StageStudy.stored_stage(storage, spec, spec.stages[earlier])
+        if stored is None:
+            continue
+        attrs = StageStudyAttrs.of(stored.study.user_attrs)
+        skipped = stored.result is not None and stored.result.decision is Decision.SKIPPED
+        stages.append(StageCost(trials=stored.trials(), base=attrs.base_config or {},
+                                start_step=attrs.branch.step if attrs.branch is not None else 0,
+                                ran_learning=Stage.of(spec, earlier).branches and not skipped))
+    repeats = spec.probe.incumbent_repeats
+    settings = spec.stages[index]
+    fewest = repeats + min(settings.stop.stable_trials, max(settings.budget.max_trials - repeats, 0))
+    projection = project(stages, n_gpus=spec.hardware.n_gpus, run_steps=run_steps_of(spec),
+                         chain_step=chain_point(storage, spec, index).step, base=base,
+                         fewest_runs=fewest, branch_steps=plan.probe_steps)
+    if projection is None or projection.total_r <= cap:
+        return None
+    return projection.why_skipped(cap)

@@ -27,7 +27,7 @@ from verl_sweep.search.spec.errors import Interrupted, SweepError
 from verl_sweep.search.engine.events import Broadcast, StudyListener
 from verl_sweep.search.database.records import FLAT_BAND, Decision, StageResult
 from verl_sweep.search.method.stage import Stage
-from verl_sweep.search.engine.chain import chain_point
+from verl_sweep.search.engine.chain import cap_overrun, chain_point
 from verl_sweep.search.engine.continuation import Continuation
 from verl_sweep.search.engine.final_check import FinalCheck, final_probe
 from verl_sweep.search.engine.stage_loop import Context, StageLoop, Tick, slow_start_seen
@@ -101,8 +101,9 @@ class StudyRunner:
         flat = 0  # stages in a row from the first whose gain stayed in the flat band (StageResult.flat)
         for index, stage in enumerate(self.spec.stages):
             result = self.stage_result(stage)
-            if result is None and self.spec.stop_when_flat and flat >= self.spec.stop_when_flat:
-                result = self.skip_stage(index, base, flat)
+            why = None if result is not None else self.why_skip(index, base, flat)
+            if why is not None:
+                result = self.skip_stage(index, base, why)
             elif result is None:
                 result = self.run_stage(index, stage, base)
                 if result is None:
@@ -152,17 +153,24 @@ class StudyRunner:
             run.abandon(why=str(e) or type(e).__name__)
             raise
 
-    def skip_stage(self, index: int, base: Config, flat: int) -> StageResult:
-        """The study stops early (``stop_when_flat``): stage ``index`` keeps ``base`` without a
-        trial, and says why; runs this worker started ahead into it are closed as wasted."""
+    def why_skip(self, index: int, base: Config, flat: int) -> str | None:
+        """Why stage ``index`` runs no trial (None: it runs): the first ``flat`` stages found no
+        gain (``stop_when_flat``), or in train mode it would take the study past its cost cap
+        (``train.max_cost_r``)."""
+        if self.spec.stop_when_flat and flat >= self.spec.stop_when_flat:
+            return f"skipped: the first {flat} stages found no gain above {FLAT_BAND:.0%} (stop_when_flat)"
+        return with_retries(lambda: cap_overrun(self.storage, self.spec, index, base), what="price the stage")
+
+    def skip_stage(self, index: int, base: Config, why: str) -> StageResult:
+        """The study skips stage ``index`` (``why_skip``): it keeps ``base`` without a trial,
+        and says why; runs this worker started ahead into it are closed as wasted."""
         if self.ahead is not None:
             ahead, self.ahead, self._following_ahead = self.ahead, None, False
-            ahead.vacate(why="the study stopped early: the stages before it were flat")
+            ahead.vacate(why=f"the study skipped it ({why.removeprefix('skipped: ')})")
         plan = Stage.of(self.spec, index)
         result = StageResult(
             stage=plan.name, decision=Decision.SKIPPED, winner_trial=None, eta=1.0, eta_low=1.0, eta_high=1.0,
-            summary=f"skipped: the first {flat} stages found no gain above {FLAT_BAND:.0%} (stop_when_flat)",
-            config=base, overrides={},
+            summary=why, config=base, overrides={},
         )
         result = with_retries(lambda: StageStudy.record_skipped(self.storage, plan, base, result),
                               what="store the stage result")
