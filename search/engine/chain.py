@@ -108,12 +108,9 @@ def cap_overrun(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
         stages.append(StageCost(trials=stored.trials(), base=attrs.base_config or {},
                                 start_step=attrs.branch.step if attrs.branch is not None else 0,
                                 ran_learning=Stage.of(spec, earlier).branches and not skipped))
-    repeats = spec.probe.incumbent_repeats
-    settings = spec.stages[index]
-    fewest = repeats + min(settings.stop.stable_trials, max(settings.budget.max_trials - repeats, 0))
     projection = project(stages, n_gpus=spec.hardware.n_gpus, run_steps=run_steps_of(spec),
                          chain_step=chain_point(storage, spec, index).step, base=base,
-                         fewest_runs=fewest, branch_steps=plan.probe_steps)
+                         runs=spec.stages[index].budget.max_trials, branch_steps=plan.probe_steps)
     if projection is None or projection.total_r <= cap:
         return None
     return projection.why_skipped(cap)

@@ -5,8 +5,8 @@ on the study's GPUs. A probe's seconds a step are its GPU time spread over its G
 start-up, over the steps it ran (a speed probe's first step, slower, is in it: a little high).
 
 Train mode with ``train.max_cost_r``: before each learning stage the driver prices what the
-study would cost all told if the stage ran — spent so far, the stage (the mean of the
-learning stages so far, else its fewest runs), and the chain's config training on from the
+study would cost all told if the stage ran — spent so far, the stage (its budget of runs at
+the mean cost of the learning runs so far), and the chain's config training on from the
 chain's checkpoint to the run's end — and skips the stage, and so every later one, when that
 passes the cap. A stage that cannot pay for itself inside the cap leaves the model to the
 config the chain has, which has already earned its place.
@@ -72,10 +72,11 @@ class Projection:
 
 
 def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_step: int, base: Config,
-            fewest_runs: int, branch_steps: int) -> Projection | None:
-    """The cost all told if a learning stage of ``branch_steps``-step runs opened now from
-    ``base`` at ``chain_step`` (``stages``: every stage before it; ``fewest_runs``: the runs it
-    makes at least). None where nothing measured prices it (no finished run of the baseline)."""
+            runs: int, branch_steps: int) -> Projection | None:
+    """The cost all told if a learning stage of ``runs`` runs (its budget) of ``branch_steps``
+    steps opened now from ``base`` at ``chain_step`` (``stages``: every stage before it), each at
+    the mean cost of the learning runs so far (pruned ones included), else a whole branch at the
+    chain's speed. None where nothing measured prices it (no finished run of the baseline)."""
     done = [t for s in stages for t in s.trials]
     first = stages[0] if stages else None
     baseline_s = None if first is None else _mean(
@@ -92,9 +93,9 @@ def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_s
         if step_s is not None:
             break
     step_s = step_s or baseline_s
-    learning = [sum(t.probe.get("gpu_time_s") or 0.0 for t in s.trials) for s in stages if s.ran_learning]
-    stage_s = statistics.fmean(learning) if learning else fewest_runs * (branch_steps * step_s + startup_s) * n_gpus
+    learning = [t.probe["gpu_time_s"] for s in stages if s.ran_learning for t in s.trials if t.probe.get("gpu_time_s")]
+    per_run_s = statistics.fmean(learning) if learning else (branch_steps * step_s + startup_s) * n_gpus
     rest = max(run_steps - chain_step, 0)
-    return Projection(spent_s=sum(t.probe.get("gpu_time_s") or 0.0 for t in done), stage_s=stage_s,
+    return Projection(spent_s=sum(t.probe.get("gpu_time_s") or 0.0 for t in done), stage_s=runs * per_run_s,
                       rest_s=(rest * step_s + startup_s) * n_gpus if rest else 0.0, rest_steps=rest,
                       full_run_s=run_steps * baseline_s * n_gpus)

@@ -87,8 +87,9 @@ def stage_plans(spec: StudySpec) -> list[StagePlan]:
             steps, most = settled, steps
         # A learning stage after another of the same probe length starts from that stage's
         # runs of its winner: the incumbent's runs are carried over, not run again.
-        carried = repeats if plan.learns and index > 0 and Stage.of(spec, index - 1).learns and \
-            Stage.of(spec, index - 1).probe_steps == plan.probe_steps else 0
+        # (Not in train mode: each stage's incumbent branches anew from the chain's checkpoint.)
+        carried = repeats if plan.learns and not plan.branches and index > 0 and Stage.of(spec, index - 1).learns \
+            and Stage.of(spec, index - 1).probe_steps == plan.probe_steps else 0
         # Its stop rule ends it once that many candidates in a row did not beat the best.
         candidates = stage.budget.max_trials - repeats
         fewest = repeats - carried + min(stage.stop.stable_trials, candidates)
@@ -100,11 +101,18 @@ def stage_plans(spec: StudySpec) -> list[StagePlan]:
 
 def final_check_plan(spec: StudySpec) -> StagePlan | None:
     """The final check's probes: the baseline and the final config on each of its seeds, at
-    the length ``final_probe`` gives (None when the study file turns it off)."""
+    the length ``final_probe`` gives (None when the study file turns it off). In train mode,
+    the continuation instead: the chain's config from the last branch's end to the run's."""
     from verl_sweep.objectives.score import Metric
     from verl_sweep.search.engine.final_check import final_probe
+    from verl_sweep.search.method.run_length import study_run_length
+    from verl_sweep.search.method.stage import Stage
     from verl_sweep.search.spec.study_file import FINAL_STAGE
 
+    if spec.train is not None:
+        chain = sum(Stage.of(spec, i).probe_steps for i in range(len(spec.stages)) if Stage.of(spec, i).branches)
+        rest = (study_run_length(spec).steps or 0) - chain
+        return StagePlan("train", "the chain's config to the run's end", 1, 0, rest) if rest > 0 else None
     if not spec.final_check.enabled:
         return None
     probe = final_probe(spec)
@@ -153,9 +161,9 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
         steps = f"~{p.steps} steps (until tokens/s settles, ≤{p.most_steps})" if p.most_steps else f"{p.steps} steps"
         count = f"{p.fewest}-{p.new}" if p.fewest is not None else f"{p.new}"
         carried = f" and {p.carried} incumbent runs carried over" if p.carried else ""
-        lines.append(f"plan: {p.name} ({p.space}) {count} probes × {steps}{more}{carried}: "
+        lines.append(f"plan: {p.name} ({p.space}) {count} probe{'s' * (count != '1')} × {steps}{more}{carried}: "
                      f"~{_span(hours(low), hours(high), _gpu_h)} GPU-h = {_span(low / r_steps, high / r_steps, r_number)} R")
-    if final is None:
+    if final is None and spec.train is None:
         lines.append("plan: no final check (final_check: false): the overall gain against the baseline is not measured")
     probes = sum(p.new for p in plans)
     confirmations = sum(p.confirmations for p in plans)
@@ -165,7 +173,14 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
                  f"ESTIMATE {_gpu_h(hours(low))}-{_gpu_h(hours(high))} GPU-hours = "
                  f"{_span(low / r_steps, high / r_steps, r_number)} R at ~{step_s:.0f} s a step "
                  f"(R: {r_steps:,} steps{' assumed' if run.assumed else ''})")
-    lines.append(payback_line(low / r_steps, PAYBACK_RUNS))
+    if spec.train is None:
+        lines.append(payback_line(low / r_steps, PAYBACK_RUNS))
+    else:
+        cap = spec.train.max_cost_r
+        total = f"{_span(low / r_steps, high / r_steps, r_number)} R at the baseline's speed"
+        lines.append("plan: train mode: the study is the run, " + (f"{total} all told" if cap is None else
+                     f"at most ~{cap:g} R all told (train.max_cost_r: a learning stage that would pass it is "
+                     f"skipped; {total} without the cap)") + ", against one run of the baseline")
     lines.append(f"plan: ~{step_s:.0f} s a step is an estimate: {how}")
     lines.append("plan: learning probes are priced at the baseline's speed: they run at the speed the speed stages "
                  "find, and pruning stops many early")

@@ -433,4 +433,11 @@ def study_progress(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, s
             else:
                 count.done += 1
         count.finished = StageStudyAttrs.of(study.user_attrs).result is not None
+    if spec.train is not None:  # train mode: the continuation, one run to the run's end
+        from verl_sweep.search.engine.continuation import TRAIN_STAGE, stored_model
+
+        model, attempts = stored_model(storage, spec)
+        count = stages[TRAIN_STAGE] = StageCount(1, finished=model is not None)
+        count.gpu_s = sum(float(t.probe.get("gpu_time_s") or 0.0) for t in attempts)
+        count.done = int(model is not None)
     return StudyProgress(spec.name, stages, simulated=simulated)
