@@ -101,6 +101,15 @@ def schedule_of(storage: Any, spec: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def rise_rate(world: Any, config: dict[str, Any], start: Any, first: int, last: int) -> float:
+    """How fast ``config`` raises the reward over steps ``first + 1 .. last`` from ``start``
+    (a checkpoint, else from scratch): the rise per second from the checkpoint's reward, or
+    from step 1's (a run's first reward is the model's own, whatever the config)."""
+    reward, _, seconds = segment(world, config, start, first, last)
+    level, before = (start.reward, 0.0) if start is not None else segment(world, config, None, 0, 1)[::2]
+    return (reward - level) / (seconds - before) if seconds > before else 0.0
+
+
 def judge(world: Any, schedule: list[dict[str, Any]], run_steps: int) -> tuple[float, list[bool]]:
     """The schedule's model replayed noise-free: its reward at the run's end, and for each
     adopted stage whether the adoption was false (on noise: the chosen config's noise-free
@@ -108,9 +117,7 @@ def judge(world: Any, schedule: list[dict[str, Any]], run_steps: int) -> tuple[f
     still, checkpoint, falses = quiet(world), None, []
     for row in schedule:
         if row["adopted"]:
-            level = 0.0 if checkpoint is None else checkpoint.reward
-            window = [segment(still, c, checkpoint, row["from"], row["to"]) for c in (row["config"], row["incumbent"])]
-            rates = [(reward - level) / seconds if seconds > 0 else 0.0 for reward, _, seconds in window]
+            rates = [rise_rate(still, c, checkpoint, row["from"], row["to"]) for c in (row["config"], row["incumbent"])]
             ends = [segment(still, c, checkpoint, row["from"], run_steps)[0] for c in (row["config"], row["incumbent"])]
             falses.append(rates[0] <= rates[1])
             row.update(false=rates[0] <= rates[1], false_to_end=ends[0] < ends[1], window_rates=rates, ends=ends)
