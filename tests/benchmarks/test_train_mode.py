@@ -60,3 +60,15 @@ def test_an_adoption_is_false_when_the_incumbents_window_rises_faster(world, con
     rows[1].update(config=config, incumbent=config)
     _, falses = T.judge(world, rows, 2000)
     assert falses == [False]
+
+
+def test_a_window_from_scratch_rises_from_the_models_first_reward(world, config) -> None:  # type: ignore[no-untyped-def]
+    # Every run starts at the model's own reward: a from-scratch window's rate is its rise from
+    # step 1, not its whole reward over its seconds (which makes any two configs look alike).
+    first, _, first_s = T.segment(world, config, None, 0, 1)
+    reward, _, seconds = T.segment(world, config, None, 0, 150)
+    assert first > 0 and reward > first
+    assert T.rise_rate(world, config, None, 0, 150) == pytest.approx((reward - first) / (seconds - first_s), rel=1e-9)
+    _, checkpoint, _ = T.segment(world, config, None, 0, 150)
+    later, _, later_s = T.segment(world, config, checkpoint, 150, 300)
+    assert T.rise_rate(world, config, checkpoint, 150, 300) == pytest.approx((later - reward) / later_s, rel=1e-9)
