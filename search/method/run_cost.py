@@ -76,14 +76,20 @@ def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_s
     """The cost all told if a learning stage of ``runs`` runs (its budget) of ``branch_steps``
     steps opened now from ``base`` at ``chain_step`` (``stages``: every stage before it), each at
     the mean cost of the learning runs so far (pruned ones included), else a whole branch at the
-    chain's speed. None where nothing measured prices it (no finished run of the baseline)."""
+    chain's speed. Before any run, priced in steps; None where runs ran but none of the
+    baseline finished."""
     done = [t for s in stages for t in s.trials]
     first = stages[0] if stages else None
     baseline_s = None if first is None else _mean(
         [probe_step_s(t.probe, n_gpus, first.start_step) for t in first.trials
          if t.role is Role.INCUMBENT and t.state is TrialState.COMPLETE])
     if baseline_s is None or first is None:
-        return None
+        if done:
+            return None
+        # Nothing ran yet: priced in steps (start-ups, unknown, left out).
+        rest = max(run_steps - chain_step, 0)
+        return Projection(spent_s=0.0, stage_s=float(runs * branch_steps), rest_s=float(rest), rest_steps=rest,
+                          full_run_s=float(run_steps))
     startup_s = _mean([t.probe.get("startup_s") for t in first.trials if t.state is TrialState.COMPLETE]) or 0.0
     # The chain's config: its latest stage's finished runs of it.
     step_s = None

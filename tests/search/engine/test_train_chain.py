@@ -165,3 +165,25 @@ def test_the_model_is_saved_at_run_steps_when_the_configs_own_run_is_longer(tmp_
     _, storage = _run(type(spec).model_validate(data), tmp_path)
     model, _ = stored_model(storage, spec)
     assert model is not None and model.step == 1010 and Path(model.step_dir).name == "global_step_1010"
+
+
+def test_a_stage_that_would_pass_the_cost_cap_is_skipped_and_the_chain_trains_on(tmp_path: Path) -> None:
+    from verl_sweep.search.database.records import Decision
+
+    # The kl stage and the run's other 1,655 steps fit in 1.2 R; a second stage as dear as the
+    # first does not (the first is priced in steps: nothing has measured the baseline's speed).
+    capped = _spec(train={"branch_steps": BRANCH, "max_cost_r": 1.2})
+    (tmp_path / "capped").mkdir()
+    (tmp_path / "uncapped").mkdir()
+    _, storage = _run(capped, tmp_path / "capped")
+    first, first_runs = _stage(storage, capped, 0)
+    assert first.result is not None and first.result.decision is not Decision.SKIPPED and len(first_runs) >= 3
+    second, second_runs = _stage(storage, capped, 1)
+    assert second.result is not None and second.result.decision is Decision.SKIPPED and second_runs == []
+    assert second.result.summary.startswith("skipped: the cost cap (train.max_cost_r 1.2 R)"), second.result.summary
+    model, attempts = stored_model(storage, capped)
+    assert model is not None and model.step == RUN_STEPS and _steps(attempts[0].run_dir)[0] == BRANCH + 1
+    uncapped = _spec(train={"branch_steps": BRANCH, "max_cost_r": None})
+    _, storage = _run(uncapped, tmp_path / "uncapped")
+    second, second_runs = _stage(storage, uncapped, 1)
+    assert second.result is not None and second.result.decision is not Decision.SKIPPED and second_runs
