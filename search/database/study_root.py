@@ -79,10 +79,8 @@ def check_name_clash(url: str, spec: StudySpec, *, holds: bool | None = None) ->
 
     if not (holds_studies(url) if holds is None else holds):
         return
-    storage = open_storage(url, create=False, readonly=True)
-    try:
-        root = optuna.load_study(study_name=spec.name, storage=storage)
-    except KeyError:
+    root = stored_study(open_storage(url, create=False, readonly=True), spec.name)
+    if root is None:
         return
     stored = root.user_attrs.get(SPEC_ATTR)
     if stored is None:
@@ -109,14 +107,19 @@ def _stored_definition(root: optuna.Study) -> Any:
 _BUDGET = re.compile(r"stages\[(?P<index>\d+)\]\.budget\.")
 
 
+def stored_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study | None:
+    """The study ``name`` as stored; None where there is none (not opened yet)."""
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+
+
 def stored_stage_result(storage: optuna.storages.BaseStorage, spec: StudySpec,
                         stage: StageSettings) -> StageResult | None:
     """The stage's recorded result; None while it has not chosen its winner (or not started)."""
-    try:
-        study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
-    except KeyError:
-        return None
-    return StageStudyAttrs.of(study.user_attrs).result
+    study = stored_study(storage, stage_study_name(spec, stage))
+    return None if study is None else StageStudyAttrs.of(study.user_attrs).result
 
 
 def _is_operational(path: str) -> bool:

@@ -21,6 +21,7 @@ from verl_sweep.launchers.run_dir import RunDir
 from verl_sweep.launchers.verl_checkpoints import TRACKER
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
 from verl_sweep.objectives.score import Metric
+from verl_sweep.search.database.study_root import stored_study
 from verl_sweep.search.database.records import (ChainPoint, Role, TrialRecord, outcome_attrs, reason_attrs, records,
                                                 set_attrs, started_attrs)
 from verl_sweep.search.spec.errors import BadInputError, SweepError
@@ -58,9 +59,8 @@ class TrainedModel:
 
 def stored_model(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[TrainedModel | None, list[TrialRecord]]:
     """The trained model (None until the continuation finished) and its attempts ([] before it opened)."""
-    try:
-        study = optuna.load_study(study_name=continuation_study_name(spec), storage=storage)
-    except KeyError:
+    study = stored_study(storage, continuation_study_name(spec))
+    if study is None:
         return None, []
     attr = study.user_attrs.get(_MODEL)
     return (TrainedModel.of(attr) if attr else None), records(study.get_trials(deepcopy=False))
@@ -68,10 +68,8 @@ def stored_model(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
 
 def stored_start(storage: optuna.storages.BaseStorage, spec: StudySpec) -> ChainPoint | None:
     """The chain point the continuation started from (None before it opened)."""
-    try:
-        attr = optuna.load_study(study_name=continuation_study_name(spec), storage=storage).user_attrs.get(_START)
-    except KeyError:
-        return None
+    study = stored_study(storage, continuation_study_name(spec))
+    attr = None if study is None else study.user_attrs.get(_START)
     return None if attr is None else ChainPoint(**attr)
 
 

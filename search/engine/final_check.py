@@ -24,6 +24,7 @@ from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
 from verl_sweep.objectives.score import Eta, Metric, Score, eta as eta_of, paired_eta
 from verl_sweep.search.database import liveness
+from verl_sweep.search.database.study_root import stored_study
 from verl_sweep.search.database.records import (Assignment, Role, TrialRecord, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records,
                             set_attrs, started_attrs)
 from verl_sweep.search.spec.study_file import FINAL_STAGE, StudySpec
@@ -93,9 +94,8 @@ class Overall:
 
 def stored_overall(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[Overall | None, list[TrialRecord]]:
     """The stored result (None until measured) and the final check's trials ([] before it opened)."""
-    try:
-        study = optuna.load_study(study_name=final_study_name(spec), storage=storage)
-    except KeyError:
+    study = stored_study(storage, final_study_name(spec))
+    if study is None:
         return None, []
     attr = study.user_attrs.get(_RESULT)
     return (Overall.of(attr) if attr else None), records(study.get_trials(deepcopy=False))

@@ -23,6 +23,7 @@ from verl_sweep.search.database import liveness
 from verl_sweep.search.spec.errors import SweepError
 from verl_sweep.search.method.proposer import first_points
 from verl_sweep.search.method.pruning import IncumbentPruner
+from verl_sweep.search.database.study_root import stored_study
 from verl_sweep.search.database.records import (
     Assignment, ChainPoint, RecordCache, Role, StageResult, StageStudyAttrs, StageView, TrialRecord,
     ahead_study_attrs, carried_attrs, created_study_attrs, initialized_attr, records, result_attr, stage_study_name,
@@ -205,9 +206,8 @@ class StageStudy:
         winner's own runs), by seed."""
         if index == 0:
             return {}
-        try:
-            previous = optuna.load_study(study_name=stage_study_name(spec, spec.stages[index - 1]), storage=storage)
-        except KeyError:
+        previous = stored_study(storage, stage_study_name(spec, spec.stages[index - 1]))
+        if previous is None:
             return {}
         attrs = StageStudyAttrs.of(previous.user_attrs)
         if attrs.probe_steps != probe_steps:
@@ -223,9 +223,8 @@ class StageStudy:
     def stored_stage(storage: optuna.storages.BaseStorage, spec: StudySpec, stage: StageSettings) -> StoredStage | None:
         """A stage's study as stored (its result, None while undecided; its trials read on
         request: a whole study's rows, which most callers do not need); None before it opened."""
-        try:
-            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
-        except KeyError:
+        study = stored_study(storage, stage_study_name(spec, stage))
+        if study is None:
             return None
         return StoredStage(StageStudyAttrs.of(study.user_attrs).result, study)
 

@@ -111,16 +111,13 @@ class _StageData:
 
 def _load(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
           run_steps: int | None = None) -> tuple[dict[str, Any], list[_StageData]]:
-    import optuna
+    from verl_sweep.search.database.study_root import stored_study
 
     status = study_status(storage, spec, run_steps=run_steps)
     stages = []
     for stage, entry in zip(spec.stages, status["stages"]):
-        try:
-            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
-            trials = records(study.get_trials(deepcopy=False))
-        except KeyError:
-            study, trials = None, []
+        study = stored_study(storage, stage_study_name(spec, stage))
+        trials = [] if study is None else records(study.get_trials(deepcopy=False))
         stages.append(_StageData(stage, entry, study, trials))
     return status, stages
 

@@ -174,7 +174,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
                  run_steps: int | None = None) -> dict[str, Any]:
     """``run_steps``: a full run's length, for the cost in R and the payback (default: the
     baseline's, when known, else 2,000 steps assumed)."""
-    import optuna
+    from verl_sweep.search.database.study_root import stored_study
 
     stages: list[dict[str, Any]] = []
     stored: dict[str, StageStudyAttrs] = {}  # each opened stage's attributes (train mode reads its branch)
@@ -182,9 +182,8 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
         name = stage_study_name(spec, stage)
         entry: dict[str, Any] = {"name": stage.name, "study": name, "space": stage.space,
                                  "budget": stage.budget.max_trials}
-        try:
-            study = optuna.load_study(study_name=name, storage=storage)
-        except KeyError:
+        study = stored_study(storage, name)
+        if study is None:
             entry.update(state="not started", trials=[], counts={}, incumbent=None, winner=None)
             stages.append(entry)
             continue
@@ -411,16 +410,14 @@ def study_progress(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, s
     """What the study has done so far, for the console's progress line: per stage the trials
     that count against its budget, its re-runs, its probes' GPU-seconds and whether it is
     decided (a resumed study counts on from here)."""
-    import optuna
-
+    from verl_sweep.search.database.study_root import stored_study
     from verl_sweep.search.views.progress import StageCount, StudyProgress
 
     stages: dict[str, StageCount] = {}
     for stage in spec.stages:
         count = stages[stage.name] = StageCount(stage.budget.max_trials)
-        try:
-            study = optuna.load_study(study_name=stage_study_name(spec, stage), storage=storage)
-        except KeyError:
+        study = stored_study(storage, stage_study_name(spec, stage))
+        if study is None:
             continue
         trials = records(study.get_trials(deepcopy=False))
         requeued = requeued_numbers(trials)
