@@ -39,7 +39,7 @@ def chain_point(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
     from verl_sweep.search.engine.stage_study import StageStudy
     from verl_sweep.search.method.stage import Stage
 
-    point = ChainPoint(step=0)
+    last = None  # the last learning stage before it that ran, and its stored study
     for earlier in range(index):
         plan = Stage.of(spec, earlier)
         if not plan.branches:
@@ -48,13 +48,14 @@ def chain_point(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
         if stored is None or stored.result is None:
             raise SweepError(f"stage {plan.name} has no result yet, so the chain has no checkpoint to branch from; "
                              "run the stages in order (resume the study)")
-        if stored.result.decision is Decision.SKIPPED:
-            continue
-        attrs = StageStudyAttrs.of(stored.study.user_attrs)
-        start = attrs.branch.step if attrs.branch is not None else 0
-        point = _left_by(plan, stored.trials(), attrs, stored.result.config, stored.result.winner_trial,
-                         start + plan.probe_steps)
-    return point
+        if stored.result.decision is not Decision.SKIPPED:
+            last = (plan, stored, stored.result)
+    if last is None:
+        return ChainPoint(step=0)
+    plan, stored, result = last  # only its trials are read: it branched from the point before it
+    attrs = StageStudyAttrs.of(stored.study.user_attrs)
+    start = attrs.branch.step if attrs.branch is not None else 0
+    return _left_by(plan, stored.trials(), attrs, result.config, result.winner_trial, start + plan.probe_steps)
 
 
 def _left_by(plan: Stage, trials: list[TrialRecord], attrs: StageStudyAttrs, chosen: Config, winner: int | None,
