@@ -30,7 +30,7 @@ BRANCH = 100
 
 def _study(tmp_path: Path) -> Path:
     data = yaml.safe_load((REPO / "studies" / "demo-train.yaml").read_text())
-    data["train"] = {"branch_steps": BRANCH}
+    data["train"] = {"branch_steps": BRANCH, "max_cost_r": None}  # a short run: the cap would skip both stages
     data["run_steps"] = 400  # the continuation: steps 201-400
     data["launcher"]["options"]["time_scale"] = 4000  # slow enough to be killed mid-stage
     data["stages"] = [{"name": "kl", "space": "kl", "budget": {"max_trials": 3}, "confirm_top": 0},
