@@ -4,7 +4,7 @@ Like Syne Tune's simulator backend: the same ``start / poll / cancel`` contract 
 run directory files as :class:`verl_sweep.launchers.sim.SimLauncher` (``spec.json``, ``metrics.jsonl`` in
 verl's format, ``stdout.log`` with verl's console lines, ``stderr.log`` with verl's failure
 texts, ``gpu_samples.jsonl``), but each run's lines are written from
-:meth:`Landscape.simulate` — the very model the simulator process runs — as the launcher's
+:mod:`verl_sweep.launchers.simulator.process` — the very run the simulator process plays — as the launcher's
 virtual clock passes each step's end time. ``clock()`` returns virtual seconds; ``wait(s)``
 moves the clock instantly (see :meth:`ReplayLauncher.wait`), so a study that would take days
 of GPU time replays in seconds. Used by the benchmarks; ``poll_advance_s`` lets callers that
@@ -24,9 +24,8 @@ import dataclasses
 import heapq
 import json
 import logging
-import random
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, Iterator, Mapping
 
 from verl_sweep.launchers.base import (
     Branch,
@@ -41,6 +40,9 @@ from verl_sweep.launchers.base import (
 from verl_sweep.launchers.options import Option
 from verl_sweep.launchers.run_dir import RunDir, merge_overrides, probe_pins, stderr_tail
 from verl_sweep.launchers.verl_checkpoints import prepare_branch
+
+if TYPE_CHECKING:
+    from verl_sweep.launchers.simulator import Landscape
 
 logger = logging.getLogger(__name__)
 
@@ -316,133 +318,57 @@ class ReplayLauncher(Launcher):
             else:
                 os.environ["VERL_SIM_SKIP_KEY_CHECK"] = previous
 
+    def _world(self) -> Landscape:
+        if self.gpu_memory_gb is None:
+            return self.landscape
+        hardware = {**self.landscape.data["hardware"], "gpu_memory_gb": self.gpu_memory_gb}
+        return dataclasses.replace(self.landscape, data={**self.landscape.data, "hardware": hardware})
+
     def _events(
         self, argv: list[str], handle: RunHandle, *, started_at: float, skip_steps: int, files: dict[str, Any]
     ) -> Iterator[tuple[float, str, Any]]:
-        """What ``python -m verl_sweep.launchers.simulator argv`` does, as timed events; writing happens
-        as each event is taken (so lines appear when the clock passes them)."""
-        from verl_sweep.launchers.simulator import checkpoints
-        from verl_sweep.launchers.simulator.trace import console_line, gpu_sample, json_line, real_record
-        from verl_sweep.launchers.simulator.config import ConfigError, get, logger_path, parse_overrides
-        from verl_sweep.launchers.simulator.landscape import LandscapeError
+        """What ``python -m verl_sweep.launchers.simulator argv`` does (``simulator.process``) as
+        timed events; what follows an event is written as it is taken (when the clock passes it)."""
+        from verl_sweep.launchers.simulator import process as sim
+        from verl_sweep.launchers.simulator.trace import real_record
 
-        out, err = files["stdout"], files["stderr"]
-        prefix = f"(TaskRunnerV1 pid=replay-{handle.run_id})"
         t = started_at
         try:
-            config = parse_overrides(argv)
-            self._check(config)
-        except ConfigError as e:
-            err.write(f"Error executing job with overrides: {argv!r}\n{e}\n\n"
-                      "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")  # fmt: skip
+            run = sim.setup(argv, landscape=self._world, check=self._check)
+        except sim.StartError as e:
+            files["stderr"].write(f"{e}\n")
             yield t, "exit", 1
             return
-        landscape = self.landscape
-        try:
-            if self.gpu_memory_gb is not None:
-                landscape = dataclasses.replace(
-                    landscape, data={**landscape.data, "hardware": {**landscape.data["hardware"], "gpu_memory_gb": self.gpu_memory_gb}}
-                )
-            expectation = landscape.expected(config)
-        except (LandscapeError, ConfigError, ValueError, TypeError) as e:
-            err.write(f"Error executing job with overrides: {argv!r}\n{type(e).__name__}: {e}\n")
-            yield t, "exit", 1
-            return
-        if self.write_console and skip_steps == 0:
-            out.write(f"{prefix} TaskRunner hostname: replay, PID: 0\n")
-            out.write(f"{prefix} landscape={landscape.name} total_training_steps={expectation.total_steps}\n")
-        startup = expectation.startup_s if self.startup_s is None else self.startup_s
-        if skip_steps == 0:
-            t += startup
-        failure = expectation.failure
-        if failure is not None and failure.kind == "hang":
-            timeout = float(get(config, "actor_rollout_ref.nccl_timeout") or 600)
-            t += timeout
-            yield t, "wake", None
-            err.write(
-                f"[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] {failure.message}, "
-                f"WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)={int(timeout * 1000)}) ran for longer "
-                f"than the timeout ({failure.reason}).\nA worker died or was killed while executing a task.\n"
-            )
-            yield t, "exit", 1
-            return
-        if failure is not None and failure.at_step == 0:
-            yield t, "wake", None
-            err.write(f"{prefix} Traceback (most recent call last):\n{failure.message}\n")
-            yield t, "exit", 1
-            return
-        if get(config, "trainer.resume_mode") != "disable":
-            yield t, "wake", None  # the workers are up: verl looks for its checkpoint now
-
-        def say(line: str) -> None:  # verl's lines about the checkpoint, once
-            if self.write_console and skip_steps == 0:
-                out.write(f"{prefix} {line}\n")
-
-        try:
-            resume = checkpoints.resume_from(config, say=say)
-        except checkpoints.CheckpointError as e:
-            err.write(f"{prefix} Traceback (most recent call last):\n{prefix} {e}\n")
-            yield t, "exit", 1
-            return
-        load_s = 0.0 if resume is None else landscape.checkpoint_s(config)
-        if skip_steps == 0:
-            t += load_s
-        path = logger_path(config)
-        metrics = open(path, "a", buffering=1) if path else None
-        samples = (open(handle.files.gpu_samples, "a", buffering=1)
-                   if self.write_gpu_samples else None)  # fmt: skip
-        for f, key in ((metrics, "metrics"), (samples, "samples")):
-            if f is not None:
-                files[key] = f
-        yield t, "wake", None
-        if metrics is not None and skip_steps == 0 and bool(get(config, "trainer.val_before_train")):
-            val_step = 0 if resume is None else resume.step
-            val = {"val-core/default/reward/mean@1": expectation.r0 if resume is None else resume.reward}
-            metrics.write(json.dumps({"step": val_step, "data": val}) + "\n")
-            if self.write_console:
-                out.write(f"{prefix} step:{val_step} - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
-        n_gpus = int(get(config, "trainer.n_gpus_per_node"))
-        gpu_mb = landscape.gpu_memory_gb * 1024.0
-        seed = get(config, "data.seed")
-        jitter = random.Random(f"gpu:{landscape.seed}:{0 if seed is None else seed}")
-        last = 0 if resume is None else resume.step
-        sim_now = startup + load_s  # the process's own clock (for the GPU samples' "t")
-        template = real_record() if self.verl_record else {}
-        for record in landscape.simulate(config, resume=resume):
-            sim_now += record.step_time_s
-            last = record.step
-            if record.step <= skip_steps:
-                if samples is not None:  # keep the jitter stream where the process has it
-                    gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
-                continue
-            t += record.step_time_s
-            yield t, "step", record.step
-            if record.checkpoint is not None:
-                checkpoints.save(config, record.checkpoint)
-            if metrics is not None:
-                metrics.write(json_line(template, record.step, record.metrics))
-            if self.write_console:
-                out.write(console_line(prefix, template, record.step, record.metrics))
-            if samples is not None:
-                sample = gpu_sample(sim_now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)
-                samples.write(json.dumps(sample) + "\n")
-        if failure is not None:
-            t += expectation.step_time_s * 0.3
-            yield t, "wake", None
-            err.write(f"{prefix} Traceback (most recent call last):\n{prefix} {failure.message}\n")
-            yield t, "exit", 1
-            return
-        p_died = float((landscape.data.get("failures") or {}).get("worker_died_probability", 0.0))
-        if p_died > 0 and jitter.random() < p_died:
-            err.write(
-                "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
-                f"A worker died or was killed while executing a task by an unexpected system error. (after step {last})\n"
-            )
-            yield t, "exit", 1
-            return
-        if self.write_console:
-            out.write(f"{prefix} Training finished at step {last}\n")
-        yield t, "exit", 0
+        events = sim.events(
+            run, prefix=f"(TaskRunnerV1 pid=replay-{handle.run_id})", host="hostname: replay, PID: 0",
+            gpu_samples=self.write_gpu_samples, template=real_record() if self.verl_record else {},
+            console=self.write_console, track=False, startup_s=self.startup_s, skip_steps=skip_steps,
+        )
+        for event in events:
+            if isinstance(event, sim.Sleep):
+                t += event.seconds  # the clock stops at a step, a Wake and the exit only
+                if event.step is not None:
+                    yield t, "step", event.step
+            elif isinstance(event, sim.Metrics):
+                files["metrics"].write(event.line)
+            elif isinstance(event, sim.Stdout):
+                files["stdout"].write(event.text)
+            elif isinstance(event, sim.Sample):
+                files["samples"].write(json.dumps(event.sample) + "\n")
+            elif isinstance(event, sim.Wake):
+                yield t, "wake", None
+            elif isinstance(event, sim.Ready):
+                if event.metrics_path:
+                    files["metrics"] = open(event.metrics_path, "a", buffering=1)
+                if self.write_gpu_samples:
+                    files["samples"] = open(handle.files.gpu_samples, "a", buffering=1)
+            elif isinstance(event, sim.Exit):
+                yield t, "wake", None  # the exit's lines at its own time (after a hang's timeout)
+                files["stdout"].write(event.stdout)
+                if event.stderr:
+                    files["stderr"].write(event.stderr + "\n")
+                yield t, "exit", event.code
+                return
 
 
 def _read(path: Path) -> str:

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import time
-from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any, NoReturn
 
-from verl_sweep.launchers.simulator import checkpoints
-from verl_sweep.launchers.simulator.config import ConfigError, check_config, get, logger_path, parse_overrides
-from verl_sweep.launchers.simulator.trace import console_line, full_record, gpu_sample, json_line, real_record
+from verl_sweep.launchers.simulator import process as sim
+from verl_sweep.launchers.simulator.trace import full_record, real_record
 from verl_sweep.launchers.simulator.tracking import Tracking
 
 _PARENT_POLL_S = 0.1
@@ -110,7 +107,7 @@ def _open_append(path: str | None) -> IO[str] | None:
     return open(path, "w", buffering=1)  # verl opens "wb": truncated, line by line
 
 
-def _fail(text: str, code: int = 1) -> None:
+def _fail(text: str, code: int = 1) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.write(text.rstrip("\n") + "\n")
     sys.stderr.flush()
@@ -118,99 +115,55 @@ def _fail(text: str, code: int = 1) -> None:
 
 
 def run(argv: list[str]) -> int:
-    """The simulated ``main_ppo``; returns the exit code."""
+    """The simulated ``main_ppo`` (``simulator.process``, played on the real clock); returns the exit code."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parent = _watch_parent()
     pid = os.getpid()
-    prefix = f"(TaskRunnerV1 pid={pid})"
-    try:
-        config = parse_overrides(argv)
-        check_config(config)
-    except ConfigError as e:
-        _fail(
-            f"Error executing job with overrides: {argv!r}\n{e}\n\n"
-            "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."
-        )
-        return 1  # unreachable; keeps type checkers calm
-
-    from verl_sweep.launchers.simulator.landscape_files import LandscapeError, load_landscape
+    from verl_sweep.launchers.simulator.landscape_files import load_landscape
 
     try:
-        landscape = load_landscape(os.environ.get("VERL_SIM_LANDSCAPE") or "default")
-        expectation = landscape.expected(config)
-    except (LandscapeError, ConfigError, ValueError, TypeError) as e:  # a value the model cannot read
-        _fail(f"Error executing job with overrides: {argv!r}\n{type(e).__name__}: {e}")
-        return 1
+        setup = sim.setup(argv, landscape=lambda: load_landscape(os.environ.get("VERL_SIM_LANDSCAPE") or "default"))
+    except sim.StartError as e:
+        _fail(str(e))
     scale = float(os.environ.get("VERL_SIM_TIME_SCALE", "1000"))
     clock = _Clock(scale if scale > 0 else 1000.0, parent, record=os.environ.get("VERL_SIM_CLOCK_PATH"))
     out = sys.stdout
-    out.write(f"{prefix} TaskRunner hostname: sim, PID: {pid}\n")
-    out.write(f"{prefix} landscape={landscape.name} total_training_steps={expectation.total_steps}\n")
-    out.flush()
-    clock.sleep(expectation.startup_s)  # model load, engine start: never in timing_s/step
-
-    failure = expectation.failure
-    if failure is not None and failure.kind == "hang":
-        clock.sleep(float(get(config, "actor_rollout_ref.nccl_timeout") or 600))
-        _fail(
-            f"[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] {failure.message}, "
-            f"WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)="
-            f"{int(float(get(config, 'actor_rollout_ref.nccl_timeout') or 600) * 1000)}) ran for longer "
-            f"than the timeout ({failure.reason}).\nA worker died or was killed while executing a task."
-        )
-    if failure is not None and failure.at_step == 0:
-        _fail(f"{prefix} Traceback (most recent call last):\n{failure.message}")
-    try:  # once the workers are up, as verl loads it
-        resume = checkpoints.resume_from(config, say=lambda line: out.write(f"{prefix} {line}\n"))
-    except checkpoints.CheckpointError as e:
-        _fail(f"{prefix} Traceback (most recent call last):\n{prefix} {e}")
-    if resume is not None:
-        clock.sleep(landscape.checkpoint_s(config))
-
-    tracking = Tracking(config)  # where verl makes its trackers: once the workers are up
-    metrics_file = _open_append(logger_path(config))
-    samples_file = _open_append(os.environ.get("VERL_SIM_GPU_SAMPLES_PATH"))
-    if metrics_file is not None and bool(get(config, "trainer.val_before_train")):
-        val_step = 0 if resume is None else resume.step
-        val = {"val-core/default/reward/mean@1": expectation.r0 if resume is None else resume.reward}
-        metrics_file.write(json.dumps({"step": val_step, "data": val}) + "\n")
-        out.write(f"{prefix} step:{val_step} - " + " - ".join(f"{k}:{v}" for k, v in val.items()) + "\n")
-        tracking.log(val, val_step)
-    n_gpus = int(get(config, "trainer.n_gpus_per_node"))
-    gpu_mb = landscape.gpu_memory_gb * 1024.0
-    seed = get(config, "data.seed")
-    jitter = random.Random(f"gpu:{landscape.seed}:{0 if seed is None else seed}")
-    last = 0 if resume is None else resume.step
+    samples_path = os.environ.get("VERL_SIM_GPU_SAMPLES_PATH")
     template = real_record()
-    for record in landscape.simulate(config, resume=resume):
-        clock.sleep(record.step_time_s, step=record.step)
-        last = record.step
-        if record.checkpoint is not None:
-            checkpoints.save(config, record.checkpoint)
-        if metrics_file is not None:
-            metrics_file.write(json_line(template, record.step, record.metrics))
-        out.write(console_line(prefix, template, record.step, record.metrics))
-        out.flush()
-        if tracking.active:
-            tracking.log(full_record(template, record.step, record.metrics), record.step)
-        if samples_file is not None:
-            samples_file.write(json.dumps(gpu_sample(clock.now, record.gpu_util, record.mem_used_gb, n_gpus, gpu_mb, config, jitter)) + "\n")
-
-    if failure is not None:  # the failing step ran out of memory part-way
-        clock.sleep(expectation.step_time_s * 0.3)
-        tracking.finish(exit_code=1)
-        _fail(f"{prefix} Traceback (most recent call last):\n{prefix} {failure.message}")
-    p_died = float((landscape.data.get("failures") or {}).get("worker_died_probability", 0.0))
-    if p_died > 0 and jitter.random() < p_died:
-        tracking.finish(exit_code=1)
-        _fail(
-            f"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
-            f"A worker died or was killed while executing a task by an unexpected system error. (after step {last})"
-        )
-    tracking.finish(exit_code=0)
-    out.write(f"{prefix} Training finished at step {last}\n")
-    out.flush()
-    return 0
+    tracking: Tracking | None = None
+    metrics_file = samples_file = None
+    for event in sim.events(setup, prefix=f"(TaskRunnerV1 pid={pid})", host=f"hostname: sim, PID: {pid}",
+                            gpu_samples=bool(samples_path), template=template):
+        if isinstance(event, sim.Sleep):
+            out.flush()  # the lines so far are out before time passes
+            clock.sleep(event.seconds, step=event.step)
+        elif isinstance(event, sim.Stdout):
+            out.write(event.text)
+        elif isinstance(event, sim.Metrics):
+            assert metrics_file is not None
+            metrics_file.write(event.line)
+        elif isinstance(event, sim.Track):
+            assert tracking is not None
+            if not event.record:
+                tracking.log(event.data, event.step)
+            elif tracking.active:
+                tracking.log(full_record(template, event.step, event.data), event.step)
+        elif isinstance(event, sim.Sample):
+            assert samples_file is not None
+            samples_file.write(json.dumps(event.sample) + "\n")
+        elif isinstance(event, sim.Ready):
+            tracking = Tracking(setup.config)  # where verl makes its trackers: once the workers are up
+            metrics_file = _open_append(event.metrics_path)
+            samples_file = _open_append(samples_path)
+        elif isinstance(event, sim.Exit):
+            if tracking is not None:
+                tracking.finish(exit_code=event.code)
+            out.write(event.stdout)
+            if event.stderr:
+                _fail(event.stderr, event.code)
+            out.flush()
+            return event.code
+    raise AssertionError("a simulated run ends with an Exit event")
 
 
 if __name__ == "__main__":
