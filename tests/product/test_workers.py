@@ -116,11 +116,13 @@ def _completed(url: str, name: str, seen: dict[int, float | None]) -> int:
 def test_faults_kill_workers_and_restart_postgres(tmp_path: Path) -> None:
     url = require_pg()
     restart = require_pg_restart()
-    # Probes 20x slower than tiny_study's, so that the study lasts a while between faults. No
-    # final check: every fault strikes before it, and the driver alone would run its six slow
-    # probes one by one (test_final_check.py kills and resumes in it).
+    # Probes 5x slower than tiny_study's (~5 s each), so that a fault strikes a worker mid-probe.
+    # The faults strike at counts of completed trials, not at times, so the probes' length only
+    # sets how long the study takes (at 1,000x, ~22 s a probe, it took 4 minutes). No final
+    # check: every fault strikes before it, and the driver alone would run its six slow probes
+    # one by one (test_final_check.py kills and resumes in it).
     study, name = tiny_study(tmp_path, budgets=(10, 10), storage=url, final_check=False,
-                             launcher={"kind": "sim", "max_concurrent": 1, "options": {"time_scale": 1000}})
+                             launcher={"kind": "sim", "max_concurrent": 1, "options": {"time_scale": 4000}})
     logs = tmp_path / "logs"
     logs.mkdir()
     rng = random.Random(7)
