@@ -72,7 +72,8 @@ def finished() -> Iterator[Path]:
     """A finished small demo, in a folder another user may read (pytest's own is private)."""
     directory = Path(tempfile.mkdtemp(prefix="vs-console-demo-"))
     directory.chmod(0o755)
-    small_demo(directory, time_scale=20000)  # the demo's own pace: the log's lines do not depend on it
+    # 3x the demo's pace (learning probes ~1 s, not ~3 s): the log's lines do not depend on it
+    small_demo(directory, time_scale=60000)
     result = cli("run", "demo.yaml", cwd=directory, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (directory / "run.out").write_text(result.stdout)
