@@ -39,6 +39,9 @@ def small_demo(directory: Path) -> Path:
     for stage in data["stages"]:
         stage["budget"] = {"max_trials": 6 if stage["space"] == "systems" else 4}
         stage["confirm_top"] = 1
+    # 2x the demo's pace: a 500-step probe ~1.5 s, not ~3 s, still several frames of the live
+    # view's probe bars (a probe counts as hung only after 10 real seconds without metrics)
+    data["launcher"]["options"]["time_scale"] = 40000
     return write_study(directory, data, "demo.yaml")
 
 
