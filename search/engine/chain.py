@@ -28,6 +28,7 @@ from verl_sweep.verl_knowledge import LR, Config, merge, setting
 if TYPE_CHECKING:
     import optuna
 
+    from verl_sweep.search.method.run_cost import Projection
     from verl_sweep.search.method.stage import Stage
     from verl_sweep.search.spec.study_file import StudySpec
 
@@ -86,19 +87,24 @@ def branch_of(stage: Stage, point: ChainPoint, config: Config, chain_config: Con
     return Branch(resume_from=point.step_dir, save_every=stage.probe_steps, lr=float(lr) if changed else None)
 
 
-def cap_overrun(storage: optuna.storages.BaseStorage, spec: StudySpec, index: int, base: Config) -> str | None:
-    """Train mode with ``train.max_cost_r``: why learning stage ``index`` is skipped, opened
-    from ``base``, because the study all told would pass the cap if it ran
-    (``verl_sweep.search.method.run_cost``); None where it fits or cannot be priced yet."""
+def fewest_runs(spec: StudySpec) -> int:
+    """The fewest runs a learning stage decides on: the incumbent's and two candidates'."""
+    return spec.probe.incumbent_repeats + 2
+
+
+def cap_projection(storage: optuna.storages.BaseStorage, spec: StudySpec, index: int,
+                   base: Config) -> Projection | None:
+    """Train mode with ``train.max_cost_r``: the prices for learning stage ``index`` opened from
+    ``base`` (``verl_sweep.search.method.run_cost``), from the stages before it only, so a
+    resume or a worker prices it as its opening did; None without a cap or before any price."""
     from verl_sweep.search.engine.continuation import run_steps_of
     from verl_sweep.search.engine.stage_study import StageStudy
     from verl_sweep.search.method.run_cost import StageCost, project
     from verl_sweep.search.method.stage import Stage
 
     plan = Stage.of(spec, index)
-    cap = spec.train.max_cost_r if spec.train is not None else None
-    if cap is None or not plan.branches or StageStudy.stored_stage(storage, spec, spec.stages[index]) is not None:
-        return None  # an opened stage runs on (a resume reads what it decided at opening)
+    if spec.train is None or spec.train.max_cost_r is None or not plan.branches:
+        return None
     stages = []
     for earlier in range(index):
         stored = StageStudy.stored_stage(storage, spec, spec.stages[earlier])
@@ -109,9 +115,19 @@ def cap_overrun(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
         stages.append(StageCost(trials=stored.trials(), base=attrs.base_config or {},
                                 start_step=attrs.branch.step if attrs.branch is not None else 0,
                                 ran_learning=Stage.of(spec, earlier).branches and not skipped))
-    projection = project(stages, n_gpus=spec.hardware.n_gpus, run_steps=run_steps_of(spec),
-                         chain_step=chain_point(storage, spec, index).step, base=base,
-                         runs=spec.stages[index].budget.max_trials, branch_steps=plan.probe_steps)
-    if projection is None or projection.total_r <= cap:
+    return project(stages, n_gpus=spec.hardware.n_gpus, run_steps=run_steps_of(spec),
+                   chain_step=chain_point(storage, spec, index).step, base=base, branch_steps=plan.probe_steps)
+
+
+def cap_overrun(storage: optuna.storages.BaseStorage, spec: StudySpec, index: int, base: Config) -> str | None:
+    """Why learning stage ``index``, not opened yet, is skipped: its fewest runs would take the
+    study all told past ``train.max_cost_r``; None where they fit or nothing prices them."""
+    from verl_sweep.search.engine.stage_study import StageStudy
+
+    if StageStudy.stored_stage(storage, spec, spec.stages[index]) is not None:
+        return None  # an opened stage runs on (its run limit holds it to the cap)
+    projection = cap_projection(storage, spec, index, base)
+    if projection is None or spec.train is None or spec.train.max_cost_r is None:
         return None
-    return projection.why_skipped(cap)
+    cap, fewest = spec.train.max_cost_r, fewest_runs(spec)
+    return None if projection.runs_within(cap) >= fewest else projection.why_skipped(cap, fewest)

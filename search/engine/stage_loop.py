@@ -23,7 +23,7 @@ from verl_sweep.search.method.policy import StagePolicy, ranked_candidates, slow
 from verl_sweep.search.method.proposer import Proposer, Tick
 from verl_sweep.search.method.stopper import Stopper
 from verl_sweep.search.database.records import ChainPoint, Decision, Role, StageResult, TrialRecord, stage_study_name
-from verl_sweep.search.engine.chain import chain_point
+from verl_sweep.search.engine.chain import cap_projection, chain_point, fewest_runs
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.engine.stage_study import StageClock, StageStudy
 from verl_sweep.search.database.storage import HEARTBEAT_INTERVAL_S, with_retries
@@ -74,6 +74,8 @@ class StageLoop:
                                   run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}",
                                   branch=attrs.branch or branch)
         self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
+        #: train mode's cost cap: the stage starts no run past this many (None: no such limit)
+        self.max_runs: int | None = None
         self.last_heartbeat = 0.0
         self.last_saved = time.monotonic()
 
@@ -123,6 +125,12 @@ class StageLoop:
             carried = study.enqueue_initial(plan, space, base, carried=earlier, leaders=leaders)
             study.mark_initialized()
         loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of, branch=branch)
+        projection = cap_projection(ctx.storage, spec, index, base) if plan.branches else None
+        if projection is not None and spec.train is not None and spec.train.max_cost_r is not None:
+            loop.max_runs = max(projection.runs_within(spec.train.max_cost_r), fewest_runs(spec))
+            if loop.max_runs < plan.budget.max_trials + plan.settings.confirm_top:
+                console.note(f"{study.name}: at most {loop.max_runs} runs, within the cost cap "
+                             f"(train.max_cost_r {spec.train.max_cost_r:g} R)")
         if ahead_of is None:
             loop.announce()
         if carried:
@@ -143,7 +151,9 @@ class StageLoop:
         the runs, tell the finished ones. ``may_start_more`` False: follow the runs in flight,
         start nothing new."""
         wall_used = self.clock.used(self.ctx.launcher.clock())
-        over_time = self.stopper.over_time(wall_used)
+        # Out of wall clock, or of runs under the cost cap: nothing new starts; decide on what ran.
+        over_time = self.stopper.over_time(wall_used) or (
+            self.max_runs is not None and sum(t.started for t in self.study.view()) >= self.max_runs)
         ask = self.proposer.ask(allowed=may_start_more and not over_time, over_time=over_time,
                                 mine=self.runner.active)
         if ask.then in (Tick.OVER, Tick.LEAVE):

@@ -5,11 +5,12 @@ on the study's GPUs. A probe's seconds a step are its GPU time spread over its G
 start-up, over the steps it ran (a speed probe's first step, slower, is in it: a little high).
 
 Train mode with ``train.max_cost_r``: before each learning stage the driver prices what the
-study would cost all told if the stage ran — spent so far, the stage (its budget of runs at
-the mean cost of the learning runs so far), and the chain's config training on from the
-chain's checkpoint to the run's end — and skips the stage, and so every later one, when that
-passes the cap. A stage that cannot pay for itself inside the cap leaves the model to the
-config the chain has, which has already earned its place.
+study has spent, a run of the stage (the mean cost of the learning runs so far) and the
+chain's config training on from the chain's checkpoint to the run's end. The room left under
+the cap is the stage's most runs: it starts no run past them and decides on what it measured
+(as at its wall-clock budget). A stage whose room does not hold its fewest runs (the
+incumbent's and two candidates') is skipped, and the chain's config, which already earned its
+place, trains on.
 """
 
 from __future__ import annotations
@@ -52,32 +53,35 @@ class StageCost:
 
 @dataclasses.dataclass(frozen=True)
 class Projection:
-    """The study's cost all told if the next learning stage ran, in GPU-seconds."""
+    """What the study has spent, what a learning stage's run costs, and what the chain's
+    config training on to the run's end costs, in GPU-seconds."""
 
     spent_s: float
-    stage_s: float
+    per_run_s: float
     rest_s: float
     rest_steps: int
     full_run_s: float
 
-    @property
-    def total_r(self) -> float:
-        return (self.spent_s + self.stage_s + self.rest_s) / self.full_run_s
+    def runs_within(self, cap: float) -> int:
+        """The most runs a stage may make before the study all told would pass ``cap`` R."""
+        room = cap * self.full_run_s - self.spent_s - self.rest_s
+        return max(int(room // self.per_run_s), 0) if self.per_run_s > 0 else 0
 
-    def why_skipped(self, cap: float) -> str:
+    def why_skipped(self, cap: float, fewest: int) -> str:
         r = self.full_run_s
-        return (f"skipped: the cost cap (train.max_cost_r {cap:g} R): spent {self.spent_s / r:.2f} R, this stage "
-                f"~{self.stage_s / r:.2f} R and the run's last {self.rest_steps:,} steps ~{self.rest_s / r:.2f} R "
-                f"would come to {self.total_r:.2f} R; the chain's config trains on")
+        total = (self.spent_s + fewest * self.per_run_s + self.rest_s) / r
+        return (f"skipped: the cost cap (train.max_cost_r {cap:g} R): spent {self.spent_s / r:.2f} R, "
+                f"its fewest {fewest} runs ~{fewest * self.per_run_s / r:.2f} R and the run's last "
+                f"{self.rest_steps:,} steps ~{self.rest_s / r:.2f} R would come to {total:.2f} R; "
+                "the chain's config trains on")
 
 
 def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_step: int, base: Config,
-            runs: int, branch_steps: int) -> Projection | None:
-    """The cost all told if a learning stage of ``runs`` runs (its budget) of ``branch_steps``
-    steps opened now from ``base`` at ``chain_step`` (``stages``: every stage before it), each at
-    the mean cost of the learning runs so far (pruned ones included), else a whole branch at the
-    chain's speed. Before any run, priced in steps; None where runs ran but none of the
-    baseline finished."""
+            branch_steps: int) -> Projection | None:
+    """The prices for a learning stage of ``branch_steps``-step runs opened now from ``base``
+    at ``chain_step`` (``stages``: every stage before it): a run at the mean cost of the
+    learning runs so far (pruned ones included), else a whole branch at the chain's speed.
+    Before any run, priced in steps; None where runs ran but none of the baseline finished."""
     done = [t for s in stages for t in s.trials]
     first = stages[0] if stages else None
     baseline_s = None if first is None else _mean(
@@ -88,7 +92,7 @@ def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_s
             return None
         # Nothing ran yet: priced in steps (start-ups, unknown, left out).
         rest = max(run_steps - chain_step, 0)
-        return Projection(spent_s=0.0, stage_s=float(runs * branch_steps), rest_s=float(rest), rest_steps=rest,
+        return Projection(spent_s=0.0, per_run_s=float(branch_steps), rest_s=float(rest), rest_steps=rest,
                           full_run_s=float(run_steps))
     startup_s = _mean([t.probe.get("startup_s") for t in first.trials if t.state is TrialState.COMPLETE]) or 0.0
     # The chain's config: its latest stage's finished runs of it.
@@ -102,6 +106,6 @@ def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_s
     learning = [t.probe["gpu_time_s"] for s in stages if s.ran_learning for t in s.trials if t.probe.get("gpu_time_s")]
     per_run_s = statistics.fmean(learning) if learning else (branch_steps * step_s + startup_s) * n_gpus
     rest = max(run_steps - chain_step, 0)
-    return Projection(spent_s=sum(t.probe.get("gpu_time_s") or 0.0 for t in done), stage_s=runs * per_run_s,
+    return Projection(spent_s=sum(t.probe.get("gpu_time_s") or 0.0 for t in done), per_run_s=per_run_s,
                       rest_s=(rest * step_s + startup_s) * n_gpus if rest else 0.0, rest_steps=rest,
                       full_run_s=run_steps * baseline_s * n_gpus)
