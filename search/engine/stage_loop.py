@@ -57,7 +57,8 @@ class StageLoop:
     this one runs ahead of it (None once that stage chose the config it started from)."""
 
     def __init__(self, ctx: Context, index: int, policy: StagePolicy, base: Config, study: StageStudy,
-                 space: Space, *, ahead_of: str | None, branch: ChainPoint | None = None) -> None:
+                 space: Space, *, ahead_of: str | None, branch: ChainPoint | None = None,
+                 max_runs: int | None = None) -> None:
         self.ctx = ctx
         self.index = index
         self.policy = policy
@@ -67,15 +68,13 @@ class StageLoop:
         self.space = space
         self.ahead_of = ahead_of
         attrs = study.attrs()
-        self.stopper = Stopper(policy)
+        self.stopper = Stopper(policy, max_runs)
         self.proposer = Proposer(policy, self.stopper, space, base, study, free_slots=ctx.launcher.free_slots,
                                  note=ctx.console.note, leaves=self.nothing_left_for_me)
         self.runner = TrialRunner(ctx.launcher, ctx.console, study, policy, self.stopper, space, base,
                                   run_prefix=attrs.run_prefix or f"{ctx.spec.name}.{self.stage.name}",
                                   branch=attrs.branch or branch)
         self.clock = StageClock(ctx.launcher.clock(), attrs.wall_clock_used_s)
-        #: train mode's cost cap: the stage starts no run past this many (None: no such limit)
-        self.max_runs: int | None = None
         self.last_heartbeat = 0.0
         self.last_saved = time.monotonic()
 
@@ -124,13 +123,16 @@ class StageLoop:
             leaders = undecided_leaders(ctx, index) if space.takes_earlier_leaders else []
             carried = study.enqueue_initial(plan, space, base, carried=earlier, leaders=leaders)
             study.mark_initialized()
-        loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of, branch=branch)
+        # Train mode's cost cap: the runs the room under it holds (priced from the stages before
+        # it alone, so a resume or a worker gets the same limit).
+        max_runs = None
         projection = cap_projection(ctx.storage, spec, index, base) if plan.branches else None
         if projection is not None and spec.train is not None and spec.train.max_cost_r is not None:
-            loop.max_runs = max(projection.runs_within(spec.train.max_cost_r), fewest_runs(spec))
-            if loop.max_runs < plan.budget.max_trials + plan.settings.confirm_top:
-                console.note(f"{study.name}: at most {loop.max_runs} runs, within the cost cap "
+            max_runs = max(projection.runs_within(spec.train.max_cost_r), fewest_runs(spec))
+            if max_runs < plan.budget.max_trials + plan.settings.confirm_top:
+                console.note(f"{study.name}: at most {max_runs} runs, within the cost cap "
                              f"(train.max_cost_r {spec.train.max_cost_r:g} R)")
+        loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of, branch=branch, max_runs=max_runs)
         if ahead_of is None:
             loop.announce()
         if carried:
@@ -151,9 +153,7 @@ class StageLoop:
         the runs, tell the finished ones. ``may_start_more`` False: follow the runs in flight,
         start nothing new."""
         wall_used = self.clock.used(self.ctx.launcher.clock())
-        # Out of wall clock, or of runs under the cost cap: nothing new starts; decide on what ran.
-        over_time = self.stopper.over_time(wall_used) or (
-            self.max_runs is not None and sum(t.started for t in self.study.view()) >= self.max_runs)
+        over_time = self.stopper.over_time(wall_used, self.study.view())
         ask = self.proposer.ask(allowed=may_start_more and not over_time, over_time=over_time,
                                 mine=self.runner.active)
         if ask.then in (Tick.OVER, Tick.LEAVE):

@@ -4,8 +4,8 @@ A running trial stops when the pruner finds it hopeless (candidates only, at a r
 its probe's health screen finds it unhealthy (the probe ends STOPPED), or when it no longer
 counts (another process closed it; the first run a confirmation checks was pruned). An ended
 trial closes as COMPLETE, PRUNED or FAIL, and a failure is queued again while its retries
-last. A stage starts no more trials past its wall-clock budget, its trial budget or its stop
-rule (``StagePolicy.may_start``). The trial runner and the proposer report what they see and
+last. A stage starts no more trials past its wall-clock budget, the runs train mode's cost cap
+leaves it, its trial budget or its stop rule (``StagePolicy.may_start``). The trial runner and the proposer report what they see and
 carry out what it says; it reads records only.
 """
 
@@ -54,16 +54,23 @@ class Stopper:
     """What stops in one stage (``policy``: its rules)."""
 
     policy: StagePolicy
+    #: train mode's cost cap: the most runs the stage may start (None: no such limit)
+    max_runs: int | None = None
 
     # -- the stage ----------------------------------------------------------------------------------
-    def over_time(self, wall_used_s: float) -> bool:
-        """The stage's wall-clock budget is spent: nothing new starts."""
+    def over_time(self, wall_used_s: float, trials: Sequence[TrialRecord]) -> bool:
+        """The stage's wall-clock budget is spent, or the runs the cost cap leaves it: nothing
+        new starts, and it decides on what it measured."""
         budget_s = self.policy.stage.budget.max_wall_clock_s
-        return budget_s is not None and wall_used_s >= budget_s
+        return (budget_s is not None and wall_used_s >= budget_s) or self._out_of_runs(trials)
+
+    def _out_of_runs(self, trials: Sequence[TrialRecord]) -> bool:
+        return self.max_runs is not None and sum(t.started for t in trials) >= self.max_runs
 
     def may_start(self, trials: Sequence[TrialRecord]) -> bool:
-        """Queued work, or budget left and the stop rule not met (``StagePolicy.may_start``)."""
-        return self.policy.may_start(trials)
+        """Queued work, or budget left and the stop rule not met (``StagePolicy.may_start``),
+        within the runs the cost cap leaves."""
+        return not self._out_of_runs(trials) and self.policy.may_start(trials)
 
     # -- a running trial ----------------------------------------------------------------------------
     def after_report(self, role: Role, step: int, rate: float, should_prune: Callable[[], bool]) -> Stop | None:

@@ -170,20 +170,24 @@ def test_the_model_is_saved_at_run_steps_when_the_configs_own_run_is_longer(tmp_
 def test_a_stage_that_would_pass_the_cost_cap_is_skipped_and_the_chain_trains_on(tmp_path: Path) -> None:
     from verl_sweep.search.database.records import Decision
 
-    # The kl stage and the run's other 1,655 steps fit in 1.2 R; a second stage as dear as the
-    # first does not (the first is priced in steps: nothing has measured the baseline's speed).
-    capped = _spec(train={"branch_steps": BRANCH, "max_cost_r": 1.2})
+    # The kl stage's runs and the run's 1,755 steps fit in 1.3 R for 5 runs of 100 steps (priced
+    # in steps: nothing has measured the baseline's speed), not its budget's 8; after it, the lr
+    # stage's fewest 4 runs do not fit.
+    stages = [{"name": "kl", "space": "kl", "budget": {"max_trials": 8}, "confirm_top": 0},
+              {"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "confirm_top": 0}]
+    capped = _spec(train={"branch_steps": BRANCH, "max_cost_r": 1.3}, stages=stages)
     (tmp_path / "capped").mkdir()
     (tmp_path / "uncapped").mkdir()
     _, storage = _run(capped, tmp_path / "capped")
     first, first_runs = _stage(storage, capped, 0)
-    assert first.result is not None and first.result.decision is not Decision.SKIPPED and len(first_runs) >= 3
+    assert first.result is not None and first.result.decision is not Decision.SKIPPED
+    assert 4 <= sum(t.started for t in first_runs) <= 5, [(t.number, t.state) for t in first_runs]
     second, second_runs = _stage(storage, capped, 1)
     assert second.result is not None and second.result.decision is Decision.SKIPPED and second_runs == []
-    assert second.result.summary.startswith("skipped: the cost cap (train.max_cost_r 1.2 R)"), second.result.summary
+    assert second.result.summary.startswith("skipped: the cost cap (train.max_cost_r 1.3 R)"), second.result.summary
     model, attempts = stored_model(storage, capped)
     assert model is not None and model.step == RUN_STEPS and _steps(attempts[0].run_dir)[0] == BRANCH + 1
-    uncapped = _spec(train={"branch_steps": BRANCH, "max_cost_r": None})
+    uncapped = _spec(train={"branch_steps": BRANCH, "max_cost_r": None}, stages=stages)
     _, storage = _run(uncapped, tmp_path / "uncapped")
     second, second_runs = _stage(storage, uncapped, 1)
     assert second.result is not None and second.result.decision is not Decision.SKIPPED and second_runs
