@@ -267,7 +267,8 @@ def test_a_tick_is_ask_admit_start_poll_tell() -> None:
     loop = object.__new__(StageLoop)
     loop.ctx = types.SimpleNamespace(launcher=types.SimpleNamespace(clock=lambda: 0.0))
     loop.clock = types.SimpleNamespace(used=lambda now: 0.0)
-    loop.stopper = types.SimpleNamespace(over_time=lambda used: False)
+    loop.study = types.SimpleNamespace(view=lambda: view)
+    loop.stopper = types.SimpleNamespace(over_time=lambda used, trials: False)
     loop.proposer = types.SimpleNamespace(ask=ask, wants_more=lambda v: False)
     loop.runner = Runner()
     loop._keep_alive = lambda used: calls.append("keep alive")  # type: ignore[method-assign]
