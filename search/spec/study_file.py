@@ -172,7 +172,7 @@ class TrainSettings(_Strict):
 
     branch_steps: Int = Field(default=150, ge=2, le=10_000_000)
     #: the study's whole cost, tuning and the run, in runs of the baseline (R): a learning
-    #: stage that would take it past this is skipped, and the chain trains on (None: no cap)
+    #: stage starts only the runs the room left holds, or is skipped (None: no cap)
     max_cost_r: Float | None = Field(default=1.5, gt=0, le=1000)
 
 
