@@ -179,7 +179,7 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
         cap = spec.train.max_cost_r
         total = f"{_span(low / r_steps, high / r_steps, r_number)} R at the baseline's speed"
         lines.append("plan: train mode: the study is the run, " + (f"{total} all told" if cap is None else
-                     f"at most ~{cap:g} R all told (train.max_cost_r: a learning stage that would pass it is "
+                     f"at most ~{cap:g} R all told (train.max_cost_r: a learning stage runs what room is left, or is "
                      f"skipped; {total} without the cap)") + ", against one run of the baseline")
     lines.append(f"plan: ~{step_s:.0f} s a step is an estimate: {how}")
     lines.append("plan: learning probes are priced at the baseline's speed: they run at the speed the speed stages "

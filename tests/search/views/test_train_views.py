@@ -220,3 +220,17 @@ def test_a_run_without_eta_finishes_on_one_line() -> None:
     study = optuna.create_study(study_name="s.train")
     console.trial_finished(study, 0, Role.CANDIDATE, {}, state="complete")
     assert stream.getvalue() == "[train] trial 0 candidate complete\n"
+
+
+def test_the_plan_prices_branches_and_the_continuation_not_a_final_check(study: dict[str, Any]) -> None:
+    from verl_sweep.search.views.plan import plan_lines
+
+    spec = study["spec"]
+    lines = plan_lines(spec, spec.baseline_config())
+    text = "\n".join(lines)
+    # Each stage's incumbent branches anew from the chain: nothing carried over; the run's rest
+    # after the two stages' branches is the continuation; no final check, no payback.
+    assert "carried over" not in text and "plan: final" not in text and "payback" not in text, text
+    assert any(line.startswith(f"plan: train (the chain's config to the run's end) 1 probe × {RUN_STEPS - 2 * BRANCH} steps")
+               for line in lines), text
+    assert "at most ~1.5 R all told (train.max_cost_r" in text, text
