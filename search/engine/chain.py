@@ -115,7 +115,7 @@ def cap_projection(storage: optuna.storages.BaseStorage, spec: StudySpec, index:
         stages.append(StageCost(trials=stored.trials(), base=attrs.base_config or {},
                                 start_step=attrs.branch.step if attrs.branch is not None else 0,
                                 ran_learning=Stage.of(spec, earlier).branches and not skipped))
-    return project(stages, n_gpus=spec.hardware.n_gpus, run_steps=run_steps_of(spec),
+    return project(stages, cap=spec.train.max_cost_r, n_gpus=spec.hardware.n_gpus, run_steps=run_steps_of(spec),
                    chain_step=chain_point(storage, spec, index).step, base=base, branch_steps=plan.probe_steps)
 
 
@@ -127,7 +127,5 @@ def cap_overrun(storage: optuna.storages.BaseStorage, spec: StudySpec, index: in
     if StageStudy.stored_stage(storage, spec, spec.stages[index]) is not None:
         return None  # an opened stage runs on (its run limit holds it to the cap)
     projection = cap_projection(storage, spec, index, base)
-    if projection is None or spec.train is None or spec.train.max_cost_r is None:
-        return None
-    cap, fewest = spec.train.max_cost_r, fewest_runs(spec)
-    return None if projection.runs_within(cap) >= fewest else projection.why_skipped(cap, fewest)
+    fewest = fewest_runs(spec)
+    return None if projection is None or projection.runs_within() >= fewest else projection.why_skipped(fewest)

@@ -127,11 +127,11 @@ class StageLoop:
         # it alone, so a resume or a worker gets the same limit).
         max_runs = None
         projection = cap_projection(ctx.storage, spec, index, base) if plan.branches else None
-        if projection is not None and spec.train is not None and spec.train.max_cost_r is not None:
-            max_runs = max(projection.runs_within(spec.train.max_cost_r), fewest_runs(spec))
+        if projection is not None:
+            max_runs = max(projection.runs_within(), fewest_runs(spec))
             if max_runs < plan.budget.max_trials + plan.settings.confirm_top:
                 console.note(f"{study.name}: at most {max_runs} runs, within the cost cap "
-                             f"(train.max_cost_r {spec.train.max_cost_r:g} R)")
+                             f"(train.max_cost_r {projection.cap:g} R)")
         loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of, branch=branch, max_runs=max_runs)
         if ahead_of is None:
             loop.announce()

@@ -32,7 +32,7 @@ def probe_step_s(probe: Mapping[str, Any], n_gpus: int, start_step: int = 0) -> 
     gpu_s = probe.get("gpu_time_s") or 0.0
     if steps <= 0 or gpu_s <= 0:
         return None
-    return max(gpu_s / max(1, n_gpus) - (probe.get("startup_s") or 0.0), 0.0) / steps or None
+    return max(gpu_s / max(1, n_gpus) - (probe.get("startup_s") or 0.0), 0.0) / steps
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -54,30 +54,31 @@ class StageCost:
 @dataclasses.dataclass(frozen=True)
 class Projection:
     """What the study has spent, what a learning stage's run costs, and what the chain's
-    config training on to the run's end costs, in GPU-seconds."""
+    config training on to the run's end costs, in GPU-seconds, under the cap ``cap`` R."""
 
+    cap: float
     spent_s: float
     per_run_s: float
     rest_s: float
     rest_steps: int
     full_run_s: float
 
-    def runs_within(self, cap: float) -> int:
-        """The most runs a stage may make before the study all told would pass ``cap`` R."""
-        room = cap * self.full_run_s - self.spent_s - self.rest_s
+    def runs_within(self) -> int:
+        """The most runs a stage may make before the study all told would pass the cap."""
+        room = self.cap * self.full_run_s - self.spent_s - self.rest_s
         return max(int(room // self.per_run_s), 0) if self.per_run_s > 0 else 0
 
-    def why_skipped(self, cap: float, fewest: int) -> str:
+    def why_skipped(self, fewest: int) -> str:
         r = self.full_run_s
         total = (self.spent_s + fewest * self.per_run_s + self.rest_s) / r
-        return (f"skipped: the cost cap (train.max_cost_r {cap:g} R): spent {self.spent_s / r:.2f} R, "
+        return (f"skipped: the cost cap (train.max_cost_r {self.cap:g} R): spent {self.spent_s / r:.2f} R, "
                 f"its fewest {fewest} runs ~{fewest * self.per_run_s / r:.2f} R and the run's last "
                 f"{self.rest_steps:,} steps ~{self.rest_s / r:.2f} R would come to {total:.2f} R; "
                 "the chain's config trains on")
 
 
-def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_step: int, base: Config,
-            branch_steps: int) -> Projection | None:
+def project(stages: Sequence[StageCost], *, cap: float, n_gpus: int, run_steps: int, chain_step: int,
+            base: Config, branch_steps: int) -> Projection | None:
     """The prices for a learning stage of ``branch_steps``-step runs opened now from ``base``
     at ``chain_step`` (``stages``: every stage before it): a run at the mean cost of the
     learning runs so far (pruned ones included), else a whole branch at the chain's speed.
@@ -92,7 +93,7 @@ def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_s
             return None
         # Nothing ran yet: priced in steps (start-ups, unknown, left out).
         rest = max(run_steps - chain_step, 0)
-        return Projection(spent_s=0.0, per_run_s=float(branch_steps), rest_s=float(rest), rest_steps=rest,
+        return Projection(cap=cap, spent_s=0.0, per_run_s=float(branch_steps), rest_s=float(rest), rest_steps=rest,
                           full_run_s=float(run_steps))
     startup_s = _mean([t.probe.get("startup_s") for t in first.trials if t.state is TrialState.COMPLETE]) or 0.0
     # The chain's config: its latest stage's finished runs of it.
@@ -106,6 +107,6 @@ def project(stages: Sequence[StageCost], *, n_gpus: int, run_steps: int, chain_s
     learning = [t.probe["gpu_time_s"] for s in stages if s.ran_learning for t in s.trials if t.probe.get("gpu_time_s")]
     per_run_s = statistics.fmean(learning) if learning else (branch_steps * step_s + startup_s) * n_gpus
     rest = max(run_steps - chain_step, 0)
-    return Projection(spent_s=sum(t.probe.get("gpu_time_s") or 0.0 for t in done), per_run_s=per_run_s,
+    return Projection(cap=cap, spent_s=sum(t.probe.get("gpu_time_s") or 0.0 for t in done), per_run_s=per_run_s,
                       rest_s=(rest * step_s + startup_s) * n_gpus if rest else 0.0, rest_steps=rest,
                       full_run_s=run_steps * baseline_s * n_gpus)

@@ -19,6 +19,7 @@ from verl_sweep.search.database import liveness
 from verl_sweep.search.engine.final_check import final_probe, final_study_name, skip_reason, stored_overall
 from verl_sweep.search.method.policy import incumbent_run_etas
 from verl_sweep.search.database.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
+from verl_sweep.search.method.run_cost import probe_step_s
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.spec.study_file import StudySpec
 from verl_sweep.verl_knowledge import Config
@@ -58,13 +59,7 @@ def mean_step_time_s(t: TrialRecord, n_gpus: int) -> float | None:
         times = [v for m in read_run(t.run_dir) if (v := m.get(STEP_TIME_KEY)) is not None]
         if times:
             return sum(times) / len(times)
-    probe = t.probe
-    steps = probe.get("last_step") or 0
-    gpu_s = probe.get("gpu_time_s") or 0.0
-    if steps > 0 and gpu_s > 0:
-        wall = gpu_s / max(1, n_gpus) - (probe.get("startup_s") or 0.0)
-        return max(wall, 0.0) / steps or None
-    return None
+    return probe_step_s(t.probe, n_gpus) or None
 
 
 def gpu_hours_saved(stage: Stage, trials: list[TrialRecord]) -> float:
@@ -281,11 +276,7 @@ def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry:
         rows = [r for r in final_entry["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
     if not rows and stages and stages[0].get("trials"):
         rows = [r for r in stages[0]["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
-    times = []
-    for r in rows:
-        steps, gpu_s, startup = r.get("last_step") or 0, r.get("gpu_time_s") or 0.0, r.get("startup_s") or 0.0
-        if steps > 0 and gpu_s > 0:
-            times.append(max(gpu_s / max(1, spec.hardware.n_gpus) - startup, 0.0) / steps)
+    times = [s for r in rows if (s := probe_step_s(r, spec.hardware.n_gpus)) is not None]
     return sum(times) / len(times) if times else None
 
 
