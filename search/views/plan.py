@@ -99,10 +99,11 @@ def stage_plans(spec: StudySpec) -> list[StagePlan]:
     return plans
 
 
-def final_check_plan(spec: StudySpec) -> StagePlan | None:
-    """The final check's probes: the baseline and the final config on each of its seeds, at
-    the length ``final_probe`` gives (None when the study file turns it off). In train mode,
-    the continuation instead: the chain's config from the last branch's end to the run's."""
+def closing_plan(spec: StudySpec) -> StagePlan | None:
+    """What the study runs after its last stage: in search mode, the final check's probes (the
+    baseline and the final config on each of its seeds, at the length ``final_probe`` gives;
+    None when the study file turns it off); in train mode, the continuation (the chain's config
+    from the last branch's end to the run's)."""
     from verl_sweep.objectives.score import Metric
     from verl_sweep.search.engine.final_check import final_probe
     from verl_sweep.search.method.run_length import study_run_length
@@ -141,7 +142,7 @@ def plan_lines(spec: StudySpec, base: Config) -> list[str]:
     plans = stage_plans(spec)
     if not plans:
         return ["no stage to run"]
-    final = final_check_plan(spec)
+    final = closing_plan(spec)
     if final is not None:
         plans.append(final)
     step_s, how = step_seconds(spec, base)

@@ -150,10 +150,10 @@ def test_a_speed_only_study_runs_and_its_final_check_compares_throughput(tmp_pat
         data["probe"] = {"speed_steps": 5}
 
     path = small_study(tmp_path, "speed", speed_only)
-    from verl_sweep.search.views.plan import final_check_plan
+    from verl_sweep.search.views.plan import closing_plan
     from verl_sweep.search.spec.study_file import load_study
 
-    plan = final_check_plan(load_study(path))
+    plan = closing_plan(load_study(path))
     assert plan is not None and (plan.space, plan.probes, plan.steps) == (
         "final config against the baseline, on throughput", 4, 5)
     result = cli("run", str(path), cwd=tmp_path, timeout=600)
