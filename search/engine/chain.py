@@ -14,6 +14,7 @@ the same chain.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,16 @@ def branch_of(stage: Stage, point: ChainPoint, config: Config, chain_config: Con
     return Branch(resume_from=point.step_dir, save_every=stage.probe_steps, lr=float(lr) if changed else None)
 
 
+@dataclasses.dataclass(frozen=True)
+class CapLimit:
+    """What the cost cap leaves a learning stage: its most runs, the cap, and why the stage is
+    skipped (None: it runs)."""
+
+    max_runs: int
+    cap: float
+    skip: str | None
+
+
 def fewest_runs(spec: StudySpec) -> int:
     """The fewest runs a learning stage decides on: the incumbent's and two candidates'."""
     return spec.probe.incumbent_repeats + 2
@@ -119,13 +130,17 @@ def cap_projection(storage: optuna.storages.BaseStorage, spec: StudySpec, index:
                    chain_step=chain_point(storage, spec, index).step, base=base, branch_steps=plan.probe_steps)
 
 
-def cap_overrun(storage: optuna.storages.BaseStorage, spec: StudySpec, index: int, base: Config) -> str | None:
-    """Why learning stage ``index``, not opened yet, is skipped: its fewest runs would take the
-    study all told past ``train.max_cost_r``; None where they fit or nothing prices them."""
+def cap_limit(storage: optuna.storages.BaseStorage, spec: StudySpec, index: int, base: Config) -> CapLimit | None:
+    """Train mode with ``train.max_cost_r``: learning stage ``index``'s most runs under the cap
+    (at least its fewest: an opened stage decides on them), and why it is skipped when it is not
+    opened yet and its fewest runs do not fit; None without a cap or before any price."""
     from verl_sweep.search.engine.stage_study import StageStudy
 
-    if StageStudy.stored_stage(storage, spec, spec.stages[index]) is not None:
-        return None  # an opened stage runs on (its run limit holds it to the cap)
     projection = cap_projection(storage, spec, index, base)
-    fewest = fewest_runs(spec)
-    return None if projection is None or projection.runs_within() >= fewest else projection.why_skipped(fewest)
+    if projection is None:
+        return None
+    fewest, within = fewest_runs(spec), projection.runs_within()
+    opened = StageStudy.stored_stage(storage, spec, spec.stages[index]) is not None
+    # An opened stage runs on (its run limit holds it to the cap): only a new one is skipped.
+    skip = projection.why_skipped(fewest) if within < fewest and not opened else None
+    return CapLimit(max_runs=max(within, fewest), cap=projection.cap, skip=skip)

@@ -27,7 +27,7 @@ from verl_sweep.search.spec.errors import Interrupted, SweepError
 from verl_sweep.search.engine.events import Broadcast, StudyListener
 from verl_sweep.search.database.records import FLAT_BAND, Decision, StageResult
 from verl_sweep.search.method.stage import Stage
-from verl_sweep.search.engine.chain import cap_overrun, chain_point
+from verl_sweep.search.engine.chain import CapLimit, cap_limit, chain_point
 from verl_sweep.search.engine.continuation import Continuation
 from verl_sweep.search.engine.final_check import FinalCheck, final_probe
 from verl_sweep.search.engine.stage_loop import Context, StageLoop, Tick, slow_start_seen
@@ -101,11 +101,12 @@ class StudyRunner:
         flat = 0  # stages in a row from the first whose gain stayed in the flat band (StageResult.flat)
         for index, stage in enumerate(self.spec.stages):
             result = self.stage_result(stage)
-            why = None if result is not None else self.why_skip(index, base, flat)
+            cap = None if result is not None else self.cap_limit(index, base)
+            why = None if result is not None else self.why_skip(flat, cap)
             if why is not None:
                 result = self.skip_stage(index, base, why)
             elif result is None:
-                result = self.run_stage(index, stage, base)
+                result = self.run_stage(index, stage, base, cap)
                 if result is None:
                     return base  # left before the end (leave_at_end): the others store the result
             else:
@@ -153,13 +154,16 @@ class StudyRunner:
             run.abandon(why=str(e) or type(e).__name__)
             raise
 
-    def why_skip(self, index: int, base: Config, flat: int) -> str | None:
-        """Why stage ``index`` runs no trial (None: it runs): the first ``flat`` stages found no
-        gain (``stop_when_flat``), or in train mode it would take the study past its cost cap
-        (``train.max_cost_r``)."""
+    def cap_limit(self, index: int, base: Config) -> CapLimit | None:
+        """Train mode's cost cap on stage ``index`` (``train.max_cost_r``), priced once as it opens."""
+        return with_retries(lambda: cap_limit(self.storage, self.spec, index, base), what="price the stage")
+
+    def why_skip(self, flat: int, cap: CapLimit | None) -> str | None:
+        """Why the next stage runs no trial (None: it runs): the first ``flat`` stages found no
+        gain (``stop_when_flat``), or in train mode it would take the study past its cost cap."""
         if self.spec.stop_when_flat and flat >= self.spec.stop_when_flat:
             return f"skipped: the first {flat} stages found no gain above {FLAT_BAND:.0%} (stop_when_flat)"
-        return with_retries(lambda: cap_overrun(self.storage, self.spec, index, base), what="price the stage")
+        return None if cap is None else cap.skip
 
     def skip_stage(self, index: int, base: Config, why: str) -> StageResult:
         """The study skips stage ``index`` (``why_skip``): it keeps ``base`` without a trial,
@@ -180,13 +184,15 @@ class StudyRunner:
     def stage_result(self, stage: StageSettings) -> StageResult | None:
         return stored_stage_result(self.storage, self.spec, stage)
 
-    def open_stage(self, index: int, base: Config, *, ahead_of: str | None = None) -> StageLoop | None:
+    def open_stage(self, index: int, base: Config, *, ahead_of: str | None = None,
+                   cap: CapLimit | None = None) -> StageLoop | None:
         """Open (create, or join) stage ``index`` from ``base`` (``StageLoop.open``)."""
-        return StageLoop.open(self.ctx, index, base, ahead_of=ahead_of)
+        return StageLoop.open(self.ctx, index, base, ahead_of=ahead_of, cap=cap)
 
-    def run_stage(self, index: int, stage: StageSettings, base: Config) -> StageResult | None:
-        """Run stage ``index`` from ``base`` to its end; its result (None: this worker left)."""
-        loop = self.take_ahead(index, base) or self.open_stage(index, base)
+    def run_stage(self, index: int, stage: StageSettings, base: Config, cap: CapLimit | None = None) -> StageResult | None:
+        """Run stage ``index`` from ``base`` to its end, within the cost cap's run limit
+        (``cap``); its result (None: this worker left)."""
+        loop = self.take_ahead(index, base) or self.open_stage(index, base, cap=cap)
         assert loop is not None  # only a stage run ahead gives up on opening
         loop.runner.adopt_or_close_orphans()
         delay = 1.0

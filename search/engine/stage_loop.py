@@ -23,7 +23,7 @@ from verl_sweep.search.method.policy import StagePolicy, ranked_candidates, slow
 from verl_sweep.search.method.proposer import Proposer, Tick
 from verl_sweep.search.method.stopper import Stopper
 from verl_sweep.search.database.records import ChainPoint, Decision, Role, StageResult, TrialRecord, stage_study_name
-from verl_sweep.search.engine.chain import cap_projection, chain_point, fewest_runs
+from verl_sweep.search.engine.chain import CapLimit, chain_point
 from verl_sweep.search.method.stage import Stage
 from verl_sweep.search.engine.stage_study import StageClock, StageStudy
 from verl_sweep.search.database.storage import HEARTBEAT_INTERVAL_S, with_retries
@@ -85,11 +85,13 @@ class StageLoop:
 
     # -- opening ----------------------------------------------------------------------------------
     @classmethod
-    def open(cls, ctx: Context, index: int, base: Config, *, ahead_of: str | None = None) -> StageLoop | None:
+    def open(cls, ctx: Context, index: int, base: Config, *, ahead_of: str | None = None,
+             cap: CapLimit | None = None) -> StageLoop | None:
         """Open (create, or join) stage ``index`` from ``base``. With ``ahead_of`` (the stage
         still being decided), the stage is opened ahead from that stage's leader; None when
         another worker already runs it ahead from another leader, or its space rejects the
-        leader (the real chain reports that once it gets there)."""
+        leader (the real chain reports that once it gets there). ``cap``: train mode's cost
+        cap on the stage (``verl_sweep.search.engine.chain.cap_limit``), which the driver priced."""
         spec, console = ctx.spec, ctx.console
         try:
             plan = Stage.of(spec, index)
@@ -125,13 +127,10 @@ class StageLoop:
             study.mark_initialized()
         # Train mode's cost cap: the runs the room under it holds (priced from the stages before
         # it alone, so a resume or a worker gets the same limit).
-        max_runs = None
-        projection = cap_projection(ctx.storage, spec, index, base) if plan.branches else None
-        if projection is not None:
-            max_runs = max(projection.runs_within(), fewest_runs(spec))
-            if max_runs < plan.budget.max_trials + plan.settings.confirm_top:
-                console.note(f"{study.name}: at most {max_runs} runs, within the cost cap "
-                             f"(train.max_cost_r {projection.cap:g} R)")
+        max_runs = cap.max_runs if cap is not None else None
+        if cap is not None and cap.max_runs < plan.budget.max_trials + plan.settings.confirm_top:
+            console.note(f"{study.name}: at most {cap.max_runs} runs, within the cost cap "
+                         f"(train.max_cost_r {cap.cap:g} R)")
         loop = cls(ctx, index, policy, base, study, space, ahead_of=ahead_of, branch=branch, max_runs=max_runs)
         if ahead_of is None:
             loop.announce()
