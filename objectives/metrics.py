@@ -41,6 +41,8 @@ TOKENS_KEY = "perf/total_num_tokens"
 THROUGHPUT_KEY = "perf/throughput"
 GRAD_KEY = "actor/grad_norm"
 KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
+#: the in-reward KL penalty's coefficient at a step (the adaptive controller's value before it moves)
+REWARD_KL_COEF_KEY = "actor/reward_kl_penalty_coeff"
 LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
 
 

@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "algorithm.kl_ctrl.kl_coef": 0.001,
     "algorithm.kl_ctrl.type": "fixed",
     "algorithm.kl_ctrl.horizon": 10000,
+    "algorithm.kl_ctrl.target_kl": 0.1,
     "data.train_batch_size": 1024,
     "data.max_prompt_length": 512,
     "data.max_response_length": 512,

@@ -439,6 +439,12 @@ class Landscape:
         ppo_kl_scale = 1e-3 * (exp.instability**1.5) * excess
         entropy_scale = 1.0 + 0.2 * math.log(max(k, 1e-6) / _f(kl_cfg, "ref")) * -0.2
         kl_in_reward = bool(g("algorithm.use_kl_in_reward"))
+        # verl's adaptive in-reward controller (core_algos.AdaptiveKLController): it logs the
+        # coefficient it applied, then moves it toward target_kl, per response of the batch.
+        # It is not saved: a resumed run starts it again at kl_ctrl.kl_coef, as verl does.
+        adaptive = kl_in_reward and g("algorithm.kl_ctrl.type") == "adaptive"
+        kl_coef, kl_loss_coef = float(g("algorithm.kl_ctrl.kl_coef")), float(g("actor_rollout_ref.actor.kl_loss_coef"))
+        target_kl, horizon = float(g("algorithm.kl_ctrl.target_kl")), float(g("algorithm.kl_ctrl.horizon"))
         prompt = float(self._s("response_length").get("prompt", 300))
         span, gauss = max(1e-9, curve.ceiling - curve.r0), rng.gauss
         start = 0 if resume is None else resume.step
@@ -462,6 +468,7 @@ class Landscape:
         last_step = int(configured) if configured is not None else exp.steps_per_epoch * int(g("trainer.total_epochs"))
         save_s = self.checkpoint_s(config)
         batch, mini = int(g("data.train_batch_size")), int(g("actor_rollout_ref.actor.ppo_mini_batch_size"))
+        rollouts = int(g("actor_rollout_ref.rollout.n"))  # responses a prompt: the KL controller's n_steps
         updates = max(1, int(g("actor_rollout_ref.actor.ppo_epochs"))) * -(-batch // mini)
         elapsed = exp.startup_s if resume is None else resume.elapsed_s + exp.startup_s + save_s
         for _ in range(6 * start):
@@ -515,7 +522,7 @@ class Landscape:
             }
             if use_kl_loss:
                 metrics["actor/kl_loss"] = ref_kl
-                metrics["actor/kl_coef"] = k
+                metrics["actor/kl_coef"] = kl_loss_coef  # verl's losses.py: the loss term's own coefficient
             if "ref" in phases:
                 metrics["timing_s/ref"] = phases["ref"]
             if "values" in phases:
@@ -523,7 +530,9 @@ class Landscape:
                 metrics["timing_s/update_critic"] = phases["update_critic"]
             if kl_in_reward:
                 metrics["actor/reward_kl_penalty"] = ref_kl
-                metrics["actor/reward_kl_penalty_coeff"] = k
+                metrics["actor/reward_kl_penalty_coeff"] = kl_coef
+                if adaptive:
+                    kl_coef *= 1 + min(max(ref_kl / target_kl - 1, -0.2), 0.2) * batch * rollouts / horizon
             checkpoint = None
             if save_freq > 0 and (step % save_freq == 0 or step >= last_step):
                 step_time += save_s  # verl times the save inside the step

@@ -280,7 +280,7 @@ def train_problems(spec: Any) -> list[str]:
     stages' branches must end before it."""
     if spec.train is None:
         return []
-    from verl_sweep.search.engine.continuation import run_steps_of
+    from verl_sweep.search.method.run_length import run_steps_of
 
     try:
         run_steps = run_steps_of(spec)

@@ -24,7 +24,9 @@ from verl_sweep.launchers.base import Branch
 from verl_sweep.launchers.run_dir import RunDir
 from verl_sweep.search.database.records import ChainPoint, Decision, StageStudyAttrs, TrialRecord
 from verl_sweep.search.spec.errors import SweepError
-from verl_sweep.verl_knowledge import LR, Config, merge, setting
+from verl_sweep.objectives.metrics import KL_KEYS, REWARD_KL_COEF_KEY, read_all
+from verl_sweep.verl_knowledge import (KL_CTRL_COEF, KL_CTRL_HORIZON, KL_CTRL_TARGET, KL_CTRL_TYPE, LR, ROLLOUT_N,
+                                       TRAIN_BATCH, USE_KL_IN_REWARD, Config, int_setting, merge, setting)
 
 if TYPE_CHECKING:
     import optuna
@@ -88,6 +90,33 @@ def branch_of(stage: Stage, point: ChainPoint, config: Config, chain_config: Con
     return Branch(resume_from=point.step_dir, save_every=stage.probe_steps, lr=float(lr) if changed else None)
 
 
+#: the in-reward KL controller's settings: a run with the chain's own goes on with its controller
+_KL_CONTROLLER = (USE_KL_IN_REWARD, KL_CTRL_TYPE, KL_CTRL_COEF, KL_CTRL_TARGET, KL_CTRL_HORIZON)
+
+
+def carried_kl(point: ChainPoint, config: Config, chain_config: Config) -> Config:
+    """The override that carries the chain's adaptive in-reward KL controller into a run of
+    ``config`` resuming ``point``. verl keeps no controller in a checkpoint: a resumed run starts
+    it again at ``algorithm.kl_ctrl.kl_coef`` (docs/verl-resume.md §7). A run with the chain's own
+    controller settings starts it where the chain's run left it: the coefficient that run logged
+    at the checkpoint's step, moved as verl's update moves it after that step. {} where nothing
+    carries over: from scratch, no adaptive in-reward KL, settings the run changes (its own start
+    is the change it tries), or no value logged at that step."""
+    if point.step_dir is None or not setting(config, USE_KL_IN_REWARD) or setting(config, KL_CTRL_TYPE) != "adaptive":
+        return {}
+    if any(setting(config, key) != setting(chain_config, key) for key in _KL_CONTROLLER):
+        return {}
+    run = RunDir(Path(point.step_dir).parents[1])  # the run that saved <run>/checkpoints/global_step_N
+    logged = next((m for m in read_all(run.metrics) if m.step == point.step), None) if run.metrics.is_file() else None
+    coef, kl = (None, None) if logged is None else (logged.get(REWARD_KL_COEF_KEY), logged.get(KL_KEYS[1]))
+    if coef is None or kl is None:
+        return {}
+    # core_algos.AdaptiveKLController.update, with n_steps the batch's responses
+    error = min(max(kl / float(setting(config, KL_CTRL_TARGET)) - 1, -0.2), 0.2)
+    responses = int_setting(config, TRAIN_BATCH) * int_setting(config, ROLLOUT_N)
+    return {KL_CTRL_COEF: coef * (1 + error * responses / float(setting(config, KL_CTRL_HORIZON)))}
+
+
 @dataclasses.dataclass(frozen=True)
 class CapLimit:
     """What the cost cap leaves a learning stage: its most runs, the cap, and why the stage is
@@ -108,7 +137,7 @@ def cap_projection(storage: optuna.storages.BaseStorage, spec: StudySpec, index:
     """Train mode with ``train.max_cost_r``: the prices for learning stage ``index`` opened from
     ``base`` (``verl_sweep.search.method.run_cost``), from the stages before it only, so a
     resume or a worker prices it as its opening did; None without a cap or before any price."""
-    from verl_sweep.search.engine.continuation import run_steps_of
+    from verl_sweep.search.method.run_length import run_steps_of
     from verl_sweep.search.engine.stage_study import StageStudy
     from verl_sweep.search.method.run_cost import StageCost, project
     from verl_sweep.search.method.stage import Stage

@@ -25,6 +25,8 @@ from verl_sweep.search.database.study_root import stored_study
 from verl_sweep.search.database.records import (ChainPoint, Role, TrialRecord, outcome_attrs, reason_attrs, records,
                                                 set_attrs, started_attrs)
 from verl_sweep.search.spec.errors import BadInputError, SweepError
+from verl_sweep.search.engine.chain import carried_kl
+from verl_sweep.search.method.run_length import run_steps_of
 from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
 if TYPE_CHECKING:
@@ -71,17 +73,6 @@ def stored_start(storage: optuna.storages.BaseStorage, spec: StudySpec) -> Chain
     study = stored_study(storage, continuation_study_name(spec))
     attr = None if study is None else study.user_attrs.get(_START)
     return None if attr is None else ChainPoint(**attr)
-
-
-def run_steps_of(spec: StudySpec) -> int:
-    """The run's length, which train mode trains to; refused when unknown."""
-    from verl_sweep.search.method.run_length import study_run_length
-
-    length = study_run_length(spec)
-    if length.steps is None or length.assumed:
-        raise BadInputError("train mode trains to the run's end, but the run's length is unknown: set run_steps in the "
-                            "study file (or trainer.total_training_steps in the baseline)")
-    return length.steps
 
 
 class Continuation:
@@ -163,6 +154,7 @@ class Continuation:
         seed = self.spec.seeds[0]
         # The run ends at run_steps, where verl saves its last checkpoint (save_freq > 0).
         config = merge(self.config, {"data.seed": seed, "trainer.total_training_steps": self.run_steps})
+        config = merge(config, carried_kl(start, config, self.config))
         run_id = f"{continuation_study_name(self.spec)}.t{trial.number:04d}"
         # Saved by a run of this very config (the last learning stage's choice): the same lr.
         assert self.spec.train is not None

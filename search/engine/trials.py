@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
-from verl_sweep.search.engine.chain import branch_of
+from verl_sweep.search.engine.chain import branch_of, carried_kl
 from verl_sweep.launchers.trackers import NO_TRACKERS
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeState
 from verl_sweep.objectives.score import Score, ScoreError, eta as eta_of, paired_eta
@@ -208,6 +208,8 @@ class TrialRunner:
                                         + too_big, state="failed")
             return False
         run_id = f"{self.run_prefix}.t{trial.number:04d}"
+        if self.branch is not None:
+            config = merge(config, carried_kl(self.branch, config, base))
         spec = RunSpec(
             run_id=run_id,
             overrides=tuple(to_overrides(config)),

@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.verl_knowledge import get
 
 #: the longest learning probe, as a fraction of the run
@@ -172,3 +173,12 @@ def fit_probes(run: RunLength, *, steps: int, speed_steps: int, slow_start_facto
         changed.append(f"slow-start factor {slow_start_factor} → {factor} (a longer probe stays ≤ ½ of the run)")
     note = f"the run is {run.steps:,} steps ({run.how}): " + ", ".join(changed) if changed else ""
     return ProbeFit(new_steps, new_speed, factor, note)
+
+
+def run_steps_of(spec: Any) -> int:
+    """The run's length, which train mode trains to; refused when unknown."""
+    length = study_run_length(spec)
+    if length.steps is None or length.assumed:
+        raise BadInputError("train mode trains to the run's end, but the run's length is unknown: set run_steps in the "
+                            "study file (or trainer.total_training_steps in the baseline)")
+    return length.steps

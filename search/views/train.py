@@ -67,7 +67,7 @@ def train_status(storage: optuna.storages.BaseStorage, spec: StudySpec, stages: 
 
 
 def _run_steps(spec: StudySpec) -> int | None:
-    from verl_sweep.search.engine.continuation import run_steps_of
+    from verl_sweep.search.method.run_length import run_steps_of
 
     try:
         return run_steps_of(spec)

@@ -279,3 +279,23 @@ def test_a_diverging_branch_blows_up_counted_from_its_first_step() -> None:
     assert first_nan == 100 + exp.diverge_step + 12
     assert all(r.metrics["critic/score/mean"] == r.metrics["critic/score/mean"] for r in QUIET.simulate(reckless, resume=state))
 
+
+
+def test_adaptive_in_reward_kl_moves_as_verls_and_restarts_on_resume() -> None:
+    """verl's adaptive controller: the coefficient logged at a step is the one applied, then it
+    moves by 1 + clip(KL / target - 1, ±0.2) × responses / horizon; no checkpoint keeps it, so a
+    resumed run logs kl_ctrl.kl_coef again at its first step."""
+    base = _config("trainer.total_training_steps=30", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                   "algorithm.kl_ctrl.kl_coef=0.002", "algorithm.kl_ctrl.target_kl=0.01", "algorithm.kl_ctrl.horizon=20000")
+    responses = base["data.train_batch_size"] * base["actor_rollout_ref.rollout.n"]
+    rows = {r.step: r.metrics for r in QUIET.simulate(base)}
+    assert rows[1]["actor/reward_kl_penalty_coeff"] == 0.002
+    for step in range(1, 30):
+        error = min(max(rows[step]["actor/reward_kl_penalty"] / 0.01 - 1, -0.2), 0.2)
+        assert rows[step + 1]["actor/reward_kl_penalty_coeff"] == pytest.approx(
+            rows[step]["actor/reward_kl_penalty_coeff"] * (1 + error * responses / 20000), rel=1e-12)
+    assert rows[30]["actor/reward_kl_penalty_coeff"] != pytest.approx(0.002, rel=1e-3)  # it moved
+    resumed = list(QUIET.simulate(base, resume=_saved(QUIET, base, 20)))
+    assert resumed[0].step == 21 and resumed[0].metrics["actor/reward_kl_penalty_coeff"] == 0.002
+    fixed = {**base, "algorithm.kl_ctrl.type": "fixed"}
+    assert {r.metrics["actor/reward_kl_penalty_coeff"] for r in QUIET.simulate(fixed)} == {0.002}

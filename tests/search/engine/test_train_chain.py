@@ -100,6 +100,61 @@ def test_a_branch_trains_at_its_own_lr_not_the_checkpoints(tmp_path: Path) -> No
     assert len(lrs) > 1  # candidates at other lrs than the chain's ran
 
 
+def _rows(run_dir: str) -> dict[int, dict[str, Any]]:
+    lines = RunDir(Path(run_dir)).metrics.read_text().splitlines()
+    return {row["step"]: row["data"] for row in map(json.loads, filter(str.strip, lines))}
+
+
+def test_a_branch_goes_on_with_the_chains_adaptive_kl_controller(tmp_path: Path) -> None:
+    """verl restarts its adaptive in-reward KL controller on resume; a branch with the chain's
+    controller settings starts it where the chain's run left it, and the continuation too."""
+    spec = _spec(stop_when_flat=0)
+    data = spec.model_dump(mode="json")
+    data["baseline"] = {**data["baseline"], "algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive",
+                        "algorithm.kl_ctrl.kl_coef": 0.002, "algorithm.kl_ctrl.target_kl": 0.01}
+    data["stages"] = [{"name": "lr", "space": "lr", "budget": {"max_trials": 3}, "confirm_top": 0},
+                      {"name": "lr2", "space": "lr", "budget": {"max_trials": 3}, "confirm_top": 0}]
+    spec = type(spec).model_validate(data)
+    _, storage = _run(spec, tmp_path)
+    point = chain_point(storage, spec, 1)
+    assert point.step_dir is not None
+    saved = _rows(str(Path(point.step_dir).parents[1]))[BRANCH]  # the chain's run, at the checkpoint's step
+    responses = spec.baseline["data.train_batch_size"] * spec.baseline["actor_rollout_ref.rollout.n"]
+    error = min(max(saved["actor/reward_kl_penalty"] / 0.01 - 1, -0.2), 0.2)
+    carried = saved["actor/reward_kl_penalty_coeff"] * (1 + error * responses / 10000)
+    assert abs(carried / 0.002 - 1) > 0.05  # the controller moved from its start over the first window
+    _, runs = _stage(storage, spec, 1)
+    started = [_rows(t.run_dir)[BRANCH + 1]["actor/reward_kl_penalty_coeff"] for t in runs if t.run_dir]
+    assert started and all(c == pytest.approx(carried, rel=1e-9) for c in started), (started, carried)
+    last = chain_point(storage, spec, 2)  # where the continuation starts
+    assert last.step_dir is not None
+    saved = _rows(str(Path(last.step_dir).parents[1]))[2 * BRANCH]
+    error = min(max(saved["actor/reward_kl_penalty"] / 0.01 - 1, -0.2), 0.2)
+    _, attempts = stored_model(storage, spec)
+    run_dir = next(t.run_dir for t in attempts if t.run_dir)
+    assert _rows(run_dir)[2 * BRANCH + 1]["actor/reward_kl_penalty_coeff"] == pytest.approx(
+        saved["actor/reward_kl_penalty_coeff"] * (1 + error * responses / 10000), rel=1e-9)
+
+
+def test_a_run_that_changes_the_kl_controller_starts_its_own(tmp_path: Path) -> None:
+    from verl_sweep.search.database.records import ChainPoint
+    from verl_sweep.search.engine.chain import carried_kl
+
+    run = RunDir(tmp_path / "chain")
+    run.step_dir(BRANCH).mkdir(parents=True)
+    run.metrics.write_text(json.dumps({"step": BRANCH, "data": {"actor/reward_kl_penalty": 0.02,
+                                                                "actor/reward_kl_penalty_coeff": 0.004}}) + "\n")
+    chain = {"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.kl_coef": 0.002,
+             "algorithm.kl_ctrl.target_kl": 0.01, "data.train_batch_size": 64, "actor_rollout_ref.rollout.n": 8}
+    point = ChainPoint(step=BRANCH, step_dir=str(run.step_dir(BRANCH)))
+    # KL at twice the target: the error clips at +0.2, over 512 responses of a 10,000 horizon
+    assert carried_kl(point, chain, chain) == {"algorithm.kl_ctrl.kl_coef": pytest.approx(0.004 * (1 + 0.2 * 512 / 10000))}
+    assert carried_kl(point, {**chain, "algorithm.kl_ctrl.kl_coef": 0.005}, chain) == {}  # its own start is the change
+    assert carried_kl(point, {**chain, "algorithm.kl_ctrl.type": "fixed"}, {**chain, "algorithm.kl_ctrl.type": "fixed"}) == {}
+    assert carried_kl(ChainPoint(step=0), chain, chain) == {}  # from scratch
+    assert carried_kl(ChainPoint(step=BRANCH + 1, step_dir=str(run.step_dir(BRANCH))), chain, chain) == {}  # not logged
+
+
 def test_a_missing_chain_checkpoint_stops_the_study_with_its_path(tmp_path: Path) -> None:
     spec = _spec()
     _, storage = _run(spec, tmp_path)
