@@ -1,6 +1,6 @@
 """Train mode on real verl 0.9.1: builds the study, then checks what its runs did.
 
-    python3 scripts/real_verl/check_train_mode.py study OUT.yaml     # tiny-h200.yaml in train mode
+    python3 scripts/real_verl/check_train_mode.py study OUT.yaml [adaptive-kl]  # tiny-h200.yaml in train mode
     python3 scripts/real_verl/check_train_mode.py check OUT.yaml DB  # after `verl-sweep run`
 
 Written without a GPU (not run yet); scripts/real_verl/check_train_mode.sh runs it. `check`
@@ -10,6 +10,10 @@ exits non-zero unless, in the study's database and its runs' files:
 - every run logs actor/lr equal to its own config's lr (the launcher's rewrite of the branch's
   copy took effect: verl alone keeps the checkpoint's lr), and, with the KL loss on, actor/kl_coef
   equal to its config's kl_loss_coef;
+- with in-reward KL on (``adaptive-kl``: an adaptive controller in the baseline), every run
+  logs at its first step the coefficient it was meant to start from: the chain's controller
+  value at the checkpoint where it keeps the chain's settings (verl alone restarts it at
+  kl_ctrl.kl_coef), its own kl_coef where it changes them;
 - each stage's branch point is a global_step_N folder that a run of the stage before saved;
 - the continuation's model is a global_step_<run_steps> folder holding actor shards.
 """
@@ -19,13 +23,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 BRANCH, RUN_STEPS = 12, 40
 
 
-def study(out: Path) -> None:
+def study(out: Path, adaptive_kl: bool = False) -> None:
     data = yaml.safe_load(Path("studies/tiny-h200.yaml").read_text())
     data["name"] = "tiny-h200-train"
     data["run_steps"] = RUN_STEPS
@@ -33,8 +38,32 @@ def study(out: Path) -> None:
     data["train"] = {"branch_steps": BRANCH, "max_cost_r": None}
     data["baseline"]["trainer.total_training_steps"] = RUN_STEPS
     data["stages"] = [s for s in data["stages"] if s["space"] in ("kl", "lr")]
+    if adaptive_kl:
+        data["baseline"].update({"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive",
+                                 "algorithm.kl_ctrl.kl_coef": 0.001, "algorithm.kl_ctrl.target_kl": 0.01})
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     print(f"wrote {out}: kl and lr stages, {BRANCH}-step branches, a {RUN_STEPS}-step run")
+
+
+def _kl_start(point: Any, config: dict[str, Any], chain: dict[str, Any]) -> float:
+    """The in-reward KL coefficient a run of ``config`` branching from ``point`` must log at its
+    first step, worked out here from verl's AdaptiveKLController.update (not from verl-sweep's
+    code, which this checks): the chain's controller moved on from the coefficient and KL its
+    run logged at the checkpoint's step, where the run keeps the chain's settings; else its own
+    kl_coef (verl restarts the controller there)."""
+    from verl_sweep.verl_knowledge import setting
+
+    keys = ["algorithm.use_kl_in_reward", "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef",
+            "algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"]
+    own = float(setting(config, "algorithm.kl_ctrl.kl_coef"))
+    if point.step_dir is None or setting(config, "algorithm.kl_ctrl.type") != "adaptive" or \
+            any(setting(config, k) != setting(chain, k) for k in keys):
+        return own
+    rows = [json.loads(x) for x in (Path(point.step_dir).parents[1] / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    at = next(r["data"] for r in rows if r["step"] == point.step)
+    error = min(max(at["actor/reward_kl_penalty"] / float(setting(config, "algorithm.kl_ctrl.target_kl")) - 1, -0.2), 0.2)
+    responses = int(setting(config, "data.train_batch_size")) * int(setting(config, "actor_rollout_ref.rollout.n"))
+    return at["actor/reward_kl_penalty_coeff"] * (1 + error * responses / float(setting(config, "algorithm.kl_ctrl.horizon")))
 
 
 def check(spec_path: Path, db: str) -> int:
@@ -44,7 +73,7 @@ def check(spec_path: Path, db: str) -> int:
     from verl_sweep.search.database.records import StageStudyAttrs, records, stage_study_name
     from verl_sweep.search.engine.continuation import stored_model
     from verl_sweep.search.spec.study_file import load_study
-    from verl_sweep.verl_knowledge import KL_LOSS_COEF, LR, USE_KL_LOSS, merge, setting
+    from verl_sweep.verl_knowledge import KL_LOSS_COEF, LR, USE_KL_IN_REWARD, USE_KL_LOSS, merge, setting
 
     spec = load_study(spec_path)
     storage = optuna.storages.RDBStorage(db)
@@ -76,6 +105,12 @@ def check(spec_path: Path, db: str) -> int:
                 kls = {round(float(x["data"]["actor/kl_coef"]) / want_kl, 6) for x in lines if "actor/kl_coef" in x["data"]}
                 if kls and kls != {1.0}:
                     problems.append(f"{stage.name} trial {t.number}: actor/kl_coef / its coef {want_kl:g} = {sorted(kls)}")
+            if setting(config, USE_KL_IN_REWARD):
+                want = _kl_start(point, config, attrs.base_config or {})
+                first = lines[0]["data"].get("actor/reward_kl_penalty_coeff")
+                if first is None or abs(float(first) / float(want) - 1) > 1e-6:
+                    problems.append(f"{stage.name} trial {t.number}: reward KL coefficient {first} at its first step, "
+                                    f"not {want:g}")
     model, _ = stored_model(storage, spec)
     if model is None:
         problems.append("the continuation stored no model")
@@ -89,6 +124,6 @@ def check(spec_path: Path, db: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "study":
-        study(Path(sys.argv[2]))
+        study(Path(sys.argv[2]), adaptive_kl=sys.argv[3:] == ["adaptive-kl"])
     else:
         raise SystemExit(check(Path(sys.argv[2]), sys.argv[3]))

@@ -8,7 +8,9 @@
 # What it must show (check_train_mode.py check exits non-zero otherwise): each branch starts at
 # the chain's step + 1, trains at its own lr (the rewrite of its copy took effect) and KL
 # coefficient, each stage branches from a checkpoint the stage before saved, and the model is a
-# verl checkpoint at step 40.
+# verl checkpoint at step 40. ADAPTIVE_KL=1: the baseline with an adaptive in-reward KL
+# controller, and each branch must start it where the chain's run left it (or at its own kl_coef
+# where it changes the controller's settings).
 #
 # usage, after `bash scripts/real_verl/device.sh parts setup`, from the repository root:
 #   bash scripts/real_verl/check_train_mode.sh        (about 10 minutes: one lent-machine call)
@@ -19,7 +21,7 @@ export PYTHONPATH=$R/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false R
 export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 VS_PY='import sys; sys.argv[0] = "verl-sweep"; from verl_sweep.search.commands.cli import main; main()'
 STUDY=$W/tiny-h200-train.yaml; DB=sqlite:///$W/tiny-h200-train.db
-python3 scripts/real_verl/check_train_mode.py study "$STUDY"
+python3 scripts/real_verl/check_train_mode.py study "$STUDY" ${ADAPTIVE_KL:+adaptive-kl}
 python3 -c "$VS_PY" run "$STUDY" --storage "$DB" > "$W/run.log" 2>&1 &
 DRIVER=$!
 sleep "$KILL_AT"; kill -9 "$DRIVER" 2>/dev/null && echo "SIGKILL the driver at $KILL_AT s"
