@@ -286,9 +286,11 @@ def train_problems(spec: Any) -> list[str]:
         run_steps = run_steps_of(spec)
     except BadInputError as e:
         return [str(e)]
-    branching = sum(Stage.of(spec, i).branches for i in range(len(spec.stages)))
-    if branching * spec.train.branch_steps >= run_steps:
-        return [f"train.branch_steps: {branching} learning stages of {spec.train.branch_steps} steps reach step "
-                f"{branching * spec.train.branch_steps}, but the run ends at step {run_steps}: lower branch_steps or "
-                "raise run_steps"]
+    plans = [Stage.of(spec, i) for i in range(len(spec.stages))]
+    branching = [plan.probe_steps for plan in plans if plan.branches]
+    if sum(branching) >= run_steps:
+        lengths = str(branching[0]) if len(set(branching)) == 1 else "+".join(map(str, branching))
+        return [f"train.branch_steps: {len(branching)} learning stages of {lengths} steps reach step "
+                f"{sum(branching)}, but the run ends at step {run_steps}: lower branch_steps (or a stage's probe_steps) "
+                "or raise run_steps"]
     return []

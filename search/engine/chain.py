@@ -15,6 +15,7 @@ the same chain.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,11 +84,14 @@ def _left_by(plan: Stage, trials: list[TrialRecord], attrs: StageStudyAttrs, cho
 
 def branch_of(stage: Stage, point: ChainPoint, config: Config, chain_config: Config) -> Branch:
     """How a run of ``config`` in ``stage`` branches from ``point``: it saves at the stage's
-    end (every ``branch_steps``), and trains at its own lr, not the checkpoint's (verl keeps
-    the checkpoint's: the launcher rewrites the run's copy, docs/verl-resume.md §2)."""
+    end, and trains at its own lr, not the checkpoint's (verl keeps the checkpoint's: the
+    launcher rewrites the run's copy, docs/verl-resume.md §2). verl saves at the steps
+    ``save_freq`` divides, counted from step 0, so a window that starts off its own length's
+    grid (after a longer first stage) saves every gcd of its end and its length."""
     lr = setting(config, LR)
     changed = point.step_dir is not None and lr is not None and lr != setting(chain_config, LR)
-    return Branch(resume_from=point.step_dir, save_every=stage.probe_steps, lr=float(lr) if changed else None)
+    return Branch(resume_from=point.step_dir, save_every=math.gcd(point.step + stage.probe_steps, stage.probe_steps),
+                  lr=float(lr) if changed else None)
 
 
 #: the in-reward KL controller's settings: a run with the chain's own goes on with its controller

@@ -122,13 +122,13 @@ class Stage:
 
     @property
     def probe_steps(self) -> int:
-        """Its probes' length: a train-mode branch's, its own, else the study's (the speed
-        length for a speed stage), × ``stretch``."""
+        """Its probes' length: its own (a train-mode branch's too), a train-mode branch's,
+        else the study's (the speed length for a speed stage), × ``stretch``."""
+        if self.settings.probe_steps:
+            return self.settings.probe_steps
         if self.branches:
             assert self.spec.train is not None
             return self.spec.train.branch_steps
-        if self.settings.probe_steps:
-            return self.settings.probe_steps
         if not self.learns:
             return self.spec.probe.speed_steps
         return self.spec.probe.steps * self.stretch
@@ -231,7 +231,7 @@ class Stage:
         need, steps, warmup = self.metric.min_steps, self.probe_steps, self.warmup_steps
         if steps - warmup >= need:
             return None
-        field = ("train.branch_steps" if self.branches else f"{self.where}.probe_steps" if self.settings.probe_steps
+        field = (f"{self.where}.probe_steps" if self.settings.probe_steps else "train.branch_steps" if self.branches
                  else "probe.steps" if self.learns else "probe.speed_steps")
         return (f"{field}: a probe of stage {self.name} must score at least {need} steps after its warm-up "
                 f"({warmup}), but {steps} steps leave {max(steps - warmup, 0)}. Raise it to at least {warmup + need}.")

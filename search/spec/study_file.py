@@ -134,7 +134,8 @@ class StageSettings(_Strict):
     #: a leader whose η interval still reaches the tolerance (a gain the runs so far can
     #: neither confirm nor rule out) is re-run on further fresh seeds, up to this many runs
     confirm_max_runs: Int = Field(default=3, ge=2, le=100)
-    #: probe length for this stage (default: the study's probe.steps)
+    #: probe length for this stage (default: the study's probe.steps; in train mode, its
+    #: branches' length, default train.branch_steps)
     probe_steps: Int | None = Field(default=None, ge=2, le=10_000_000)
 
     _check_params = field_validator("params")(_check_plain)

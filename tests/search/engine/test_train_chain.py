@@ -155,6 +155,25 @@ def test_a_run_that_changes_the_kl_controller_starts_its_own(tmp_path: Path) -> 
     assert carried_kl(ChainPoint(step=BRANCH + 1, step_dir=str(run.step_dir(BRANCH))), chain, chain) == {}  # not logged
 
 
+def test_a_first_stage_of_its_own_length_then_branches_off_its_grid(tmp_path: Path) -> None:
+    """A stage's probe_steps sets its branches' length; the next stage's windows start off
+    their own length's grid (step 150 for 100-step branches) and still save at their end."""
+    first = 3 * BRANCH // 2
+    spec = _spec()
+    data = spec.model_dump(mode="json")
+    data["stages"][0]["probe_steps"] = first
+    data["train"]["max_cost_r"] = None  # the check is the chain's steps, not the cap
+    spec = type(spec).model_validate(data)
+    _, storage = _run(spec, tmp_path)
+    second, runs = _stage(storage, spec, 1)
+    assert second.branch is not None and second.branch.step == first
+    assert all(_steps(t.run_dir)[0] == first + 1 for t in runs if t.run_dir)
+    end = chain_point(storage, spec, 2)
+    assert end.step == first + BRANCH and end.step_dir is not None and Path(end.step_dir).is_dir()
+    model, _ = stored_model(storage, spec)
+    assert model is not None and model.step == RUN_STEPS
+
+
 def test_a_missing_chain_checkpoint_stops_the_study_with_its_path(tmp_path: Path) -> None:
     spec = _spec()
     _, storage = _run(spec, tmp_path)
