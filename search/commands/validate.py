@@ -8,7 +8,7 @@ from typing import Any
 
 from verl_sweep.launchers import LAUNCHERS
 from verl_sweep.search.method.preflight import memory_refusal
-from verl_sweep.search.method.stage import Stage
+from verl_sweep.search.method.stage import Stage, branch_lengths
 from verl_sweep.search.spec.study_file import StudySpec
 from verl_sweep.search.spec.errors import BadInputError
 from verl_sweep.search.views.trackers import tracker_lines
@@ -286,8 +286,7 @@ def train_problems(spec: Any) -> list[str]:
         run_steps = run_steps_of(spec)
     except BadInputError as e:
         return [str(e)]
-    plans = [Stage.of(spec, i) for i in range(len(spec.stages))]
-    branching = [plan.probe_steps for plan in plans if plan.branches]
+    branching = branch_lengths(spec)
     if sum(branching) >= run_steps:
         lengths = str(branching[0]) if len(set(branching)) == 1 else "+".join(map(str, branching))
         return [f"train.branch_steps: {len(branching)} learning stages of {lengths} steps reach step "

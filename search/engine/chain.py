@@ -15,6 +15,7 @@ the same chain.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,15 +111,22 @@ def carried_kl(point: ChainPoint, config: Config, chain_config: Config) -> Confi
         return {}
     if any(setting(config, key) != setting(chain_config, key) for key in _KL_CONTROLLER):
         return {}
-    run = RunDir(Path(point.step_dir).parents[1])  # the run that saved <run>/checkpoints/global_step_N
-    logged = next((m for m in read_all(run.metrics) if m.step == point.step), None) if run.metrics.is_file() else None
-    coef, kl = (None, None) if logged is None else (logged.get(REWARD_KL_COEF_KEY), logged.get(KL_KEYS[1]))
+    coef, kl = _logged_kl(point.step_dir, point.step)
     if coef is None or kl is None:
         return {}
     # core_algos.AdaptiveKLController.update, with n_steps the batch's responses
     error = min(max(kl / float(setting(config, KL_CTRL_TARGET)) - 1, -0.2), 0.2)
     responses = int_setting(config, TRAIN_BATCH) * int_setting(config, ROLLOUT_N)
     return {KL_CTRL_COEF: coef * (1 + error * responses / float(setting(config, KL_CTRL_HORIZON)))}
+
+
+@functools.lru_cache(maxsize=8)
+def _logged_kl(step_dir: str, step: int) -> tuple[float | None, float | None]:
+    """The in-reward KL coefficient and KL that the run which saved ``step_dir`` logged at
+    ``step`` (its metrics are final by then): read once for every run a stage branches there."""
+    run = RunDir(Path(step_dir).parents[1])  # the run that saved <run>/checkpoints/global_step_N
+    logged = next((m for m in read_all(run.metrics) if m.step == step), None) if run.metrics.is_file() else None
+    return (None, None) if logged is None else (logged.get(REWARD_KL_COEF_KEY), logged.get(KL_KEYS[1]))
 
 
 @dataclasses.dataclass(frozen=True)

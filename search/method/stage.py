@@ -271,3 +271,8 @@ def space_learns(space: str) -> bool:
 def stages_of(spec: StudySpec) -> list[Stage]:
     """Every stage of the study as the study file defines it (no slow start)."""
     return [Stage.of(spec, index) for index in range(len(spec.stages))]
+
+
+def branch_lengths(spec: StudySpec) -> list[int]:
+    """Train mode: the steps each learning stage's branches take the chain on, in order."""
+    return [stage.probe_steps for stage in stages_of(spec) if stage.branches]

@@ -5,8 +5,8 @@ its probe's health screen finds it unhealthy (the probe ends STOPPED), or when i
 counts (another process closed it; the first run a confirmation checks was pruned). An ended
 trial closes as COMPLETE, PRUNED or FAIL, and a failure is queued again while its retries
 last. A stage starts no more trials past its wall-clock budget, the runs train mode's cost cap
-leaves it, its trial budget or its stop rule (``StagePolicy.may_start``). The trial runner and the proposer report what they see and
-carry out what it says; it reads records only.
+leaves it, its trial budget or its stop rule (``StagePolicy.may_start``). The trial runner and
+the proposer report what they see and carry out what it says; it reads records only.
 """
 
 from __future__ import annotations

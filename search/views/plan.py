@@ -107,11 +107,11 @@ def closing_plan(spec: StudySpec) -> StagePlan | None:
     from verl_sweep.objectives.score import Metric
     from verl_sweep.search.engine.final_check import final_probe
     from verl_sweep.search.method.run_length import study_run_length
-    from verl_sweep.search.method.stage import Stage
+    from verl_sweep.search.method.stage import branch_lengths
     from verl_sweep.search.spec.study_file import FINAL_STAGE
 
     if spec.train is not None:
-        chain = sum(Stage.of(spec, i).probe_steps for i in range(len(spec.stages)) if Stage.of(spec, i).branches)
+        chain = sum(branch_lengths(spec))
         rest = (study_run_length(spec).steps or 0) - chain
         return StagePlan("train", "the chain's config to the run's end", 1, 0, rest) if rest > 0 else None
     if not spec.final_check.enabled:
