@@ -249,6 +249,10 @@ class Probe:
         )
         return self._outcome
 
+    def score_of(self, steps: list[StepMetrics]) -> Score:
+        """``steps`` scored as this probe scores its own (raises ``ScoreError``)."""
+        return self._score(steps)
+
     def _score(self, steps: list[StepMetrics], *, n_boot: int | None = None, final: bool = True,
                min_steps: int = MIN_SCORED_STEPS) -> Score:
         n_boot = self.settings.n_boot if n_boot is None else n_boot

@@ -4,10 +4,17 @@ Every stage's η is against its own incumbent; their product is no measurement o
 After the last stage the driver runs the final check, the Optuna study ``<study>.final`` in the
 same storage: the baseline and the final config side by side on ``final_check.runs`` seeds
 that no stage used, on learning probes, and their paired η (``verl_sweep.objectives.score.paired_eta``)
-is the gain against the baseline, with its interval. A study with no learning stage (a run
-too short for learning probes) tuned speed alone: its check runs speed probes and its η is the
-throughput gain, what its stages measured (a learning probe would not fit the run). Its runs are queued once, when the study
-is created, so a resume runs only what is missing; a run its dead driver left RUNNING is
+is the gain against the baseline, with its interval.
+
+The baseline's runs need not run at its own, slowest layout: the speed stages change how fast
+a step runs, not what it learns. Where they changed the layout and their probes of the
+baseline and of their choice share seeds, the baseline's runs are its learning at that layout
+(the first learning stage's incumbent, ~2.5 times cheaper on the demo), each step re-timed by
+the phase ratios those probes measured (``verl_sweep.objectives.retime``); otherwise the
+baseline itself runs. A study with no learning stage (a run too short for learning probes)
+tuned speed alone: its check runs speed probes and its η is the throughput gain, what its
+stages measured (a learning probe would not fit the run). Its runs are queued once, when the
+study is created, so a resume runs only what is missing; a run its dead driver left RUNNING is
 queued again. Skipped with ``final_check: false``, and when the final config is the baseline.
 """
 
@@ -15,18 +22,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import optuna
 from optuna.trial import TrialState
 
 from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
+from verl_sweep.launchers.run_dir import RunDir
+from verl_sweep.objectives.metrics import STEP_TIME_KEY, StepMetrics, read_all
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
-from verl_sweep.objectives.score import Eta, Metric, Score, eta as eta_of, paired_eta
+from verl_sweep.objectives.retime import PhaseRatios, retimed
+from verl_sweep.objectives.score import Eta, Metric, Score, ScoreError, eta as eta_of, paired_eta
 from verl_sweep.search.database import liveness
-from verl_sweep.search.database.study_root import stored_study
-from verl_sweep.search.database.records import (Assignment, Role, TrialRecord, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records,
-                            set_attrs, started_attrs)
+from verl_sweep.search.database.study_root import stored_stage_result, stored_study
+from verl_sweep.search.database.records import (Assignment, Decision, Role, StageStudyAttrs, TrialRecord, eta_attrs,
+                                                outcome_attrs, owner_attrs, reason_attrs, records, set_attrs,
+                                                stage_study_name, started_attrs)
 from verl_sweep.search.spec.study_file import FINAL_STAGE, StudySpec
 from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
@@ -34,8 +46,12 @@ if TYPE_CHECKING:
     from verl_sweep.launchers.base import Launcher
     from verl_sweep.search.engine.events import StudyListener
 
-#: the study's attributes: the two configs, and the result once measured
-_BASELINE, _FINAL, _RESULT = "baseline_config", "final_config", "result"
+#: the study's attributes: the config its incumbent runs (the baseline, or its learning at the
+#: speed stages' layout), the final config, the result once measured, and the phase ratios that
+#: re-time the incumbent's runs to the baseline's layout (absent: they are the baseline's own)
+_BASELINE, _FINAL, _RESULT, _RETIME = "baseline_config", "final_config", "result", "retime"
+#: a re-timed run's seconds over its own: what prices a full run of the baseline (``status``)
+BASELINE_TIME_RATIO = "baseline_time_ratio"
 
 
 def final_study_name(spec: StudySpec) -> str:
@@ -73,6 +89,39 @@ def final_probe(spec: StudySpec, *, slow_start: bool = False) -> ProbeSettings:
     return ProbeSettings(steps=probe.speed_steps, metric=Metric.THROUGHPUT, warmup_steps=probe.speed_warmup_steps,
                          hang_timeout_s=probe.hang_timeout_s, health_screen=False, n_gpus=spec.hardware.n_gpus,
                          settle_tolerance=probe.speed_settle_tolerance)
+
+
+def speed_layout(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[Config, PhaseRatios] | None:
+    """The baseline's learning at the layout the speed stages chose (the config the chain held
+    when its first learning stage opened), and how much slower each phase of a step runs at
+    the baseline's own layout: the two configs' speed probes on the same seeds and steps. None
+    where no speed stage came first or changed the config, or no probes of both share a seed."""
+    from verl_sweep.search.method.stage import stages_of
+
+    first = next((i for i, stage in enumerate(stages_of(spec)) if stage.learns), 0)
+    baseline = spec.baseline_config()
+    results = [stored_stage_result(storage, spec, settings) for settings in spec.stages[:first]]
+    if not results or any(r is None or r.decision is Decision.SKIPPED for r in results):
+        return None
+    fast = results[-1].config  # type: ignore[union-attr]  # (none is None: checked above)
+    if fast == baseline:
+        return None
+    runs: dict[bool, dict[tuple[int, int], StepMetrics]] = {True: {}, False: {}}  # slow (the baseline), fast
+    for settings in spec.stages[:first]:
+        study = stored_study(storage, stage_study_name(spec, settings))
+        base = StageStudyAttrs.of(study.user_attrs).base_config if study is not None else None
+        if study is None or base is None:
+            continue
+        for t in records(study.get_trials(deepcopy=False)):
+            config = merge(base, t.overrides)
+            if t.state != TrialState.COMPLETE or t.run_dir is None or t.seed is None or config not in (baseline, fast):
+                continue
+            last = t.probe.get("last_step") or 0
+            for step in read_all(RunDir(Path(t.run_dir)).metrics):
+                if spec.probe.speed_warmup_steps < step.step <= last:
+                    runs[config == baseline].setdefault((t.seed, step.step), step)
+    ratios = PhaseRatios.of(runs[True], runs[False])
+    return None if ratios is None else (fast, ratios)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +174,10 @@ class _Active:
     outcome: ProbeOutcome | None = None
 
 
+def _step_s(step: StepMetrics) -> float:
+    return step.get(STEP_TIME_KEY) or 0.0
+
+
 class FinalCheck:
     """The final check as this driver follows it; ``tick`` until it returns False."""
 
@@ -134,8 +187,10 @@ class FinalCheck:
         self.study = study
         self.launcher = launcher
         self.console = console
-        self.baseline: Config = study.user_attrs[_BASELINE]
+        self.baseline: Config = study.user_attrs[_BASELINE]  # what its incumbent runs
         self.final: Config = study.user_attrs[_FINAL]
+        retime = study.user_attrs.get(_RETIME)
+        self.retime = None if retime is None else PhaseRatios.from_attr(retime)
         self.probe = probe
         self.active: dict[int, _Active] = {}
 
@@ -153,9 +208,13 @@ class FinalCheck:
             return None
         if _FINAL not in study.user_attrs:
             baseline = spec.baseline_config()
+            layout = speed_layout(storage, spec) if probe.metric is Metric.REWARD_RATE else None
             for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
                 for role in (Role.INCUMBENT, Role.CANDIDATE):
                     study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
+            if layout is not None:
+                baseline = layout[0]
+                study.set_user_attr(_RETIME, layout[1].to_attr())
             study.set_user_attr(_BASELINE, baseline)
             study.set_user_attr(_FINAL, final)
         check = cls(spec, study, launcher, console, probe)
@@ -163,8 +222,11 @@ class FinalCheck:
         seeds = ", ".join(str(s) for s in final_seeds(spec))
         kind = ("probes" if probe.metric is Metric.REWARD_RATE
                 else "speed probes, on throughput: the study has no learning stage")
+        how = "" if check.retime is None else (
+            f"; the baseline's learning runs at the speed stages' layout, its steps re-timed to its own "
+            f"(×{check.retime.step:.2f} a step at the start)")
         console.note(f"final check: the final config against the baseline on fresh seeds {seeds} "
-                     f"({probe.steps}-step {kind})")
+                     f"({probe.steps}-step {kind}{how})")
         return check
 
     def _trials(self) -> list[TrialRecord]:
@@ -237,6 +299,8 @@ class FinalCheck:
 
     def _tell(self, item: _Active, outcome: ProbeOutcome, baseline: list[tuple[int | None, Score]]) -> None:
         trial = item.trial
+        if item.role is Role.INCUMBENT and self.retime is not None:
+            outcome = self._at_baseline_layout(item, outcome)
         set_attrs(trial, outcome_attrs(probe=outcome.summary(),
                                        score=None if outcome.score is None else dataclasses.asdict(outcome.score),
                                        gpu=outcome.gpu))
@@ -269,6 +333,23 @@ class FinalCheck:
         self.console.trial_finished(self.study, trial.number, item.role, item.overrides, state="failed",
                                     reason=outcome.reason + (" (queued again)" if retried else ""), requeued=retried,
                                     stderr_tail=outcome.stderr_tail)
+
+    def _at_baseline_layout(self, item: _Active, outcome: ProbeOutcome) -> ProbeOutcome:
+        """A run of the baseline's learning at the speed stages' layout, scored with its steps
+        as long as the baseline's layout takes (``self.retime``)."""
+        assert self.retime is not None
+        if outcome.state is not ProbeState.COMPLETE:
+            return outcome
+        steps = item.probe.steps
+        slow = retimed(steps, self.retime)
+        try:
+            score = item.probe.score_of(slow)
+        except ScoreError as e:
+            return dataclasses.replace(outcome, state=ProbeState.FAILED, score=None,
+                                       reason=f"cannot be scored at the baseline's layout: {e}")
+        ratio = sum(_step_s(s) for s in slow) / max(1e-12, sum(_step_s(s) for s in steps))
+        set_attrs(item.trial, {BASELINE_TIME_RATIO: ratio})
+        return dataclasses.replace(outcome, score=score)
 
     def _finish(self) -> None:
         trials = self._trials()

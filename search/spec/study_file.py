@@ -144,10 +144,11 @@ class StageSettings(_Strict):
 class FinalCheckSettings(_Strict):
     """The final check: after the last stage, the final config and the baseline run side by
     side on ``runs`` fresh paired seeds, which measures the overall gain against the user's own
-    baseline (``verl_sweep.search.engine.final_check``). ``final_check: false`` in the study file skips it.
-    Two pairs by default: the check decides nothing, and a third pair of 500-step probes (the
-    baseline's at its own, slowest speed) cost the demo about 0.4 R to narrow its gain's 90%
-    interval from ±5.3% to ±4.5% (docs/method.md, Evidence)."""
+    baseline (``verl_sweep.search.engine.final_check``; the baseline's runs are its learning at
+    the speed stages' layout, re-timed to its own). ``final_check: false`` in the study file
+    skips it. Two pairs by default: the check decides nothing, and a third pair of 500-step
+    probes cost the demo about 0.4 R (the baseline's then ran at its own, slowest speed) to
+    narrow its gain's 90% interval from ±5.3% to ±4.5% (docs/method.md, Evidence)."""
 
     runs: Int = Field(default=2, ge=0, le=100)
 

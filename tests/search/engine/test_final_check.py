@@ -54,12 +54,52 @@ def test_the_final_config_is_measured_against_the_baseline_on_fresh_paired_seeds
     # Paired: the baseline and the final config on each of the same fresh seeds.
     assert sorted(by_role["incumbent"]) == sorted(by_role["candidate"])
     assert len(set(by_role["incumbent"])) == 2 and not set(by_role["incumbent"]) & stage_seeds
+    # The incumbent runs the baseline's learning at the systems stage's layout (the next test);
+    # the final config's runs are its differences from that.
     assert all(row["params"] == {} for row in runs if row["role"] == "incumbent")
-    final_overrides = data["stages"][-1]["winner"]["config"]
+    final_config = data["stages"][-1]["winner"]["config"]
+    reference = data["stages"][0]["winner"]["config"]
     for row in runs:
         if row["role"] == "candidate":
-            assert row["params"] and all(final_overrides.get(k) == v for k, v in row["params"].items())
+            assert {**reference, **row["params"]} == final_config
     assert data["final_check"]["gpu_hours"] > 0
+
+
+def test_the_baselines_runs_are_its_learning_at_the_speed_stages_layout_retimed_to_its_own(finished: Path) -> None:
+    """The systems stage won, so the final check's baseline runs are the baseline's learning at
+    its layout (the mini-batch stage's incumbent), each step re-timed by the phase ratios of the
+    two layouts' paired speed probes: the overall η and the price of a full run are the
+    baseline's own, read off the world's noise-free model, at a fraction of its runs' cost."""
+    import optuna
+
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.search.spec.study_file import load_study
+
+    spec = load_study(finished / "small.yaml")
+    storage = f"sqlite:///{finished}/small.db"
+    final = optuna.load_study(study_name="small.final", storage=storage)
+    minibatch = optuna.load_study(study_name="small.minibatch", storage=storage)
+    reference, baseline = final.user_attrs["baseline_config"], spec.baseline_config()
+    assert reference == minibatch.user_attrs["base_config"] != baseline
+    ratios = final.user_attrs["retime"]
+    assert ratios["pairs"] >= 2 and ratios["step"] > 1.2, ratios
+
+    data = status_json(finished, "small", "--run-steps", "2000")
+    incumbents = [r for r in data["final_check"]["trials"] if r["role"] == "incumbent"]
+    assert len(incumbents) == 2 and all(r["baseline_time_ratio"] > 1.2 for r in incumbents), incumbents
+    world = load_landscape("default")
+    overall = data["overall"]
+    truth = world.eta(final.user_attrs["final_config"], baseline, steps=2000)
+    assert overall["low"] <= truth <= overall["high"], (overall, truth)
+    assert overall["eta"] == pytest.approx(truth, rel=0.02)
+    # R: the baseline's seconds a step over the final check's 500 steps, noise-free
+    step_s = sum(world.step_time(baseline, t) for t in range(1, 501)) / 500
+    assert data["cost"]["baseline_step_s"] == pytest.approx(step_s, rel=0.03)
+    # The runs cost their layout's time, not the baseline's (1.39 times longer a step here).
+    run_s = [r["gpu_time_s"] / 8 - r["startup_s"] for r in incumbents]
+    assert max(run_s) < 500 * step_s / 1.2
+    print(f"SIMULATED overall η {overall['eta']:.3f} [{overall['low']:.3f}, {overall['high']:.3f}], noise-free "
+          f"{truth:.3f}; a baseline step {data['cost']['baseline_step_s']:.1f} s (noise-free {step_s:.1f} s)")
 
 
 def test_status_prints_the_overall_gain_and_the_payback_of_a_full_run(finished: Path) -> None:
