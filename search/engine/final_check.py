@@ -101,9 +101,10 @@ def speed_layout(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
     first = next((i for i, stage in enumerate(stages_of(spec)) if stage.learns), 0)
     baseline = spec.baseline_config()
     results = [stored_stage_result(storage, spec, settings) for settings in spec.stages[:first]]
-    if not results or any(r is None or r.decision is Decision.SKIPPED for r in results):
+    last = results[-1] if results else None
+    if last is None or any(r is None or r.decision is Decision.SKIPPED for r in results):
         return None
-    fast = results[-1].config  # type: ignore[union-attr]  # (none is None: checked above)
+    fast = last.config
     if fast == baseline:
         return None
     runs: dict[bool, dict[tuple[int, int], StepMetrics]] = {True: {}, False: {}}  # slow (the baseline), fast
