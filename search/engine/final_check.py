@@ -117,9 +117,9 @@ def speed_layout(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
             config = merge(base, t.overrides)
             if t.state != TrialState.COMPLETE or t.run_dir is None or t.seed is None or config not in (baseline, fast):
                 continue
-            last = t.probe.get("last_step") or 0
+            end = t.probe.get("last_step") or 0  # where it settled
             for step in read_all(RunDir(Path(t.run_dir)).metrics):
-                if spec.probe.speed_warmup_steps < step.step <= last:
+                if spec.probe.speed_warmup_steps < step.step <= end:
                     runs[config == baseline].setdefault((t.seed, step.step), step)
     ratios = PhaseRatios.of(runs[True], runs[False])
     return None if ratios is None else (fast, ratios)
