@@ -107,7 +107,10 @@ def speed_layout(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
     fast = last.config
     if fast == baseline:
         return None
-    runs: dict[bool, dict[tuple[int, int], StepMetrics]] = {True: {}, False: {}}  # slow (the baseline), fast
+    # The faster config's run that won it its stage was picked for being fast: its steps read
+    # high by their luck. Its confirmations and later runs were not; they count first.
+    slow: dict[tuple[int, int], StepMetrics] = {}
+    fast_runs: dict[bool, dict[tuple[int, int], StepMetrics]] = {True: {}, False: {}}  # picked, not
     for settings in spec.stages[:first]:
         study = stored_study(storage, stage_study_name(spec, settings))
         base = StageStudyAttrs.of(study.user_attrs).base_config if study is not None else None
@@ -115,13 +118,15 @@ def speed_layout(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
             continue
         for t in records(study.get_trials(deepcopy=False)):
             config = merge(base, t.overrides)
-            if t.state != TrialState.COMPLETE or t.run_dir is None or t.seed is None or config not in (baseline, fast):
+            if (t.state != TrialState.COMPLETE or t.run_dir is None or t.seed is None or t.carried_from
+                    or config not in (baseline, fast)):  # a carried copy is its earlier stage's run
                 continue
+            into = slow if config == baseline else fast_runs[t.role is Role.CANDIDATE]
             end = t.probe.get("last_step") or 0  # where it settled
             for step in read_all(RunDir(Path(t.run_dir)).metrics):
                 if spec.probe.speed_warmup_steps < step.step <= end:
-                    runs[config == baseline].setdefault((t.seed, step.step), step)
-    ratios = PhaseRatios.of(runs[True], runs[False])
+                    into.setdefault((t.seed, step.step), step)
+    ratios = PhaseRatios.of(slow, fast_runs[False]) or PhaseRatios.of(slow, {**fast_runs[True], **fast_runs[False]})
     return None if ratios is None else (fast, ratios)
 
 
@@ -151,8 +156,9 @@ def stored_overall(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tup
     return (Overall.of(attr) if attr else None), records(study.get_trials(deepcopy=False))
 
 
-def measure(trials: Sequence[TrialRecord]) -> Overall | None:
-    """Paired η of the final config's runs against the baseline's (None without a pair)."""
+def measure(trials: Sequence[TrialRecord], retime: PhaseRatios | None = None) -> Overall | None:
+    """Paired η of the final config's runs against the baseline's (None without a pair), its
+    interval widened by the uncertainty of the ratios (``retime``) its baseline runs were re-timed by."""
     def runs(role: Role) -> list[tuple[int | None, Score]]:
         return [(t.seed, t.score) for t in trials
                 if t.role is role and t.state == TrialState.COMPLETE and t.score is not None]
@@ -162,6 +168,8 @@ def measure(trials: Sequence[TrialRecord]) -> Overall | None:
     if not pairs:
         return None
     e = paired_eta(final, baseline)
+    if retime is not None:
+        e = retime.widen(e)
     return Overall(e.value, e.low, e.high, len(pairs))
 
 
@@ -354,7 +362,7 @@ class FinalCheck:
 
     def _finish(self) -> None:
         trials = self._trials()
-        overall = measure(trials)
+        overall = measure(trials, self.retime)
         if overall is None:
             self.console.note("final check: no seed has a finished run of both configs, so no overall η; "
                               f"the runs' reasons are in `verl-sweep status {self.spec.name}`")

@@ -82,3 +82,22 @@ def test_a_rest_within_the_phases_noise_takes_the_whole_steps_ratio() -> None:
 
     ratios = PhaseRatios.of(with_rest(SLOW, 0.01), with_rest(FAST, -0.005))
     assert ratios is not None and ratios.ratios[REST] == pytest.approx(ratios.step)
+
+
+def test_the_ratios_uncertainty_widens_a_gain_read_against_retimed_runs() -> None:
+    """Probes whose steps share their noise (one seed, both layouts: the simulator's) give a
+    ratio with next to no spread, and leave a gain's interval as it was; probes whose steps jitter
+    apart (real hosts) widen it by the spread's standard error, its value unchanged."""
+    from verl_sweep.objectives.score import Eta
+
+    gain = Eta(2.0, 1.9, 2.1)
+    shared = PhaseRatios.of(probes(SLOW), probes(FAST))
+    assert shared is not None and shared.log_se < 0.001  # (the rest of a step takes no noise here)
+    assert shared.widen(gain).low == pytest.approx(gain.low, rel=1e-3)
+    jitter = {key: step(key[1], SLOW, 200, noise=1 + 0.08 * (-1) ** (key[0] + key[1])) for key in probes(SLOW)}
+    apart = PhaseRatios.of(jitter, probes(FAST))
+    assert apart is not None and apart.log_se > 0.02
+    wide = apart.widen(gain)
+    assert wide.value == gain.value and wide.low < gain.low and wide.high > gain.high
+    one_pair = {(1, 2): probes(SLOW)[(1, 2)]}
+    assert PhaseRatios.of(one_pair, probes(FAST)) is None  # one pair cannot tell its own spread
