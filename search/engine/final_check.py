@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 _BASELINE, _FINAL, _RESULT, _RETIME = "baseline_config", "final_config", "result", "retime"
 #: a re-timed run's seconds over its own: what prices a full run of the baseline (``status``)
 BASELINE_TIME_RATIO = "baseline_time_ratio"
+#: where the final config is the baseline's learning at the speed stages' layout (no learning
+#: stage changed it), its run's own re-timed score: the baseline's run on that seed
+BASELINE_SCORE = "baseline_score"
 
 
 def final_study_name(spec: StudySpec) -> str:
@@ -156,6 +159,12 @@ def stored_overall(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tup
     return (Overall.of(attr) if attr else None), records(study.get_trials(deepcopy=False))
 
 
+def own_baseline_runs(trials: Sequence[TrialRecord]) -> list[tuple[int | None, Score]]:
+    """The baseline's runs a final config's runs carry (``BASELINE_SCORE``): its own, re-timed."""
+    return [(t.seed, Score(**t.frozen.user_attrs[BASELINE_SCORE])) for t in trials
+            if t.role is Role.CANDIDATE and t.state == TrialState.COMPLETE and BASELINE_SCORE in t.frozen.user_attrs]
+
+
 def measure(trials: Sequence[TrialRecord], retime: PhaseRatios | None = None) -> Overall | None:
     """Paired η of the final config's runs against the baseline's (None without a pair), its
     interval widened by the uncertainty of the ratios (``retime``) its baseline runs were re-timed by."""
@@ -163,7 +172,7 @@ def measure(trials: Sequence[TrialRecord], retime: PhaseRatios | None = None) ->
         return [(t.seed, t.score) for t in trials
                 if t.role is role and t.state == TrialState.COMPLETE and t.score is not None]
 
-    final, baseline = runs(Role.CANDIDATE), runs(Role.INCUMBENT)
+    final, baseline = runs(Role.CANDIDATE), runs(Role.INCUMBENT) + own_baseline_runs(trials)
     pairs = {s for s, _ in final} & {s for s, _ in baseline}
     if not pairs:
         return None
@@ -200,6 +209,8 @@ class FinalCheck:
         self.final: Config = study.user_attrs[_FINAL]
         retime = study.user_attrs.get(_RETIME)
         self.retime = None if retime is None else PhaseRatios.from_attr(retime)
+        #: no learning stage changed the config: the final config's runs, re-timed, are the baseline's
+        self.own_baseline = self.retime is not None and self.final == self.baseline
         self.probe = probe
         self.active: dict[int, _Active] = {}
 
@@ -218,8 +229,10 @@ class FinalCheck:
         if _FINAL not in study.user_attrs:
             baseline = spec.baseline_config()
             layout = speed_layout(storage, spec) if probe.metric is Metric.REWARD_RATE else None
+            # the final config's runs alone where they are the baseline's learning at its layout
+            roles = (Role.CANDIDATE,) if layout is not None and layout[0] == final else (Role.INCUMBENT, Role.CANDIDATE)
             for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
-                for role in (Role.INCUMBENT, Role.CANDIDATE):
+                for role in roles:
                     study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
             if layout is not None:
                 baseline = layout[0]
@@ -234,6 +247,8 @@ class FinalCheck:
         how = "" if check.retime is None else (
             f"; the baseline's learning runs at the speed stages' layout, its steps re-timed to its own "
             f"(×{check.retime.step:.2f} a step at the start)")
+        if check.own_baseline:
+            how += "; no learning stage changed it, so the final config's runs, re-timed, are the baseline's"
         console.note(f"final check: the final config against the baseline on fresh seeds {seeds} "
                      f"({probe.steps}-step {kind}{how})")
         return check
@@ -310,6 +325,11 @@ class FinalCheck:
         trial = item.trial
         if item.role is Role.INCUMBENT and self.retime is not None:
             outcome = self._at_baseline_layout(item, outcome)
+        elif self.own_baseline:  # the final config's run is the baseline's learning: re-timed, its run too
+            own = self._at_baseline_layout(item, outcome)
+            if own.score is not None and own.state is ProbeState.COMPLETE:
+                set_attrs(trial, {BASELINE_SCORE: dataclasses.asdict(own.score)})
+                baseline = [*baseline, (item.seed, own.score)]
         set_attrs(trial, outcome_attrs(probe=outcome.summary(),
                                        score=None if outcome.score is None else dataclasses.asdict(outcome.score),
                                        gpu=outcome.gpu))

@@ -277,8 +277,9 @@ def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry:
     its learning at the speed stages' layout slowed as its steps were re-timed), else the first
     stage's incumbent runs (the baseline itself)."""
     rows: list[dict[str, Any]] = []
-    if final_entry is not None:
-        rows = [r for r in final_entry["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
+    if final_entry is not None:  # (a final config's run re-timed as the baseline's carries its ratio too)
+        rows = [r for r in final_entry["trials"]
+                if r["state"] == "complete" and (r["role"] == Role.INCUMBENT or BASELINE_TIME_RATIO in r)]
     if not rows and stages and stages[0].get("trials"):
         rows = [r for r in stages[0]["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
     times = [s * r.get(BASELINE_TIME_RATIO, 1.0) for r in rows if (s := probe_step_s(r, spec.hardware.n_gpus)) is not None]

@@ -31,12 +31,16 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_final_config_is_measured_against_the_baseline_on_fresh_paired_seeds(finished: Path) -> None:
+    """The small study's systems stage won and its mini-batch stage kept that config: the final
+    config is the baseline's learning at the systems stage's layout, so its runs on the fresh
+    seeds, re-timed to the baseline's layout, are the baseline's runs too (no second run of the
+    same config on the same seed)."""
     data = status_json(finished)
     overall = data["overall"]
     assert overall["state"] == "measured" and overall["simulated"] is True
     assert overall["n_pairs"] == 2
     assert overall["low"] <= overall["eta"] <= overall["high"]
-    # Both stages won on the simulator's landscape: the final config beats the baseline clearly.
+    # The systems stage won on the simulator's landscape: the final config beats the baseline clearly.
     assert overall["low"] > 1.0
     product = 1.0
     for stage in data["stages"]:
@@ -45,48 +49,52 @@ def test_the_final_config_is_measured_against_the_baseline_on_fresh_paired_seeds
     print(f"SIMULATED overall η {overall['eta']:.3f} [{overall['low']:.3f}, {overall['high']:.3f}], "
           f"product of the stages' η {product:.3f}")
 
+    assert data["stages"][1]["winner"]["config"] == data["stages"][0]["winner"]["config"]  # (what this test is about)
     runs = data["final_check"]["trials"]
     stage_seeds = set(demo_data()["seeds"])
-    by_role: dict[str, list[int]] = {}
-    for row in runs:
-        assert row["state"] == "complete", row
-        by_role.setdefault(row["role"], []).append(row["seed"])
-    # Paired: the baseline and the final config on each of the same fresh seeds.
-    assert sorted(by_role["incumbent"]) == sorted(by_role["candidate"])
-    assert len(set(by_role["incumbent"])) == 2 and not set(by_role["incumbent"]) & stage_seeds
-    # The incumbent runs the baseline's learning at the systems stage's layout (the next test);
-    # the final config's runs are its differences from that.
-    assert all(row["params"] == {} for row in runs if row["role"] == "incumbent")
-    final_config = data["stages"][-1]["winner"]["config"]
-    reference = data["stages"][0]["winner"]["config"]
-    for row in runs:
-        if row["role"] == "candidate":
-            assert {**reference, **row["params"]} == final_config
+    assert [r["role"] for r in runs] == ["candidate", "candidate"], runs
+    assert all(r["state"] == "complete" and r["params"] == {} and r["baseline_time_ratio"] > 1.2 for r in runs), runs
+    seeds = {r["seed"] for r in runs}
+    assert len(seeds) == 2 and not seeds & stage_seeds
     assert data["final_check"]["gpu_hours"] > 0
 
 
-def test_the_baselines_runs_are_its_learning_at_the_speed_stages_layout_retimed_to_its_own(finished: Path) -> None:
-    """The systems stage won, so the final check's baseline runs are the baseline's learning at
-    its layout (the mini-batch stage's incumbent), each step re-timed by the phase ratios of the
-    two layouts' paired speed probes: the overall η and the price of a full run are the
-    baseline's own, read off the world's noise-free model, at a fraction of its runs' cost."""
+def test_the_baselines_runs_are_its_learning_at_the_speed_stages_layout_retimed_to_its_own(tmp_path: Path) -> None:
+    """A study whose lr stage wins (the baseline's lr 1e-7): the final check's baseline runs are
+    the baseline's learning at the systems stage's layout (the lr stage's incumbent), each step
+    re-timed by the phase ratios of the two layouts' paired speed probes. The overall η and the
+    price of a full run are the baseline's own, read off the world's noise-free model, at a
+    fraction of its runs' cost."""
     import optuna
 
     from verl_sweep.launchers.simulator import load_landscape
     from verl_sweep.search.spec.study_file import load_study
 
-    spec = load_study(finished / "small.yaml")
-    storage = f"sqlite:///{finished}/small.db"
-    final = optuna.load_study(study_name="small.final", storage=storage)
-    minibatch = optuna.load_study(study_name="small.minibatch", storage=storage)
+    def lr_wins(data: dict[str, Any]) -> None:
+        data["stages"] = [data["stages"][0], {"name": "lr", "space": "lr", "budget": {"max_trials": 4},
+                                              "confirm_top": 1, "sampler": {"seed": 7}}]
+        data["baseline"]["actor_rollout_ref.actor.optim.lr"] = 1e-7
+
+    path = small_study(tmp_path, "lrwin", lr_wins)
+    result = cli("run", str(path), cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    spec = load_study(path)
+    storage = f"sqlite:///{tmp_path}/lrwin.db"
+    final = optuna.load_study(study_name="lrwin.final", storage=storage)
+    lr_stage = optuna.load_study(study_name="lrwin.lr", storage=storage)
     reference, baseline = final.user_attrs["baseline_config"], spec.baseline_config()
-    assert reference == minibatch.user_attrs["base_config"] != baseline
+    assert reference == lr_stage.user_attrs["base_config"] != baseline
+    assert final.user_attrs["final_config"] != reference  # the lr stage won
     ratios = final.user_attrs["retime"]
     assert ratios["pairs"] >= 2 and ratios["step"] > 1.2, ratios
 
-    data = status_json(finished, "small", "--run-steps", "2000")
-    incumbents = [r for r in data["final_check"]["trials"] if r["role"] == "incumbent"]
-    assert len(incumbents) == 2 and all(r["baseline_time_ratio"] > 1.2 for r in incumbents), incumbents
+    data = status_json(tmp_path, "lrwin", "--run-steps", "2000")
+    rows = data["final_check"]["trials"]
+    incumbents = [r for r in rows if r["role"] == "incumbent"]
+    assert len(incumbents) == 2 and all(r["params"] == {} and r["baseline_time_ratio"] > 1.2 for r in incumbents)
+    for row in rows:
+        if row["role"] == "candidate":  # the final config's differences from the reference
+            assert row["params"] and {**reference, **row["params"]} == final.user_attrs["final_config"]
     world = load_landscape("default")
     overall = data["overall"]
     truth = world.eta(final.user_attrs["final_config"], baseline, steps=2000)
@@ -95,7 +103,7 @@ def test_the_baselines_runs_are_its_learning_at_the_speed_stages_layout_retimed_
     # R: the baseline's seconds a step over the final check's 500 steps, noise-free
     step_s = sum(world.step_time(baseline, t) for t in range(1, 501)) / 500
     assert data["cost"]["baseline_step_s"] == pytest.approx(step_s, rel=0.03)
-    # The runs cost their layout's time, not the baseline's (1.39 times longer a step here).
+    # The runs cost their layout's time, not the baseline's.
     run_s = [r["gpu_time_s"] / 8 - r["startup_s"] for r in incumbents]
     assert max(run_s) < 500 * step_s / 1.2
     print(f"SIMULATED overall η {overall['eta']:.3f} [{overall['low']:.3f}, {overall['high']:.3f}], noise-free "
@@ -260,5 +268,5 @@ def test_sigkill_in_the_final_check_then_resume(tmp_path: Path) -> None:
     data = status_json(tmp_path, "killed")
     assert data["overall"]["state"] == "measured" and data["overall"]["n_pairs"] == 2
     complete = [r for r in data["final_check"]["trials"] if r["state"] == "complete"]
-    assert len(complete) == 4  # each config on each seed, once
+    assert len(complete) == 2  # the final config on each seed, once (re-timed, the baseline's too)
     assert not [r for r in data["final_check"]["trials"] if r["state"] in ("running", "waiting")]
