@@ -229,7 +229,7 @@ class FinalCheck:
         if _FINAL not in study.user_attrs:
             baseline = spec.baseline_config()
             layout = speed_layout(storage, spec) if probe.metric is Metric.REWARD_RATE else None
-            # the final config's runs alone where they are the baseline's learning at its layout
+            # the final config's runs alone where it is the baseline's learning at the speed stages' layout
             roles = (Role.CANDIDATE,) if layout is not None and layout[0] == final else (Role.INCUMBENT, Role.CANDIDATE)
             for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
                 for role in roles:

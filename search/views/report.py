@@ -34,6 +34,7 @@ from verl_sweep.objectives.sources import read_run
 from verl_sweep.search.views import export
 from verl_sweep.search.database.records import Role, TrialRecord, records, stage_study_name
 from verl_sweep.search.views.status import cost_lines, finished_results, overall_line, r_text, study_status, trial_gpu_summary
+from verl_sweep.search.engine.final_check import BASELINE_TIME_RATIO
 from verl_sweep.search.views.train import schedule as train_schedule, schedule_yaml as train_schedule_yaml
 from verl_sweep.search.spec.study_file import StageSettings, StudySpec
 
@@ -416,13 +417,23 @@ def _train_section(status: dict[str, Any]) -> str:
             + f"<p><b>{model_text}</b></p>")
 
 
+def _final_check_label(row: dict[str, Any]) -> str:
+    """Which config a final check's run is: the baseline (re-timed from its learning at the speed
+    stages' layout, ``verl_sweep.search.engine.final_check``) or the final config (re-timed too where it
+    is that same config, its run then the baseline's as well)."""
+    ratio = row.get(BASELINE_TIME_RATIO)
+    if row["role"] == Role.INCUMBENT:
+        return "baseline" if ratio is None else f"baseline (its learning at the tuned layout, re-timed ×{ratio:.2f})"
+    return "final config" if ratio is None else f"final config (re-timed ×{ratio:.2f}: the baseline's run too)"
+
+
 def _final_check_section(status: dict[str, Any]) -> str:
     """The final check's runs: the baseline and the final config on each fresh seed."""
     entry = status.get("final_check")
     head = "<h2>Final check: the final config against the baseline</h2>"
     if entry is None:
         return head + f'<p class="note">{_e(overall_line(status))}</p>'
-    rows = [[r["number"], "baseline" if r["role"] == Role.INCUMBENT else "final config", r["seed"], r["state"],
+    rows = [[r["number"], _final_check_label(r), r["seed"], r["state"],
              "—" if r.get("eta") is None else f"{r['eta']:.3f} [{r['eta_interval'][0]:.3f}, {r['eta_interval'][1]:.3f}]",
              r.get("gpu_time_s") and r["gpu_time_s"] / 3600.0, r.get("reason") or "—"] for r in entry["trials"]]
     in_r = "" if entry.get("cost_r") is None else f" = {r_text(entry['cost_r'])}"

@@ -59,8 +59,10 @@ def test_the_overall_gain_comes_first_and_per_trial_tables_are_collapsed(report:
     box = body[first:body.index("</div>", first)]
     assert "SIMULATED overall gain against your baseline: η " in box
     assert "SIMULATED cost: " in box and "break-even after" in box
-    for summary in ("GPU utilisation of every trial", "its 4 runs"):
+    # the small study's final config is its systems stage's: one run a fresh seed, re-timed
+    for summary in ("GPU utilisation of every trial", "its 2 runs"):
         assert re.search(r"<details><summary>" + re.escape(summary), body), summary
+    assert body.count("final config (re-timed ×") == 2
     # the pruned and failed trials: a collapsed table, or the line that says there were none
     assert (re.search(r"<details><summary>every pruned or failed trial", body)
             or "No trial was pruned or failed." in body)
