@@ -120,3 +120,8 @@ def retimed(steps: Sequence[StepMetrics], ratios: PhaseRatios) -> list[StepMetri
         seconds = sum(ratios.ratios.get(part, ratios.step) * s for part, s in parts.items())
         out.append(StepMetrics(step.step, {**step.data, STEP_TIME_KEY: seconds}))
     return out
+
+
+def seconds(steps: Sequence[StepMetrics]) -> float:
+    """The steps' logged seconds, summed (a step without a time counts none)."""
+    return sum(s.get(STEP_TIME_KEY) or 0.0 for s in steps)

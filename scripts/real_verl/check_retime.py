@@ -29,17 +29,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_sweep.objectives.metrics import STEP_TIME_KEY, StepMetrics
-from verl_sweep.objectives.retime import PhaseRatios, retimed
+from verl_sweep.objectives.metrics import StepMetrics
+from verl_sweep.objectives.retime import PhaseRatios, retimed, seconds
 
 
 def steps_of(entry: dict[str, Any]) -> list[StepMetrics]:
     return [StepMetrics(int(row["step"]), {k: v for k, v in row.items() if k != "step"})
             for row in entry.get("metrics", [])]
-
-
-def seconds(steps: list[StepMetrics]) -> float:
-    return sum(s.get(STEP_TIME_KEY) or 0.0 for s in steps)
 
 
 def main(argv: list[str] | None = None) -> int:

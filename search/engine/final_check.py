@@ -30,9 +30,9 @@ from optuna.trial import TrialState
 
 from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
 from verl_sweep.launchers.run_dir import RunDir
-from verl_sweep.objectives.metrics import STEP_TIME_KEY, StepMetrics, read_all
+from verl_sweep.objectives.metrics import StepMetrics, read_all
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
-from verl_sweep.objectives.retime import PhaseRatios, retimed
+from verl_sweep.objectives.retime import PhaseRatios, retimed, seconds
 from verl_sweep.objectives.score import Eta, Metric, Score, ScoreError, eta as eta_of, paired_eta
 from verl_sweep.search.database import liveness
 from verl_sweep.search.database.study_root import stored_stage_result, stored_study
@@ -190,10 +190,6 @@ class _Active:
     seed: int
     overrides: Config
     outcome: ProbeOutcome | None = None
-
-
-def _step_s(step: StepMetrics) -> float:
-    return step.get(STEP_TIME_KEY) or 0.0
 
 
 class FinalCheck:
@@ -376,7 +372,7 @@ class FinalCheck:
         except ScoreError as e:
             return dataclasses.replace(outcome, state=ProbeState.FAILED, score=None,
                                        reason=f"cannot be scored at the baseline's layout: {e}")
-        ratio = sum(_step_s(s) for s in slow) / max(1e-12, sum(_step_s(s) for s in steps))
+        ratio = seconds(slow) / max(1e-12, seconds(steps))
         set_attrs(item.trial, {BASELINE_TIME_RATIO: ratio})
         return dataclasses.replace(outcome, score=score)
 
