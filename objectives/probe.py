@@ -107,6 +107,19 @@ class ProbeOutcome:
         return data
 
 
+def score_steps(settings: ProbeSettings, steps: list[StepMetrics], *, n_boot: int | None = None,
+                final: bool = True, min_steps: int = MIN_SCORED_STEPS) -> Score:
+    """A run's ``steps`` scored as a probe with ``settings`` scores its own (raises ``ScoreError``);
+    ``final``: the finished run's score (a running one fits no ceiling)."""
+    n_boot = settings.n_boot if n_boot is None else n_boot
+    if settings.metric is Metric.THROUGHPUT:
+        return score_throughput(steps, warmup_steps=settings.warmup_steps, n_gpus=settings.n_gpus, n_boot=n_boot)
+    return score_reward_rate(
+        steps, warmup_steps=settings.warmup_steps, fit_ceiling=final, n_boot=n_boot, min_steps=min_steps,
+        horizon_steps=settings.horizon_steps, estimator=settings.estimator,
+    )
+
+
 class Probe:
     """Follows one run. The driver calls ``poll()`` in its loop until it returns an outcome."""
 
@@ -251,19 +264,11 @@ class Probe:
 
     def score_of(self, steps: list[StepMetrics]) -> Score:
         """``steps`` scored as this probe scores its own (raises ``ScoreError``)."""
-        return self._score(steps)
+        return score_steps(self.settings, steps)
 
     def _score(self, steps: list[StepMetrics], *, n_boot: int | None = None, final: bool = True,
                min_steps: int = MIN_SCORED_STEPS) -> Score:
-        n_boot = self.settings.n_boot if n_boot is None else n_boot
-        if self.settings.metric is Metric.THROUGHPUT:
-            return score_throughput(
-                steps, warmup_steps=self.settings.warmup_steps, n_gpus=self.settings.n_gpus, n_boot=n_boot
-            )
-        return score_reward_rate(
-            steps, warmup_steps=self.settings.warmup_steps, fit_ceiling=final, n_boot=n_boot, min_steps=min_steps,
-            horizon_steps=self.settings.horizon_steps, estimator=self.settings.estimator,
-        )
+        return score_steps(self.settings, steps, n_boot=n_boot, final=final, min_steps=min_steps)
 
     def _scored_outcome(self) -> ProbeOutcome:
         try:

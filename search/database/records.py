@@ -351,12 +351,16 @@ def failure_attrs(kind: str, hardware: str | None = None) -> dict[str, Any]:
     return attrs
 
 
-def carried_attrs(source: TrialRecord, *, eta: tuple[float, float, float]) -> dict[str, Any]:
-    """A previous stage's run stored as a finished incumbent run of this stage: its record with
-    the assignment of an incumbent run, and no GPU time of its own."""
+def carried_attrs(source: TrialRecord, *, eta: tuple[float, float, float], role: Role = Role.INCUMBENT,
+                  score: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A previous stage's run stored as a finished run of this study (an incumbent run of the
+    next stage; a final config's run in the final check, ``score``: as the check scores it):
+    its record with the assignment of ``role``, and no GPU time of its own."""
     dropped = (_OWNER, _RERUN_OF, _EXTRA, _IDLE_FILL, _ORIGIN, _REQUEUED_BECAUSE)
     attrs = {k: v for k, v in source.frozen.user_attrs.items() if k not in dropped}
-    attrs.update({_ROLE: Role.INCUMBENT.value, _OVERRIDES: {}, **eta_attrs(*eta),
+    if score is not None:
+        attrs[_SCORE] = score
+    attrs.update({_ROLE: role.value, _OVERRIDES: {}, **eta_attrs(*eta),
                   _CARRIED_FROM: source.run_id or f"trial {source.number}",
                   _PROBE: {**source.probe, "gpu_time_s": 0.0}})
     return attrs

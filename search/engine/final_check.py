@@ -31,13 +31,13 @@ from optuna.trial import TrialState
 from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
 from verl_sweep.launchers.run_dir import RunDir
 from verl_sweep.objectives.metrics import StepMetrics, read_all
-from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState
+from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState, score_steps
 from verl_sweep.objectives.retime import PhaseRatios, retimed, seconds
 from verl_sweep.objectives.score import Eta, Metric, Score, ScoreError, eta as eta_of, paired_eta
 from verl_sweep.search.database import liveness
 from verl_sweep.search.database.study_root import stored_stage_result, stored_study
-from verl_sweep.search.database.records import (Assignment, Decision, Role, StageStudyAttrs, TrialRecord, eta_attrs,
-                                                outcome_attrs, owner_attrs, reason_attrs, records, set_attrs,
+from verl_sweep.search.database.records import (Assignment, Decision, Role, StageStudyAttrs, TrialRecord,
+                                                carried_attrs, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records, set_attrs,
                                                 stage_study_name, started_attrs)
 from verl_sweep.search.spec.study_file import FINAL_STAGE, StudySpec
 from verl_sweep.verl_knowledge import Config, merge, to_overrides
@@ -55,6 +55,9 @@ BASELINE_TIME_RATIO = "baseline_time_ratio"
 #: where the final config is the baseline's learning at the speed stages' layout (no learning
 #: stage changed it), its run's own re-timed score: the baseline's run on that seed
 BASELINE_SCORE = "baseline_score"
+#: a learning stage's run carried into the check (no GPU time of its own): the baseline's
+#: seconds a step it stands for, its own re-timed (``status`` prices R from it)
+BASELINE_STEP_S = "baseline_step_s"
 
 
 def final_study_name(spec: StudySpec) -> str:
@@ -131,6 +134,51 @@ def speed_layout(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
                     into.setdefault((t.seed, step.step), step)
     ratios = PhaseRatios.of(slow, fast_runs[False]) or PhaseRatios.of(slow, {**fast_runs[True], **fast_runs[False]})
     return None if ratios is None else (fast, ratios)
+
+
+def kept_runs(storage: optuna.storages.BaseStorage, spec: StudySpec, final: Config,
+              probe: ProbeSettings) -> list[tuple[TrialRecord, list[StepMetrics]]]:
+    """The learning stages' finished runs of ``final``, one a seed, with their steps up to the
+    check's probe length (runs that stopped short of it left out). Where no learning stage
+    changed the config they are its incumbent runs: the baseline's learning at the speed
+    stages' layout, already run."""
+    from verl_sweep.search.method.stage import stages_of
+
+    runs: dict[int, tuple[TrialRecord, list[StepMetrics]]] = {}
+    for settings, stage in zip(spec.stages, stages_of(spec)):
+        study = stored_study(storage, stage_study_name(spec, settings)) if stage.learns else None
+        base = StageStudyAttrs.of(study.user_attrs).base_config if study is not None else None
+        if study is None or base is None:
+            continue
+        for t in records(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
+            if (t.carried_from or t.run_dir is None or t.seed is None or t.seed in runs or t.score is None
+                    or merge(base, t.overrides) != final):
+                continue
+            steps = [m for m in read_all(RunDir(Path(t.run_dir)).metrics) if 1 <= m.step <= probe.steps]
+            if steps and max(m.step for m in steps) >= probe.steps:
+                runs[t.seed] = (t, steps)
+    return [runs[seed] for seed in sorted(runs)]
+
+
+def _carried(spec: StudySpec, probe: ProbeSettings, ratios: PhaseRatios, source: TrialRecord,
+             steps: list[StepMetrics]) -> tuple[float, dict[str, Any]] | None:
+    """A learning stage's run of the final config as the check's run of it on its seed (its η
+    and attributes), its steps re-timed the baseline's run there; None where it cannot be scored."""
+    from verl_sweep.search.method.run_cost import probe_step_s
+
+    slow = retimed(steps, ratios)
+    try:
+        own, baseline = score_steps(probe, steps), score_steps(probe, slow)
+    except ScoreError:
+        return None
+    e = paired_eta([(source.seed, own)], [(source.seed, baseline)])
+    ratio = seconds(slow) / max(1e-12, seconds(steps))
+    attrs = carried_attrs(source, eta=(e.value, e.low, e.high), role=Role.CANDIDATE, score=dataclasses.asdict(own))
+    attrs.update({BASELINE_SCORE: dataclasses.asdict(baseline), BASELINE_TIME_RATIO: ratio})
+    step_s = probe_step_s(source.probe, spec.hardware.n_gpus)
+    if step_s is not None:
+        attrs[BASELINE_STEP_S] = step_s * ratio
+    return e.value, attrs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,11 +273,25 @@ class FinalCheck:
         if _FINAL not in study.user_attrs:
             baseline = spec.baseline_config()
             layout = speed_layout(storage, spec) if probe.metric is Metric.REWARD_RATE else None
-            # the final config's runs alone where it is the baseline's learning at the speed stages' layout
-            roles = (Role.CANDIDATE,) if layout is not None and layout[0] == final else (Role.INCUMBENT, Role.CANDIDATE)
-            for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
-                for role in roles:
-                    study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
+            kept = layout is not None and layout[0] == final
+            carried: list[tuple[float, dict[str, Any]]] = []
+            if layout is not None and kept:
+                found = (_carried(spec, probe, layout[1], source, steps)
+                         for source, steps in kept_runs(storage, spec, final, probe))
+                carried = [e for e in found if e is not None]
+            if study.get_trials(deepcopy=False):
+                pass  # a driver stopped between queuing the runs and storing the configs
+            elif len(carried) >= spec.final_check.runs:
+                # No learning stage changed the config: its runs there are the final config's,
+                # and re-timed the baseline's. Nothing runs.
+                for value, attrs in carried:
+                    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=value, user_attrs=attrs))
+            else:
+                # the final config's runs alone where it is the baseline's learning at the speed stages' layout
+                roles = (Role.CANDIDATE,) if kept else (Role.INCUMBENT, Role.CANDIDATE)
+                for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
+                    for role in roles:
+                        study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
             if layout is not None:
                 baseline = layout[0]
                 study.set_user_attr(_RETIME, layout[1].to_attr())
@@ -237,6 +299,14 @@ class FinalCheck:
             study.set_user_attr(_FINAL, final)
         check = cls(spec, study, launcher, console, probe)
         check._requeue_orphans()
+        copies = [t for t in check._trials() if t.carried_from is not None]
+        if copies:
+            seeds = ", ".join(str(t.seed) for t in copies)
+            console.note(f"final check: no learning stage changed the config, so its runs there (seeds {seeds}) are "
+                         f"the final config's and, their steps re-timed to the baseline's layout "
+                         f"(×{check.retime.step if check.retime else 1:.2f} a step at the start), the baseline's: "
+                         "nothing runs")
+            return check
         seeds = ", ".join(str(s) for s in final_seeds(spec))
         kind = ("probes" if probe.metric is Metric.REWARD_RATE
                 else "speed probes, on throughput: the study has no learning stage")

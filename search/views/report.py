@@ -424,7 +424,10 @@ def _final_check_label(row: dict[str, Any]) -> str:
     ratio = row.get(BASELINE_TIME_RATIO)
     if row["role"] == Role.INCUMBENT:
         return "baseline" if ratio is None else f"baseline (its learning at the tuned layout, re-timed ×{ratio:.2f})"
-    return "final config" if ratio is None else f"final config (re-timed ×{ratio:.2f}: the baseline's run too)"
+    if ratio is None:
+        return "final config"
+    carried = f"the run of {row['carried_from']} carried over, " if row.get("carried_from") else ""
+    return f"final config ({carried}re-timed ×{ratio:.2f}: the baseline's run too)"
 
 
 def _final_check_section(status: dict[str, Any]) -> str:

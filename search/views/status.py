@@ -16,8 +16,8 @@ from verl_sweep.launchers.run_dir import RunDir
 from verl_sweep.objectives.metrics import STEP_TIME_KEY
 from verl_sweep.objectives.sources import read_run
 from verl_sweep.search.database import liveness
-from verl_sweep.search.engine.final_check import (BASELINE_TIME_RATIO, final_probe, final_study_name, skip_reason,
-                                                 stored_overall)
+from verl_sweep.search.engine.final_check import (BASELINE_STEP_S, BASELINE_TIME_RATIO, final_probe, final_study_name,
+                                                 skip_reason, stored_overall)
 from verl_sweep.search.method.policy import incumbent_run_etas
 from verl_sweep.search.database.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
 from verl_sweep.search.method.run_cost import probe_step_s
@@ -242,8 +242,9 @@ def final_check_status(storage: "optuna.storages.BaseStorage", spec: StudySpec,
     if trials:
         rows = [_trial_row(t, _requeue_reasons(trials)) for t in trials]
         for t, row in zip(trials, rows):  # a baseline run re-timed from the speed stages' layout
-            if BASELINE_TIME_RATIO in t.frozen.user_attrs:
-                row[BASELINE_TIME_RATIO] = t.frozen.user_attrs[BASELINE_TIME_RATIO]
+            for key in (BASELINE_TIME_RATIO, BASELINE_STEP_S):
+                if key in t.frozen.user_attrs:
+                    row[key] = t.frozen.user_attrs[key]
         entry = {"study": final_study_name(spec), "runs": spec.final_check.runs,
                  "gpu_hours": round(sum(r["gpu_time_s"] or 0.0 for r in rows) / 3600.0, 4), "trials": rows}
     if result is not None:
@@ -282,7 +283,13 @@ def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry:
                 if r["state"] == "complete" and (r["role"] == Role.INCUMBENT or BASELINE_TIME_RATIO in r)]
     if not rows and stages and stages[0].get("trials"):
         rows = [r for r in stages[0]["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
-    times = [s * r.get(BASELINE_TIME_RATIO, 1.0) for r in rows if (s := probe_step_s(r, spec.hardware.n_gpus)) is not None]
+    def step_s(row: dict[str, Any]) -> float | None:
+        if BASELINE_STEP_S in row:  # a run carried from a learning stage: no GPU time of its own here
+            return float(row[BASELINE_STEP_S])
+        s = probe_step_s(row, spec.hardware.n_gpus)
+        return None if s is None else s * row.get(BASELINE_TIME_RATIO, 1.0)
+
+    times = [s for r in rows if (s := step_s(r)) is not None]
     return sum(times) / len(times) if times else None
 
 

@@ -30,12 +30,19 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_small(tmp_path_factory)
 
 
-def test_the_final_config_is_measured_against_the_baseline_on_fresh_paired_seeds(finished: Path) -> None:
+def test_where_no_learning_stage_changed_the_config_its_runs_there_are_the_check_and_nothing_runs(finished: Path) -> None:
     """The small study's systems stage won and its mini-batch stage kept that config: the final
-    config is the baseline's learning at the systems stage's layout, so its runs on the fresh
-    seeds, re-timed to the baseline's layout, are the baseline's runs too (no second run of the
-    same config on the same seed)."""
-    data = status_json(finished)
+    config is the baseline's learning at the systems stage's layout. Its runs in the learning
+    stage are then the final config's runs and, re-timed to the baseline's layout, the
+    baseline's: the check carries them over and runs nothing (the gain is the layout's alone;
+    a fresh seed would only measure the same learning again). The overall η and the price of a
+    full run are the world's noise-free ones."""
+    import optuna
+
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.search.spec.study_file import load_study
+
+    data = status_json(finished, "small", "--run-steps", "2000")
     overall = data["overall"]
     assert overall["state"] == "measured" and overall["simulated"] is True
     assert overall["n_pairs"] == 2
@@ -46,17 +53,26 @@ def test_the_final_config_is_measured_against_the_baseline_on_fresh_paired_seeds
     for stage in data["stages"]:
         product *= stage["winner"]["eta"]
     assert overall["stage_product"] == pytest.approx(product, rel=1e-3)
-    print(f"SIMULATED overall η {overall['eta']:.3f} [{overall['low']:.3f}, {overall['high']:.3f}], "
-          f"product of the stages' η {product:.3f}")
 
     assert data["stages"][1]["winner"]["config"] == data["stages"][0]["winner"]["config"]  # (what this test is about)
     runs = data["final_check"]["trials"]
-    stage_seeds = set(demo_data()["seeds"])
+    learning = {r["seed"]: r for r in data["stages"][1]["trials"] if r["role"] == "incumbent" and r["state"] == "complete"}
     assert [r["role"] for r in runs] == ["candidate", "candidate"], runs
     assert all(r["state"] == "complete" and r["params"] == {} and r["baseline_time_ratio"] > 1.2 for r in runs), runs
-    seeds = {r["seed"] for r in runs}
-    assert len(seeds) == 2 and not seeds & stage_seeds
-    assert data["final_check"]["gpu_hours"] > 0
+    assert {r["seed"] for r in runs} <= set(learning) and all(r["carried_from"] for r in runs), runs
+    assert data["final_check"]["gpu_hours"] == 0  # nothing ran
+
+    spec = load_study(finished / "small.yaml")
+    final = optuna.load_study(study_name="small.final", storage=f"sqlite:///{finished}/small.db")
+    world = load_landscape("default")
+    truth = world.eta(final.user_attrs["final_config"], spec.baseline_config(), steps=2000)
+    assert overall["low"] <= truth <= overall["high"], (overall, truth)
+    assert overall["eta"] == pytest.approx(truth, rel=0.03)
+    step_s = sum(world.step_time(spec.baseline_config(), t) for t in range(1, 501)) / 500
+    assert data["cost"]["baseline_step_s"] == pytest.approx(step_s, rel=0.03)
+    print(f"SIMULATED overall η {overall['eta']:.3f} [{overall['low']:.3f}, {overall['high']:.3f}] (noise-free "
+          f"{truth:.3f}), product of the stages' η {product:.3f}; a baseline step {data['cost']['baseline_step_s']:.1f} s "
+          f"(noise-free {step_s:.1f} s)")
 
 
 def test_the_baselines_runs_are_its_learning_at_the_speed_stages_layout_retimed_to_its_own(tmp_path: Path) -> None:
@@ -251,7 +267,12 @@ def _final_trials(db: Path, name: str) -> list[tuple[int, str]]:
 
 
 def test_sigkill_in_the_final_check_then_resume(tmp_path: Path) -> None:
-    path = small_study(tmp_path, "killed")
+    """A check of 3 seeds where the learning stage ran the final config on 2: it runs the final
+    config on 3 fresh seeds (re-timed, the baseline's runs too); killed mid-way, resumed."""
+    def three_runs(data: dict[str, Any]) -> None:
+        data["final_check"] = {"runs": 3}
+
+    path = small_study(tmp_path, "killed", three_runs)
     db = tmp_path / "killed.db"
     kill_run_when(path, lambda: db.exists() and any(state == "RUNNING" for _, state in _final_trials(db, "killed")),
                   timeout_s=300, what="the final check never had a running trial", poll_s=0.1)
@@ -260,13 +281,13 @@ def test_sigkill_in_the_final_check_then_resume(tmp_path: Path) -> None:
 
     result = cli("resume", "killed", "--storage", f"sqlite:///{db}", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "overall gain (final check, 2 paired seeds)" in result.stdout
+    assert "overall gain (final check, 3 paired seeds)" in result.stdout
     after = dict(_final_trials(db, "killed"))
     for number, state in before.items():
         if state == "COMPLETE":
             assert after[number] == "COMPLETE"  # kept, not run again
     data = status_json(tmp_path, "killed")
-    assert data["overall"]["state"] == "measured" and data["overall"]["n_pairs"] == 2
+    assert data["overall"]["state"] == "measured" and data["overall"]["n_pairs"] == 3
     complete = [r for r in data["final_check"]["trials"] if r["state"] == "complete"]
-    assert len(complete) == 2  # the final config on each seed, once (re-timed, the baseline's too)
+    assert len(complete) == 3 and not any(r["carried_from"] for r in complete)  # the final config on each seed, once
     assert not [r for r in data["final_check"]["trials"] if r["state"] in ("running", "waiting")]
