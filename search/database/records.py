@@ -139,6 +139,11 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def stored_score(attrs: Mapping[str, Any], key: str = _SCORE) -> Score | None:
+    """A score a trial stored under ``key`` (its own: ``score``), or None."""
+    return Score(**attrs[key]) if key in attrs else None
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
     """One trial of a stage study as verl-sweep reads it (from ``TrialRecord.of(frozen)``)."""
@@ -186,7 +191,7 @@ class TrialRecord:
             point=t.params or t.system_attrs.get(FIXED_PARAMS_ATTR), assignment=assignment,
             role=assignment.role or Role.CANDIDATE, overrides=a.get(_OVERRIDES, {}),
             run_id=a.get(_RUN_ID), run_dir=a.get(_RUN_DIR), owner=a.get(_OWNER),
-            score=Score(**a[_SCORE]) if _SCORE in a else None, eta=a.get(_ETA),
+            score=stored_score(a), eta=a.get(_ETA),
             eta_interval=None if interval is None else (interval[0], interval[1]), reason=reason,
             closed_as=None if closed is None else CloseReason(closed), failure_kind=a.get(FAILURE_KIND_ATTR),
             carried_from=a.get(_CARRIED_FROM), requeued_because=a.get(_REQUEUED_BECAUSE),

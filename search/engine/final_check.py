@@ -38,7 +38,7 @@ from verl_sweep.search.database import liveness
 from verl_sweep.search.database.study_root import stored_stage_result, stored_study
 from verl_sweep.search.database.records import (Assignment, Decision, Role, StageStudyAttrs, TrialRecord,
                                                 carried_attrs, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records, set_attrs,
-                                                stage_study_name, started_attrs)
+                                                stage_study_name, started_attrs, stored_score)
 from verl_sweep.search.spec.study_file import FINAL_STAGE, StudySpec
 from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
@@ -209,8 +209,8 @@ def stored_overall(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tup
 
 def own_baseline_runs(trials: Sequence[TrialRecord]) -> list[tuple[int | None, Score]]:
     """The baseline's runs a final config's runs carry (``BASELINE_SCORE``): its own, re-timed."""
-    return [(t.seed, Score(**t.frozen.user_attrs[BASELINE_SCORE])) for t in trials
-            if t.role is Role.CANDIDATE and t.state == TrialState.COMPLETE and BASELINE_SCORE in t.frozen.user_attrs]
+    return [(t.seed, score) for t in trials if t.role is Role.CANDIDATE and t.state == TrialState.COMPLETE
+            and (score := stored_score(t.frozen.user_attrs, BASELINE_SCORE)) is not None]
 
 
 def measure(trials: Sequence[TrialRecord], retime: PhaseRatios | None = None) -> Overall | None:
@@ -390,11 +390,13 @@ class FinalCheck:
     def _tell(self, item: _Active, outcome: ProbeOutcome, baseline: list[tuple[int | None, Score]]) -> None:
         trial = item.trial
         if item.role is Role.INCUMBENT and self.retime is not None:
-            outcome = self._at_baseline_layout(item, outcome)
+            outcome, ratio = self._at_baseline_layout(item, outcome)
+            if ratio is not None:
+                set_attrs(trial, {BASELINE_TIME_RATIO: ratio})
         elif self.own_baseline:  # the final config's run is the baseline's learning: re-timed, its run too
-            own = self._at_baseline_layout(item, outcome)
+            own, ratio = self._at_baseline_layout(item, outcome)
             if own.score is not None and own.state is ProbeState.COMPLETE:
-                set_attrs(trial, {BASELINE_SCORE: dataclasses.asdict(own.score)})
+                set_attrs(trial, {BASELINE_SCORE: dataclasses.asdict(own.score), BASELINE_TIME_RATIO: ratio})
                 baseline = [*baseline, (item.seed, own.score)]
         set_attrs(trial, outcome_attrs(probe=outcome.summary(),
                                        score=None if outcome.score is None else dataclasses.asdict(outcome.score),
@@ -429,22 +431,21 @@ class FinalCheck:
                                     reason=outcome.reason + (" (queued again)" if retried else ""), requeued=retried,
                                     stderr_tail=outcome.stderr_tail)
 
-    def _at_baseline_layout(self, item: _Active, outcome: ProbeOutcome) -> ProbeOutcome:
+    def _at_baseline_layout(self, item: _Active, outcome: ProbeOutcome) -> tuple[ProbeOutcome, float | None]:
         """A run of the baseline's learning at the speed stages' layout, scored with its steps
-        as long as the baseline's layout takes (``self.retime``)."""
+        as long as the baseline's layout takes (``self.retime``), and its seconds over its own
+        (None where it did not finish or cannot be scored so)."""
         assert self.retime is not None
         if outcome.state is not ProbeState.COMPLETE:
-            return outcome
+            return outcome, None
         steps = item.probe.steps
         slow = retimed(steps, self.retime)
         try:
             score = item.probe.score_of(slow)
         except ScoreError as e:
             return dataclasses.replace(outcome, state=ProbeState.FAILED, score=None,
-                                       reason=f"cannot be scored at the baseline's layout: {e}")
-        ratio = seconds(slow) / max(1e-12, seconds(steps))
-        set_attrs(item.trial, {BASELINE_TIME_RATIO: ratio})
-        return dataclasses.replace(outcome, score=score)
+                                       reason=f"cannot be scored at the baseline's layout: {e}"), None
+        return dataclasses.replace(outcome, score=score), seconds(slow) / max(1e-12, seconds(steps))
 
     def _finish(self) -> None:
         trials = self._trials()
