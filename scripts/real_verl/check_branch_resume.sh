@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Branching from a checkpoint with real verl 0.9.1: checks docs/verl-resume.md on the GPU.
-# Not run yet (written without a GPU).
+# Ran on an H100 on 2026-12-07, every check passed (docs/device-runs/2026-12-07-h100-branch-resume;
+# its lr-patched copy was rewritten by this script's own torch code then, the launchers' since).
 #
 # What it runs: the tiny GRPO of scripts/real_verl/make_tiny.py (3.2M Qwen2, sevens reward), with
 # in-loss KL (kl_loss_coef 0.001) and adaptive in-reward KL (kl_ctrl.kl_coef 0.001).
 #   base        4 steps at lr 1e-4, mini-batch 32 (1 optimizer step a step), saves global_step_4
 #   lr-plain    resume, optim.lr=3e-4, data.seed=123, 3 steps
 #   lr-patched  resume from a copy of the checkpoint whose optimizer param groups and scheduler
-#               base_lrs were rewritten to 3e-5, optim.lr=3e-5, 3 steps
+#               base_lrs were rewritten to 3e-5 (launchers/verl_checkpoints.py), optim.lr=3e-5, 3 steps
 #   mb-kl       resume, ppo_mini_batch_size 8 (4 optimizer steps a step), micro 32,
 #               kl_loss_coef 0.01, kl_ctrl.kl_coef 0.005, 3 steps
 # The three branches run at once on the one GPU, each with its own Ray (as the study's probes do).
@@ -79,21 +80,11 @@ train() {  # train NAME [overrides...]: one main_ppo run under $W/NAME (its own 
   grep -E "Traceback|Error" "$d/train.log" | tail -3
 }
 
-patch_lr() {  # patch_lr DIR NEW_LR: the branch's copy of the checkpoint, with its lr rewritten
-  python3 - "$1" "$2" <<'PY'
-import glob, sys, torch
-d, new = sys.argv[1], float(sys.argv[2])
-for f in glob.glob(f"{d}/actor/optim_world_size_*_rank_*.pt"):
-    o = torch.load(f, map_location="cpu", weights_only=False)
-    for g in o["param_groups"]:
-        g["lr"] *= new / g["initial_lr"]; g["initial_lr"] = new
-    torch.save(o, f)
-for f in glob.glob(f"{d}/actor/extra_state_world_size_*_rank_*.pt"):
-    e = torch.load(f, map_location="cpu", weights_only=False); s = e["lr_scheduler"]
-    s["_last_lr"] = [lr * new / b for lr, b in zip(s["_last_lr"], s["base_lrs"])]; s["base_lrs"] = [new] * len(s["base_lrs"])
-    torch.save(e, f)
-print("patched", d, "to lr", new)
-PY
+patch_lr() {  # patch_lr SRC_STEP_DIR DST_ROOT NEW_LR: the branch's copy of the checkpoint, its lr
+  # rewritten by the launchers' own code (what train mode runs before a branch that changes the lr)
+  PYTHONPATH=$PWD:${PYTHONPATH:-} python3 -c 'import sys
+from verl_sweep.launchers.verl_checkpoints import branch_checkpoint
+print("patched", branch_checkpoint(sys.argv[1], sys.argv[2], lr=float(sys.argv[3])).step_dir, "to lr", sys.argv[3])' "$@"
 }
 
 BRANCH=(trainer.resume_mode=resume_path trainer.total_training_steps=7 trainer.save_freq=100)  # saves at its last step
@@ -102,8 +93,7 @@ for phase in "${@:-base branches check}"; do for p in $phase; do case $p in
     train base trainer.resume_mode=disable trainer.total_training_steps=4 trainer.save_freq=4 ;;
   branches)
     [ -f "$BASE_CKPT/actor/optim_world_size_1_rank_0.pt" ] || { echo "no base checkpoint at $BASE_CKPT"; exit 1; }
-    rm -rf "$W/patched-src"; mkdir -p "$W/patched-src"; cp -r "$BASE_CKPT" "$W/patched-src/"
-    patch_lr "$W/patched-src/global_step_4" 3e-5 || exit 1
+    rm -rf "$W/patched-src"; patch_lr "$BASE_CKPT" "$W/patched-src" 3e-5 || exit 1
     train lr-plain "${BRANCH[@]}" trainer.resume_from_path="$BASE_CKPT" actor_rollout_ref.actor.optim.lr=3e-4 data.seed=123 &
     sleep 20
     train lr-patched "${BRANCH[@]}" trainer.resume_from_path="$W/patched-src/global_step_4" actor_rollout_ref.actor.optim.lr=3e-5 &
