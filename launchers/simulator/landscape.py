@@ -467,6 +467,10 @@ class Landscape:
         configured = g("trainer.total_training_steps")
         last_step = int(configured) if configured is not None else exp.steps_per_epoch * int(g("trainer.total_epochs"))
         save_s = self.checkpoint_s(config)
+        # A run's first step, fresh or resumed, carries vLLM's and the workers' first calls: on
+        # real verl 0.9.1 ~22-30 s more than the steps after it at 3.2M and 0.36B parameters
+        # alike, mostly outside the timed phases (docs/device-runs/2026-12-07-h100-branch-resume)
+        first_step_s = float(self._s("timing").get("first_step_s", 0.0))
         batch, mini = int(g("data.train_batch_size")), int(g("actor_rollout_ref.actor.ppo_mini_batch_size"))
         rollouts = int(g("actor_rollout_ref.rollout.n"))  # responses a prompt: the KL controller's n_steps
         updates = max(1, int(g("actor_rollout_ref.actor.ppo_epochs"))) * -(-batch // mini)
@@ -482,7 +486,7 @@ class Landscape:
             factor = run_time_factor * math.exp(step_sd * z[0])
             for p in phases:  # a fresh dict each step: scaled in place
                 phases[p] *= factor
-            step_time = sum(phases.values())
+            step_time = sum(phases.values()) + (first_step_s if step == start + 1 else 0.0)
             reward = smooth + curve.reward_sd * z[1]
             ref_kl = kl_ref_scale * progress * excess * math.exp(0.05 * z[2])
             ppo_kl = ppo_kl_scale * math.exp(0.2 * z[3])
