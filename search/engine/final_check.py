@@ -37,8 +37,8 @@ from verl_sweep.objectives.score import Eta, Metric, Score, ScoreError, eta as e
 from verl_sweep.search.database import liveness
 from verl_sweep.search.database.study_root import stored_stage_result, stored_study
 from verl_sweep.search.database.records import (Assignment, Decision, Role, StageStudyAttrs, TrialRecord,
-                                                carried_attrs, eta_attrs, outcome_attrs, owner_attrs, reason_attrs, records, set_attrs,
-                                                stage_study_name, started_attrs, stored_score)
+                                                carried_attrs, eta_attrs, outcome_attrs, owner_attrs, reason_attrs,
+                                                records, set_attrs, stage_study_name, started_attrs, stored_score)
 from verl_sweep.search.spec.study_file import FINAL_STAGE, StudySpec
 from verl_sweep.verl_knowledge import Config, merge, to_overrides
 
@@ -273,25 +273,22 @@ class FinalCheck:
         if _FINAL not in study.user_attrs:
             baseline = spec.baseline_config()
             layout = speed_layout(storage, spec) if probe.metric is Metric.REWARD_RATE else None
-            kept = layout is not None and layout[0] == final
-            carried: list[tuple[float, dict[str, Any]]] = []
-            if layout is not None and kept:
-                found = (_carried(spec, probe, layout[1], source, steps)
-                         for source, steps in kept_runs(storage, spec, final, probe))
+            # no learning stage changed the config: it is the baseline's learning at the speed stages' layout
+            kept = layout[1] if layout is not None and layout[0] == final else None
+            if not study.get_trials(deepcopy=False):  # (else a driver stopped after queuing the runs)
+                found = [] if kept is None else [_carried(spec, probe, kept, source, steps)
+                                                 for source, steps in kept_runs(storage, spec, final, probe)]
                 carried = [e for e in found if e is not None]
-            if study.get_trials(deepcopy=False):
-                pass  # a driver stopped between queuing the runs and storing the configs
-            elif len(carried) >= spec.final_check.runs:
-                # No learning stage changed the config: its runs there are the final config's,
-                # and re-timed the baseline's. Nothing runs.
-                for value, attrs in carried:
-                    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=value, user_attrs=attrs))
-            else:
-                # the final config's runs alone where it is the baseline's learning at the speed stages' layout
-                roles = (Role.CANDIDATE,) if kept else (Role.INCUMBENT, Role.CANDIDATE)
-                for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
-                    for role in roles:
-                        study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
+                if len(carried) >= spec.final_check.runs:
+                    # its runs there are the final config's, and re-timed the baseline's: nothing runs
+                    for value, attrs in carried:
+                        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=value,
+                                                                  user_attrs=attrs))
+                else:  # the final config's runs alone where they are the baseline's learning too
+                    roles = (Role.CANDIDATE,) if kept is not None else (Role.INCUMBENT, Role.CANDIDATE)
+                    for seed in final_seeds(spec):  # paired: the baseline's run, then the final config's, on each seed
+                        for role in roles:
+                            study.enqueue_trial({}, user_attrs=Assignment(role=role, seed=seed).user_attrs())
             if layout is not None:
                 baseline = layout[0]
                 study.set_user_attr(_RETIME, layout[1].to_attr())
@@ -300,12 +297,11 @@ class FinalCheck:
         check = cls(spec, study, launcher, console, probe)
         check._requeue_orphans()
         copies = [t for t in check._trials() if t.carried_from is not None]
-        if copies:
+        if copies and check.retime is not None:
             seeds = ", ".join(str(t.seed) for t in copies)
             console.note(f"final check: no learning stage changed the config, so its runs there (seeds {seeds}) are "
                          f"the final config's and, their steps re-timed to the baseline's layout "
-                         f"(×{check.retime.step if check.retime else 1:.2f} a step at the start), the baseline's: "
-                         "nothing runs")
+                         f"(×{check.retime.step:.2f} a step at the start), the baseline's: nothing runs")
             return check
         seeds = ", ".join(str(s) for s in final_seeds(spec))
         kind = ("probes" if probe.metric is Metric.REWARD_RATE
