@@ -302,6 +302,9 @@ class FinalCheck:
             console.note(f"final check: no learning stage changed the config, so its runs there (seeds {seeds}) are "
                          f"the final config's and, their steps re-timed to the baseline's layout "
                          f"(×{check.retime.step:.2f} a step at the start), the baseline's: nothing runs")
+            for t in copies:
+                assert t.eta is not None and t.eta_interval is not None  # carried_attrs stores them
+                console.trial_finished(study, t.number, Role.CANDIDATE, {}, eta=t.eta, interval=t.eta_interval)
             return check
         seeds = ", ".join(str(s) for s in final_seeds(spec))
         kind = ("probes" if probe.metric is Metric.REWARD_RATE

@@ -133,6 +133,7 @@ def run_small(tmp_path: Path, name: str = "small", change: Callable[[dict[str, A
     path = small_study(tmp_path, name, change)
     result = cli("run", str(path), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (tmp_path / f"{name}.out").write_text(result.stdout + result.stderr)  # what the console said
     return tmp_path
 
 

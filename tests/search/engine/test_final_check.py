@@ -61,6 +61,9 @@ def test_where_no_learning_stage_changed_the_config_its_runs_there_are_the_check
     assert all(r["state"] == "complete" and r["params"] == {} and r["baseline_time_ratio"] > 1.2 for r in runs), runs
     assert {r["seed"] for r in runs} <= set(learning) and all(r["carried_from"] for r in runs), runs
     assert data["final_check"]["gpu_hours"] == 0  # nothing ran
+    said = (finished / "small.out").read_text()
+    for r in runs:  # each carried run has its finished line, as a stage's carried runs do
+        assert re.search(rf"\[final\] trial {r['number']} candidate η {r['eta']:.3f}", said), said[-3000:]
 
     spec = load_study(finished / "small.yaml")
     final = optuna.load_study(study_name="small.final", storage=f"sqlite:///{finished}/small.db")
