@@ -136,6 +136,41 @@ def speed_layout(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple
     return None if ratios is None else (fast, ratios)
 
 
+def baseline_learning_step_s(storage: optuna.storages.BaseStorage, spec: StudySpec) -> float | None:
+    """The baseline's seconds a training step over a learning probe, before the final check
+    measures it: the first learning stage's own incumbent runs (the baseline's learning from
+    step 1, at the speed stages' layout where they changed it, each step then re-timed to the
+    baseline's layout). A speed probe's few steps read the step before the responses lengthen;
+    these read a probe's whole length. None where none finished or their steps are not here."""
+    from verl_sweep.search.method.run_cost import probe_step_s
+    from verl_sweep.search.method.stage import stages_of
+
+    first = next((i for i, stage in enumerate(stages_of(spec)) if stage.learns), None)
+    study = None if first is None else stored_study(storage, stage_study_name(spec, spec.stages[first]))
+    base = StageStudyAttrs.of(study.user_attrs).base_config if study is not None else None
+    if study is None or base is None:
+        return None
+    layout = speed_layout(storage, spec)
+    if layout is not None and layout[0] == base:
+        ratios: PhaseRatios | None = layout[1]
+    elif base == spec.baseline_config():
+        ratios = None  # no speed stage changed the config: its runs are the baseline's own
+    else:
+        return None
+    times = []
+    for t in records(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
+        step_s = probe_step_s(t.probe, spec.hardware.n_gpus)
+        if t.role is not Role.INCUMBENT or t.carried_from or t.run_dir is None or step_s is None:
+            continue
+        if ratios is not None:
+            steps = read_all(RunDir(Path(t.run_dir)).metrics)
+            if not steps:
+                continue  # its run directory is on another machine
+            step_s *= seconds(retimed(steps, ratios)) / max(1e-12, seconds(steps))
+        times.append(step_s)
+    return sum(times) / len(times) if times else None
+
+
 def kept_runs(storage: optuna.storages.BaseStorage, spec: StudySpec, final: Config,
               probe: ProbeSettings) -> list[tuple[TrialRecord, list[StepMetrics]]]:
     """The learning stages' finished runs of ``final``, one a seed, with their steps up to the

@@ -16,8 +16,8 @@ from verl_sweep.launchers.run_dir import RunDir
 from verl_sweep.objectives.metrics import STEP_TIME_KEY
 from verl_sweep.objectives.sources import read_run
 from verl_sweep.search.database import liveness
-from verl_sweep.search.engine.final_check import (BASELINE_STEP_S, BASELINE_TIME_RATIO, final_probe, final_study_name,
-                                                 skip_reason, stored_overall)
+from verl_sweep.search.engine.final_check import (BASELINE_STEP_S, BASELINE_TIME_RATIO, baseline_learning_step_s,
+                                                 final_probe, final_study_name, skip_reason, stored_overall)
 from verl_sweep.search.method.policy import incumbent_run_etas
 from verl_sweep.search.database.records import CloseReason, Role, StageResult, StageStudyAttrs, TrialRecord, records, requeued_numbers, stage_study_name
 from verl_sweep.search.method.run_cost import probe_step_s
@@ -224,7 +224,7 @@ def study_status(storage: "optuna.storages.BaseStorage", spec: StudySpec, *,
 
         data["train"] = train_status(storage, spec, stages, stored, trial_row=_trial_row)
         continuation = data["train"]["continuation"]
-    data["cost"] = _cost(spec, stages, final_entry, overall, run_steps, continuation)
+    data["cost"] = _cost(storage, spec, stages, final_entry, overall, run_steps, continuation)
     return data
 
 
@@ -273,14 +273,20 @@ def simulated(spec: StudySpec) -> bool:
     return kind is not None and not kind.real_gpus
 
 
-def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None) -> float | None:
+def _baseline_step_s(storage: "optuna.storages.BaseStorage", spec: StudySpec, stages: list[dict[str, Any]],
+                     final_entry: dict[str, Any] | None) -> float | None:
     """The baseline's measured seconds a training step: its runs in the final check (a run of
     its learning at the speed stages' layout slowed as its steps were re-timed), else the first
-    stage's incumbent runs (the baseline itself)."""
+    learning stage's incumbent runs (``baseline_learning_step_s``), else the first stage's
+    incumbent runs (the baseline itself; speed probes read the first few steps alone)."""
     rows: list[dict[str, Any]] = []
     if final_entry is not None:  # (a final config's run re-timed as the baseline's carries its ratio too)
         rows = [r for r in final_entry["trials"]
                 if r["state"] == "complete" and (r["role"] == Role.INCUMBENT or BASELINE_TIME_RATIO in r)]
+    if not rows:
+        learning = baseline_learning_step_s(storage, spec)
+        if learning is not None:
+            return learning
     if not rows and stages and stages[0].get("trials"):
         rows = [r for r in stages[0]["trials"] if r["role"] == Role.INCUMBENT and r["state"] == "complete"]
     def step_s(row: dict[str, Any]) -> float | None:
@@ -293,8 +299,9 @@ def _baseline_step_s(spec: StudySpec, stages: list[dict[str, Any]], final_entry:
     return sum(times) / len(times) if times else None
 
 
-def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, Any] | None,
-          overall: dict[str, Any], run_steps: int | None, continuation: dict[str, Any] | None = None) -> dict[str, Any]:
+def _cost(storage: "optuna.storages.BaseStorage", spec: StudySpec, stages: list[dict[str, Any]],
+          final_entry: dict[str, Any] | None, overall: dict[str, Any], run_steps: int | None,
+          continuation: dict[str, Any] | None = None) -> dict[str, Any]:
     """GPU-hours spent, and for a full run of the baseline (R: ``run_steps`` steps, else the
     baseline's own length, else 2,000 assumed) at its measured speed: what it costs, the study's
     cost in R (each stage's too: its ``cost_r``), what the winner saves on it (the same reward
@@ -312,7 +319,7 @@ def _cost(spec: StudySpec, stages: list[dict[str, Any]], final_entry: dict[str, 
     cost: dict[str, Any] = {"gpu_hours_spent": round(spent, 2), "simulated": simulated(spec),
                             "run_steps": run.steps, "run_steps_from": run.how, "run_steps_assumed": run.assumed,
                             "r_gpu_hours": None, "cost_r": None}
-    step_s = _baseline_step_s(spec, stages, final_entry)
+    step_s = _baseline_step_s(storage, spec, stages, final_entry)
     cost["baseline_step_s"] = None if step_s is None else round(step_s, 3)
     full = None if step_s is None or run.steps is None else run.steps * step_s * spec.hardware.n_gpus / 3600.0
     for entry in [*stages, *(e for e in (final_entry, continuation) if e is not None)]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,29 @@ def test_where_no_learning_stage_changed_the_config_its_runs_there_are_the_check
     print(f"SIMULATED overall η {overall['eta']:.3f} [{overall['low']:.3f}, {overall['high']:.3f}] (noise-free "
           f"{truth:.3f}), product of the stages' η {product:.3f}; a baseline step {data['cost']['baseline_step_s']:.1f} s "
           f"(noise-free {step_s:.1f} s)")
+
+
+def test_before_the_final_check_a_full_run_is_priced_from_the_first_learning_stages_runs(finished: Path,
+                                                                                         tmp_path: Path) -> None:
+    """Mid-study (no final check yet), R comes from the first learning stage's incumbent runs:
+    the baseline's learning over a probe's 500 steps at the systems stage's layout, each step
+    re-timed to the baseline's own; not from the systems stage's speed probes, whose first
+    few steps run before the responses lengthen."""
+    import optuna
+
+    from verl_sweep.launchers.simulator import load_landscape
+    from verl_sweep.search.spec.study_file import load_study
+
+    shutil.copy(finished / "small.db", tmp_path / "small.db")  # the runs' directories stay where they are
+    optuna.delete_study(study_name="small.final", storage=f"sqlite:///{tmp_path}/small.db")
+    data = status_json(tmp_path)
+    assert "final_check" not in data
+    spec = load_study(finished / "small.yaml")
+    world = load_landscape("default")
+    step_s = sum(world.step_time(spec.baseline_config(), t) for t in range(1, 501)) / 500
+    first_steps = sum(world.step_time(spec.baseline_config(), t) for t in range(1, 5)) / 4
+    assert first_steps < 0.95 * step_s  # (what the speed probes would read: what this test is about)
+    assert data["cost"]["baseline_step_s"] == pytest.approx(step_s, rel=0.03)
 
 
 def test_the_baselines_runs_are_its_learning_at_the_speed_stages_layout_retimed_to_its_own(tmp_path: Path) -> None:
