@@ -37,7 +37,8 @@ from verl_sweep.verl_knowledge.rules import (KNOWN_ADV_ESTIMATORS, MAX_ULYSSES, 
                                              data_parallel_ranks, doubts, kl_keys, kl_keys_in_use, mini_batch_problem,
                                              notes, rollout_tp_sizes, type_problems, ulysses_size, ulysses_sizes)
 from verl_sweep.verl_knowledge.templates import Template, template_for
-from verl_sweep.verl_knowledge.verl_check import VerlValidator, key_for, validate_with_verl, verl_available, verl_version
+from verl_sweep.verl_knowledge.verl_check import (VerlValidator, key_for, validate_with_verl, verl_available,
+                                                  verl_config_available, verl_version)
 from verl_sweep.verl_knowledge.verl_messages import missing_config_packages
 
 __all__ = [
@@ -71,5 +72,6 @@ __all__ = [
     # the parallel-layout templates
     "Template", "template_for",
     # verl's own checks and messages
-    "VerlValidator", "key_for", "missing_config_packages", "validate_with_verl", "verl_available", "verl_version",
+    "VerlValidator", "key_for", "missing_config_packages", "validate_with_verl", "verl_available",
+    "verl_config_available", "verl_version",
 ]

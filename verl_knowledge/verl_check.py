@@ -116,10 +116,37 @@ def verl_available() -> bool:
     return True
 
 
-def _config_dir() -> str:
-    import verl
+@functools.lru_cache(maxsize=1)
+def verl_config_available() -> bool:
+    """True when Hydra and verl's config directory are here: enough to compose a config (which
+    keys verl has) without importing verl, whose torch and tensordict take ~5 s a process."""
+    try:
+        import hydra  # noqa: F401
+    except Exception as e:
+        logger.debug("hydra is not importable: %s", e)
+        return False
+    found = _find_config_dir()
+    return found is not None and os.path.isfile(os.path.join(found, "ppo_trainer.yaml"))
 
-    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+
+def _find_config_dir() -> str | None:
+    """verl's ``trainer/config`` directory, found without importing verl."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("verl")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.join(list(spec.submodule_search_locations)[0], "trainer", "config")
+
+
+def _config_dir() -> str:
+    found = _find_config_dir()
+    if found is None:
+        raise ModuleNotFoundError("verl is not installed here")
+    return found
 
 
 class VerlValidator:

@@ -233,10 +233,11 @@ def validate_study(spec: StudySpec, *, with_verl: bool = True,
 def compose_problem(base: Config) -> str | None:
     """Why verl's Hydra would refuse the baseline's keys, or None (also without verl here, and
     where a config package the baseline names is not here to say which keys it adds)."""
-    from verl_sweep.verl_knowledge import VerlValidator, verl_available
+    from verl_sweep.verl_knowledge import VerlValidator, verl_config_available
     from verl_sweep.verl_knowledge import missing_config_packages
 
-    if not verl_available() or missing_config_packages(base):
+    # Hydra and verl's config files alone: a study refused for its own sake later pays no verl import
+    if not verl_config_available() or missing_config_packages(base):
         return None
     with VerlValidator() as verl:
         return verl.compose_problem(base)

@@ -129,6 +129,27 @@ def test_bad_study(tmp_path: Path, label: str, change: Change, message: str) -> 
     assert not list(tmp_path.glob("*.db")), "bad input must create no database"
 
 
+@pytest.mark.parametrize("change,message", [
+    (_set("stages/0/space", "warp"), r"space must be one of"),
+    (_set("baseline/actor_rollout_ref.actor.optim.lrr", 1e-6), r"verl has no key 'lrr'.*did you mean `lr`"),
+], ids=["the study's own problem", "a key verl lacks"])
+def test_a_refusal_before_verls_own_checks_imports_no_verl(tmp_path: Path, change: Change, message: str) -> None:
+    """Which keys verl has is read from its config files with Hydra alone: a study refused
+    before verl's validation runs answers without importing verl (torch and tensordict, ~5 s)."""
+    import subprocess
+    import sys
+
+    path = write_study(tmp_path, _edit(change), "tiny.yaml")
+    code = ("import sys\nfrom verl_sweep.search.commands.cli import main\n"
+            f"sys.argv = ['verl-sweep', 'validate', {str(path)!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+            "print('verl imported:', 'verl' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "exit 2" in result.stdout, result.stdout + result.stderr[-2000:]
+    assert re.search(message, result.stderr), result.stderr[-2000:]
+    assert "verl imported: False" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("label,content,message", RAW_FILES, ids=[c[0] for c in RAW_FILES])
 def test_bad_file(tmp_path: Path, label: str, content: bytes, message: str) -> None:
     path = tmp_path / "study.yaml"
