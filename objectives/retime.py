@@ -125,3 +125,8 @@ def retimed(steps: Sequence[StepMetrics], ratios: PhaseRatios) -> list[StepMetri
 def seconds(steps: Sequence[StepMetrics]) -> float:
     """The steps' logged seconds, summed (a step without a time counts none)."""
     return sum(s.get(STEP_TIME_KEY) or 0.0 for s in steps)
+
+
+def time_ratio(slow: Sequence[StepMetrics], steps: Sequence[StepMetrics]) -> float:
+    """How many times longer ``slow`` (``steps`` re-timed) takes than ``steps``."""
+    return seconds(slow) / max(1e-12, seconds(steps))

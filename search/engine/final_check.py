@@ -32,7 +32,7 @@ from verl_sweep.launchers.base import LauncherError, NoCapacityError, RunSpec
 from verl_sweep.launchers.run_dir import RunDir
 from verl_sweep.objectives.metrics import StepMetrics, read_all
 from verl_sweep.objectives.probe import Probe, ProbeOutcome, ProbeSettings, ProbeState, score_steps
-from verl_sweep.objectives.retime import PhaseRatios, retimed, seconds
+from verl_sweep.objectives.retime import PhaseRatios, retimed, time_ratio
 from verl_sweep.objectives.score import Eta, Metric, Score, ScoreError, eta as eta_of, paired_eta
 from verl_sweep.search.database import liveness
 from verl_sweep.search.database.study_root import stored_stage_result, stored_study
@@ -166,7 +166,7 @@ def baseline_learning_step_s(storage: optuna.storages.BaseStorage, spec: StudySp
             steps = read_all(RunDir(Path(t.run_dir)).metrics)
             if not steps:
                 continue  # its run directory is on another machine
-            step_s *= seconds(retimed(steps, ratios)) / max(1e-12, seconds(steps))
+            step_s *= time_ratio(retimed(steps, ratios), steps)
         times.append(step_s)
     return sum(times) / len(times) if times else None
 
@@ -207,7 +207,7 @@ def _carried(spec: StudySpec, probe: ProbeSettings, ratios: PhaseRatios, source:
     except ScoreError:
         return None
     e = paired_eta([(source.seed, own)], [(source.seed, baseline)])
-    ratio = seconds(slow) / max(1e-12, seconds(steps))
+    ratio = time_ratio(slow, steps)
     attrs = carried_attrs(source, eta=(e.value, e.low, e.high), role=Role.CANDIDATE, score=dataclasses.asdict(own))
     attrs.update({BASELINE_SCORE: dataclasses.asdict(baseline), BASELINE_TIME_RATIO: ratio})
     step_s = probe_step_s(source.probe, spec.hardware.n_gpus)
@@ -479,7 +479,7 @@ class FinalCheck:
         except ScoreError as e:
             return dataclasses.replace(outcome, state=ProbeState.FAILED, score=None,
                                        reason=f"cannot be scored at the baseline's layout: {e}"), None
-        return dataclasses.replace(outcome, score=score), seconds(slow) / max(1e-12, seconds(steps))
+        return dataclasses.replace(outcome, score=score), time_ratio(slow, steps)
 
     def _finish(self) -> None:
         trials = self._trials()

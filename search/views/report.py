@@ -33,7 +33,7 @@ from verl_sweep.objectives.metrics import REWARD_KEY
 from verl_sweep.objectives.sources import read_run
 from verl_sweep.search.views import export
 from verl_sweep.search.database.records import Role, TrialRecord, records, stage_study_name
-from verl_sweep.search.views.status import cost_lines, finished_results, overall_line, r_text, study_status, trial_gpu_summary
+from verl_sweep.search.views.status import cost_lines, overall_line, r_text, results_of, study_status, trial_gpu_summary
 from verl_sweep.search.engine.final_check import BASELINE_TIME_RATIO
 from verl_sweep.search.views.train import schedule as train_schedule, schedule_yaml as train_schedule_yaml
 from verl_sweep.search.spec.study_file import StageSettings, StudySpec
@@ -543,7 +543,7 @@ def build_report(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, run
     parts.append("<h2>Pruned and failed trials</h2>" + _reasons_table(status))
     parts.append("<h2>GPU utilisation</h2>" + _gpu_table(stages))
 
-    results = finished_results(storage, spec)
+    results = results_of(status)
     parts.append("<h2>Exported config</h2>")
     if results:
         plan = None if train is None else train_schedule(status, results[-1].config)

@@ -410,11 +410,12 @@ def train_total_line(cost: dict[str, Any], tag: str = "") -> str:
 
 
 def finished_results(storage: "optuna.storages.BaseStorage", spec: StudySpec) -> list[StageResult]:
-    out = []
-    for stage in study_status(storage, spec)["stages"]:
-        if stage.get("winner"):
-            out.append(StageResult.of(stage["winner"]))
-    return out
+    return results_of(study_status(storage, spec))
+
+
+def results_of(status: dict[str, Any]) -> list[StageResult]:
+    """The decided stages' results, in order, from a ``study_status`` answer."""
+    return [StageResult.of(stage["winner"]) for stage in status["stages"] if stage.get("winner")]
 
 
 def study_progress(storage: "optuna.storages.BaseStorage", spec: StudySpec, *, simulated: bool = False) -> "StudyProgress":

@@ -127,8 +127,9 @@ def wait_for_root(storage: str, name: str, timeout_s: float = 180) -> None:
 
 
 def all_trials(storage: str, name: str, *, retry_s: float = 60.0) -> dict[str, list[Any]]:
-    """Every stage study's trials. A server that is restarting (the fault tests restart it; its
-    shutdown can outlast the restart command's return) is asked again for up to ``retry_s``."""
+    """Every stage study's trials, studies moved aside included. A server that is restarting (the
+    fault tests restart it; its shutdown can outlast the restart command's return) is asked again
+    for up to ``retry_s``."""
     import optuna
     import sqlalchemy
 
@@ -144,6 +145,11 @@ def all_trials(storage: str, name: str, *, retry_s: float = 60.0) -> dict[str, l
                         out[study_name] = optuna.load_study(study_name=study_name,
                                                             storage=opened).get_trials(deepcopy=False)
             return out
+        except KeyError:
+            # A worker moved a study opened ahead aside (renamed it) between the listing and the
+            # load: list again, it shows under its new name.
+            if time.monotonic() > deadline:
+                raise
         except (sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
             if time.monotonic() > deadline:
                 raise
