@@ -166,7 +166,8 @@ def cap_projection(storage: optuna.storages.BaseStorage, spec: StudySpec, index:
         skipped = stored.result is not None and stored.result.decision is Decision.SKIPPED
         stages.append(StageCost(trials=stored.trials(), base=attrs.base_config or {},
                                 start_step=attrs.branch.step if attrs.branch is not None else 0,
-                                ran_learning=Stage.of(spec, earlier).branches and not skipped))
+                                ran_learning=Stage.of(spec, earlier).branches and not skipped,
+                                probe_steps=attrs.probe_steps))
     return project(stages, cap=spec.train.max_cost_r, n_gpus=spec.hardware.n_gpus, run_steps=run_steps_of(spec),
                    chain_step=chain_point(storage, spec, index).step, base=base, branch_steps=plan.probe_steps)
 

@@ -40,15 +40,27 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return statistics.fmean(known) if known else None
 
 
+def _at_length(probe: Mapping[str, Any], n_gpus: int, steps: int | None, branch_steps: int) -> float:
+    """A learning run's GPU-seconds had its stage run ``branch_steps`` steps, not ``steps``: its
+    training scaled, its start-up as it was (a 500-step first stage prices the 150-step
+    branches after it at 150 steps). A run stopped early stays as short, in proportion."""
+    gpu_s = probe["gpu_time_s"]
+    if not steps or steps == branch_steps:
+        return gpu_s
+    startup_s = min(probe.get("startup_s") or 0.0, gpu_s / max(1, n_gpus))
+    return (startup_s + (gpu_s / max(1, n_gpus) - startup_s) * branch_steps / steps) * n_gpus
+
+
 @dataclasses.dataclass(frozen=True)
 class StageCost:
     """A stage as the cost cap reads it: its trials, the config it started from, where its
-    branches started, whether it is a learning stage that ran (not skipped)."""
+    branches started, whether it is a learning stage that ran (not skipped), its runs' steps."""
 
     trials: list[TrialRecord]
     base: Config
     start_step: int
     ran_learning: bool
+    probe_steps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +116,8 @@ def project(stages: Sequence[StageCost], *, cap: float, n_gpus: int, run_steps: 
         if step_s is not None:
             break
     step_s = step_s or baseline_s
-    learning = [t.probe["gpu_time_s"] for s in stages if s.ran_learning for t in s.trials if t.probe.get("gpu_time_s")]
+    learning = [_at_length(t.probe, n_gpus, s.probe_steps, branch_steps)
+                for s in stages if s.ran_learning for t in s.trials if t.probe.get("gpu_time_s")]
     per_run_s = statistics.fmean(learning) if learning else (branch_steps * step_s + startup_s) * n_gpus
     rest = max(run_steps - chain_step, 0)
     return Projection(cap=cap, spent_s=sum(t.probe.get("gpu_time_s") or 0.0 for t in done), per_run_s=per_run_s,

@@ -174,6 +174,28 @@ def test_a_first_stage_of_its_own_length_then_branches_off_its_grid(tmp_path: Pa
     assert model is not None and model.step == RUN_STEPS
 
 
+def test_the_cap_prices_a_branch_at_its_own_length_after_a_longer_first_stage(tmp_path: Path) -> None:
+    """A first stage of 400-step runs: the cap prices the next stage's 100-step branches near
+    what they then cost, not at the first stage's runs' whole length (which left it no room)."""
+    from statistics import fmean
+
+    from verl_sweep.search.engine.chain import cap_projection
+
+    spec = _spec()
+    data = spec.model_dump(mode="json")
+    data["stages"][0]["probe_steps"] = 4 * BRANCH
+    data["train"]["max_cost_r"] = 100.0  # priced, never binding
+    spec = type(spec).model_validate(data)
+    _, storage = _run(spec, tmp_path)
+    second, runs = _stage(storage, spec, 1)
+    projection = cap_projection(storage, spec, 1, second.base_config or {})
+    _, first_runs = _stage(storage, spec, 0)
+    long_s = fmean(t.probe["gpu_time_s"] for t in first_runs if t.probe.get("gpu_time_s"))
+    branch_s = fmean(t.probe["gpu_time_s"] for t in runs if t.probe.get("gpu_time_s"))
+    assert projection is not None and long_s > 2 * branch_s
+    assert 0.75 * branch_s <= projection.per_run_s <= 1.33 * branch_s, (projection.per_run_s, branch_s, long_s)
+
+
 def test_a_missing_chain_checkpoint_stops_the_study_with_its_path(tmp_path: Path) -> None:
     spec = _spec()
     _, storage = _run(spec, tmp_path)
