@@ -298,6 +298,35 @@ def test_the_h200_05b_world_ranks_seed_000s_template_as_the_real_runs() -> None:
     assert not 0.9 <= ratio(uncalibrated) <= 1.02, ratio(uncalibrated)
 
 
+def _within_run_log_sd(runs: list[list[float]]) -> tuple[float, int]:
+    """The pooled standard deviation of log values within each run, and its degrees of freedom."""
+    import math
+    import statistics
+
+    logged = [[math.log(v) for v in run] for run in runs if len(run) >= 2]
+    df = sum(len(run) - 1 for run in logged)
+    return math.sqrt(sum(statistics.variance(run) * (len(run) - 1) for run in logged) / df), df
+
+
+def test_the_h200_05b_world_jitters_from_step_to_step_as_the_real_probes() -> None:
+    """The real probes' tokens/s after step 1 moved 2% (baseline) and up to 21% (template) from
+    step to step: a pooled sd of ~9% in log. A speed probe's settling, and the speed stages'
+    cost and decisions, depend on it: the world's runs must jitter as much (within the real
+    figure's 90% interval, and within a quarter of it; the default world's 3% fails both)."""
+    import math
+
+    from scipy import stats
+
+    land, configs, steps = _h200_05b()
+    real, df = _within_run_log_sd([[s["perf/total_num_tokens"] / s["timing_s/step"] for s in run[1:]]
+                                   for run in steps.values()])
+    low, high = (real * math.sqrt(df / stats.chi2.ppf(q, df)) for q in (0.95, 0.05))
+    run = {**configs["baseline"], "trainer.total_training_steps": 5}
+    simulated, _ = _within_run_log_sd([[float(r.metrics["perf/throughput"]) for r in land.simulate({**run, "data.seed": seed})][1:]
+                                       for seed in range(40)])
+    assert low <= simulated <= high and abs(simulated / real - 1) < 0.25, (simulated, real, low, high)
+
+
 def test_the_h200_05b_world_starts_up_as_the_real_probes() -> None:
     """Launch → step 1 of the two real probes: 214.8 s (baseline) and 211.2 s (template), the
     device record's startup_s; the world's start-up (the same for every config) lies between.

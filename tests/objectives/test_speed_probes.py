@@ -186,7 +186,7 @@ def test_the_shipped_h200_study_validates_with_verl() -> None:
     spec = load_study(REPO / "studies" / "h200-05b-throughput.yaml")
     problems, lines = validate_study(spec)
     assert problems == []
-    assert spec.probe.speed_settle_tolerance == 0.05 and spec.launcher.options["probes_per_gpu"] == 1
+    assert spec.probe.speed_settle_tolerance == 0.10 and spec.launcher.options["probes_per_gpu"] == 1
 
 
 def test_starting_points_are_the_fewest_largest_passes_that_fit() -> None:
