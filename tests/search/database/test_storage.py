@@ -54,7 +54,7 @@ def test_postgres_calls_reuse_one_connection() -> None:
 
 @pytest.mark.postgres
 def test_postgres_pool_pings_only_a_connection_that_lay_idle(monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
+    import types
 
     from verl_sweep.search.database import pg_pool
     from verl_sweep.search.database.storage import open_storage
@@ -62,14 +62,18 @@ def test_postgres_pool_pings_only_a_connection_that_lay_idle(monkeypatch: pytest
     pings: list[object] = []
     real_ping = pg_pool._ping
     monkeypatch.setattr(pg_pool, "_ping", lambda connection: (pings.append(1), real_ping(connection)))
-    monkeypatch.setattr(pg_pool, "PING_AFTER_IDLE_S", 1.0)  # long enough for a busy machine
+    # The pool's clock stands still unless the test moves it: on a busy machine real checkouts
+    # a few milliseconds apart can lie a second apart, and the count below is about idleness,
+    # not about how fast this machine is.
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(pg_pool, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     storage = open_storage(require_pg())
     name = _new_study(storage)
     assert pings == [], "a new connection needs no ping"
-    time.sleep(1.1)
+    clock.now += pg_pool.PING_AFTER_IDLE_S * 1.1
     _ask_tell(storage, name, 3)  # 30+ checkouts, each right after the last
-    assert len(pings) == 1, "only the first checkout, after 1.1 s idle, should ping"
-    time.sleep(1.1)
+    assert len(pings) == 1, "only the first checkout, after lying idle, should ping"
+    clock.now += pg_pool.PING_AFTER_IDLE_S * 1.1
     _ask_tell(storage, name, 1)
     assert len(pings) == 2
 
