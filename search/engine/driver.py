@@ -78,8 +78,9 @@ class StudyRunner:
         self.console: StudyListener = Broadcast(console, *listeners) if listeners else console
         self.build_space = build_space
         self.poll_interval_s = launcher.poll_interval_s if poll_interval_s is None else poll_interval_s
-        self.ctx = Context(spec, storage, launcher, self.console, build_space, leave_at_end=leave_at_end)
         self._stop_requested: str | None = None
+        self.ctx = Context(spec, storage, launcher, self.console, build_space, leave_at_end=leave_at_end,
+                           stop_requested=lambda: self._stop_requested)
         #: this process's runs ahead into the next stage, and whether the loop follows them now
         self.ahead: StageLoop | None = None
         self._following_ahead = False
@@ -89,6 +90,13 @@ class StudyRunner:
     def request_stop(self, why: str) -> None:
         """Called from a signal handler: finish the current poll, then stop cleanly."""
         self._stop_requested = why
+
+    def _sleep_unless_stopped(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, ending early when a stop is requested (the loop then stops):
+        a database outage's back-off grows to 30 s, and a SIGTERM must not wait it out."""
+        deadline = time.monotonic() + seconds
+        while not self._stop_requested and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     def run(self) -> Config:
         """Run every stage not yet finished; returns the final config. Raises BadInputError
@@ -211,7 +219,7 @@ class StudyRunner:
                     # whatever was not stored is retried on the next pass.
                     self.console.note(f"database unavailable ({describe_db_error(e)}); retrying in {delay:.0f} s")
                     reset_connections(self.storage)
-                    time.sleep(delay)
+                    self._sleep_unless_stopped(delay)
                     delay = min(delay * 2, 30.0)
                     continue
                 self.launcher.wait(self.poll_interval_s if loop.stage.learns else

@@ -50,6 +50,8 @@ class Context:
     build_space: Callable[..., Space]
     #: a worker that leaves once the last stage has nothing left but other processes' runs
     leave_at_end: bool = False
+    #: why this process was asked to stop (None: it was not): blocking waits end on it
+    stop_requested: Callable[[], str | None] = lambda: None
 
 
 class StageLoop:
@@ -113,7 +115,8 @@ class StageLoop:
 
         opened = with_retries(lambda: StageStudy.open(ctx.storage, plan, base, ahead_of=ahead_of,
                                                       launcher=ctx.launcher, on_vacated=_vacated_note(console),
-                                                      learn_ooms=not space.oom_clamped, branch=branch),
+                                                      learn_ooms=not space.oom_clamped, branch=branch,
+                                                      stop_requested=ctx.stop_requested),
                               what="open the stage study")
         if opened is None:
             return None

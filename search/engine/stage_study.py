@@ -20,7 +20,7 @@ from optuna.trial import TrialState, create_trial
 
 from verl_sweep.objectives.score import Score, eta as eta_of
 from verl_sweep.search.database import liveness
-from verl_sweep.search.spec.errors import SweepError
+from verl_sweep.search.spec.errors import Interrupted, SweepError
 from verl_sweep.search.method.proposer import first_points
 from verl_sweep.search.method.pruning import IncumbentPruner
 from verl_sweep.search.database.study_root import stored_study
@@ -90,12 +90,14 @@ class StageStudy:
     def open(cls, storage: optuna.storages.RDBStorage, plan: Stage, base: Config, *,
              ahead_of: str | None = None, launcher: Launcher | None = None,
              on_vacated: Callable[[str, str, str], None] | None = None,
-             learn_ooms: bool = True, branch: ChainPoint | None = None) -> tuple[StageStudy, bool] | None:
+             learn_ooms: bool = True, branch: ChainPoint | None = None,
+             stop_requested: Callable[[], str | None] = lambda: None) -> tuple[StageStudy, bool] | None:
         """Create or join the study of stage ``plan`` from ``base``; (study, created). None
         when ``ahead_of`` is given and another worker already runs the stage ahead from
         another leader. A study opened ahead from a leader that lost is moved aside first.
         ``learn_ooms``: for ``build_sampler``; ``branch``: train mode's checkpoint its runs
-        branch from."""
+        branch from; ``stop_requested``: why this process was asked to stop (None: it was not),
+        which ends a wait for another worker (``wait_initialized``)."""
         spec, stage = plan.spec, plan.settings
         name = stage_study_name(spec, stage)
         pruner = plan.pruner()
@@ -121,7 +123,7 @@ class StageStudy:
             except KeyError:
                 continue  # moved aside since create_study found it
             # Its creator sets the base (and whether it runs ahead) before "initialized".
-            existing.wait_initialized()
+            existing.wait_initialized(stop_requested=stop_requested)
             stored = existing.attrs()
             if stored.base_config is not None and stored.base_config != base:
                 if ahead_of is not None:
@@ -167,13 +169,19 @@ class StageStudy:
             study.set_user_attr(key, value)
         return result
 
-    def wait_initialized(self, timeout_s: float = 60.0) -> None:
+    def wait_initialized(self, timeout_s: float = 60.0,
+                         stop_requested: Callable[[], str | None] = lambda: None) -> None:
         """Another worker created the stage: wait until it has queued the stage's first trials,
-        or a fresh trial could take a place in the budget before them."""
+        or a fresh trial could take a place in the budget before them. A stop request (SIGTERM)
+        ends the wait: its creator may have died before initializing it, and the wait is a
+        minute."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.attrs().initialized:  # by id: it may be moved aside meanwhile
                 return
+            why = stop_requested()
+            if why:
+                raise Interrupted(why)
             time.sleep(0.5)
 
     def stored_attrs(self) -> StageStudyAttrs:

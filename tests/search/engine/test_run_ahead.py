@@ -211,3 +211,30 @@ def test_opening_a_stage_while_another_worker_moves_it_aside_starts_over(tmp_pat
     real, created = reopened
     assert created and real.name == f"demo.{stage.name}" and real.study_id != ahead.study_id
     assert real.attrs().base_config == baseline and ahead.moved_aside()
+
+
+def test_a_stop_ends_the_wait_for_a_stage_whose_creator_died_before_initializing_it(tmp_path: Path) -> None:
+    """A worker that finds a stage study another process created waits (up to a minute) for
+    its first trials; if the creator was killed before queueing them, the wait runs to its end.
+    A SIGTERM in that wait stopped the worker only after it (a worker's clean stop took > 30 s
+    in the fault test): a stop request ends the wait at once."""
+    import pytest
+
+    from verl_sweep.search.database.records import stage_study_name
+    from verl_sweep.search.spec.errors import Interrupted
+
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    plan = Stage.of(spec, 1)
+    # the creator's create_study, and nothing after: SIGKILLed there
+    optuna.create_study(study_name=stage_study_name(spec, spec.stages[1]), storage=storage, direction="maximize")
+    asked = []
+
+    def stop_requested() -> str | None:
+        asked.append(time.monotonic())
+        return "SIGTERM" if len(asked) >= 2 else None
+
+    started = time.monotonic()
+    with pytest.raises(Interrupted, match="stopped by SIGTERM"):
+        StageStudy.open(storage, plan, spec.baseline_config(), stop_requested=stop_requested)
+    assert time.monotonic() - started < 10, "the wait ran on after the stop request"
