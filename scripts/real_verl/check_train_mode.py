@@ -1,9 +1,10 @@
 """Train mode on real verl 0.9.1: builds the study, then checks what its runs did.
 
-    python3 scripts/real_verl/check_train_mode.py study OUT.yaml [adaptive-kl]  # tiny-h200.yaml in train mode
+    python3 scripts/real_verl/check_train_mode.py study OUT.yaml [adaptive-kl] [quick]  # tiny-h200.yaml in train mode
     python3 scripts/real_verl/check_train_mode.py check OUT.yaml DB  # after `verl-sweep run`
 
-Written without a GPU (not run yet); scripts/real_verl/check_train_mode.sh runs it. `check`
+scripts/real_verl/check_train_mode.sh runs it. ``quick``: one incumbent run and one candidate a
+stage, no confirmation, 11-step branches and a 24-step run: each stage one wave of start-ups. `check`
 exits non-zero unless, in the study's database and its runs' files:
 - every run of a learning stage after the first logs its first step at the chain's step + 1
   (verl resumed the chain's checkpoint: the global step from the folder's name);
@@ -27,22 +28,24 @@ from typing import Any
 
 import yaml
 
-BRANCH, RUN_STEPS = 12, 40
-
-
-def study(out: Path, adaptive_kl: bool = False) -> None:
+def study(out: Path, adaptive_kl: bool = False, quick: bool = False) -> None:
+    branch, run_steps = (11, 24) if quick else (12, 40)  # 11: warm-up 1 + the 10 scored steps of a score
     data = yaml.safe_load(Path("studies/tiny-h200.yaml").read_text())
     data["name"] = "tiny-h200-train"
-    data["run_steps"] = RUN_STEPS
+    data["run_steps"] = run_steps
     # No cost cap: a toy's start-ups dwarf its steps, and the check is that every stage branches.
-    data["train"] = {"branch_steps": BRANCH, "max_cost_r": None}
-    data["baseline"]["trainer.total_training_steps"] = RUN_STEPS
+    data["train"] = {"branch_steps": branch, "max_cost_r": None}
+    data["baseline"]["trainer.total_training_steps"] = run_steps
     data["stages"] = [s for s in data["stages"] if s["space"] in ("kl", "lr")]
+    if quick:
+        data["probe"]["incumbent_repeats"] = 1
+        for s in data["stages"]:
+            s.update(budget={"max_trials": 2}, confirm_top=0)  # the incumbent and one candidate
     if adaptive_kl:
         data["baseline"].update({"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive",
                                  "algorithm.kl_ctrl.kl_coef": 0.001, "algorithm.kl_ctrl.target_kl": 0.01})
     out.write_text(yaml.safe_dump(data, sort_keys=False))
-    print(f"wrote {out}: kl and lr stages, {BRANCH}-step branches, a {RUN_STEPS}-step run")
+    print(f"wrote {out}: kl and lr stages, {branch}-step branches, a {run_steps}-step run")
 
 
 def _kl_start(point: Any, config: dict[str, Any], chain: dict[str, Any]) -> float:
@@ -72,10 +75,12 @@ def check(spec_path: Path, db: str) -> int:
     from verl_sweep.launchers.run_dir import RunDir
     from verl_sweep.search.database.records import StageStudyAttrs, records, stage_study_name
     from verl_sweep.search.engine.continuation import stored_model
+    from verl_sweep.search.method.run_length import run_steps_of
     from verl_sweep.search.spec.study_file import load_study
     from verl_sweep.verl_knowledge import KL_LOSS_COEF, LR, USE_KL_IN_REWARD, USE_KL_LOSS, merge, setting
 
     spec = load_study(spec_path)
+    run_steps = run_steps_of(spec)
     storage = optuna.storages.RDBStorage(db)
     problems: list[str] = []
     for stage in spec.stages:
@@ -114,8 +119,8 @@ def check(spec_path: Path, db: str) -> int:
     model, _ = stored_model(storage, spec)
     if model is None:
         problems.append("the continuation stored no model")
-    elif model.step != RUN_STEPS or not list((Path(model.step_dir) / "actor").glob("model_world_size_*_rank_*.pt")):
-        problems.append(f"the model {model.step_dir} (step {model.step}) is not a checkpoint at step {RUN_STEPS}")
+    elif model.step != run_steps or not list((Path(model.step_dir) / "actor").glob("model_world_size_*_rank_*.pt")):
+        problems.append(f"the model {model.step_dir} (step {model.step}) is not a checkpoint at step {run_steps}")
     for p in problems:
         print("FAIL", p)
     print("train mode on real verl:", "OK" if not problems else f"{len(problems)} problem(s)")
@@ -124,6 +129,6 @@ def check(spec_path: Path, db: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "study":
-        study(Path(sys.argv[2]), adaptive_kl=sys.argv[3:] == ["adaptive-kl"])
+        study(Path(sys.argv[2]), adaptive_kl="adaptive-kl" in sys.argv[3:], quick="quick" in sys.argv[3:])
     else:
         raise SystemExit(check(Path(sys.argv[2]), sys.argv[3]))

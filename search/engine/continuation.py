@@ -123,8 +123,12 @@ class Continuation:
 
     def tick(self) -> bool:
         """Start the run if none is going, follow it; False once the model is trained."""
-        if self.active is None and not self._start():
-            return True
+        if self.active is None:
+            start = self.resume_point()
+            if start.step >= self.run_steps:  # an attempt saved the last checkpoint, its driver died before noting it
+                return self._adopt(start)
+            if not self._start(start):
+                return True
         assert self.active is not None
         trial, probe, start = self.active
         outcome = probe.poll()
@@ -132,7 +136,9 @@ class Continuation:
             return True
         self.active = None
         set_attrs(trial, outcome_attrs(probe=outcome.summary(), score=None, gpu=outcome.gpu))
-        if outcome.state is ProbeState.COMPLETE:
+        # Its score is a note, not a verdict: a run that saved the run's last checkpoint trained the
+        # model, scored or not (a continuation of a few steps has too few to score).
+        if outcome.state is ProbeState.COMPLETE or self.resume_point().step >= self.run_steps:
             return self._finish(trial, probe, outcome, start)
         set_attrs(trial, reason_attrs(outcome.reason))
         self.study.tell(trial, state=TrialState.FAIL)
@@ -146,10 +152,9 @@ class Continuation:
                              f"and resume: it goes on from step {self.resume_point().step}")
         return True
 
-    def _start(self) -> bool:
+    def _start(self, start: ChainPoint) -> bool:
         if self.launcher.free_slots() < 1:
             return False
-        start = self.resume_point()
         trial = self.study.ask()
         seed = self.spec.seeds[0]
         # The run ends at run_steps, where verl saves its last checkpoint (save_freq > 0).
@@ -188,10 +193,15 @@ class Continuation:
         if files is None or step is None or step <= start.step:
             raise SweepError(f"train: the continuation finished at step {outcome.last_step} but saved no checkpoint "
                              f"in {files.checkpoints if files else 'its run directory'}; resume to run it again")
-        model = TrainedModel(step, str(files.step_dir(step)), trial.number)
         self.study.tell(trial, outcome.score.rate if outcome.score is not None else 0.0)
-        self.study.set_user_attr(_MODEL, dataclasses.asdict(model))
         self.console.trial_finished(self.study, trial.number, Role.CANDIDATE, {}, state="complete")
+        return self._adopt(ChainPoint(step=step, step_dir=str(files.step_dir(step)), stage=TRAIN_STAGE, trial=trial.number))
+
+    def _adopt(self, point: ChainPoint) -> bool:
+        """``point``'s checkpoint is the model; False: the continuation is done."""
+        assert point.step_dir is not None and point.trial is not None
+        model = TrainedModel(point.step, point.step_dir, point.trial)
+        self.study.set_user_attr(_MODEL, dataclasses.asdict(model))
         self.console.note(f"train: the model is trained to step {model.step}: {model.step_dir}")
         return False
 

@@ -287,3 +287,35 @@ def test_a_stage_that_would_pass_the_cost_cap_is_skipped_and_the_chain_trains_on
     _, storage = _run(uncapped, tmp_path / "uncapped")
     second, second_runs = _stage(storage, uncapped, 1)
     assert second.result is not None and second.result.decision is not Decision.SKIPPED and second_runs
+
+
+def test_a_continuation_too_short_to_score_still_trains_the_model(tmp_path: Path) -> None:
+    # 3 steps after the last stage: fewer than a score needs (no cap: at this length it skips the stages)
+    spec = _spec(run_steps=2 * BRANCH + 3, train={"branch_steps": BRANCH, "max_cost_r": None})
+    _, storage = _run(spec, tmp_path)
+    model, attempts = stored_model(storage, spec)
+    assert _steps(attempts[0].run_dir)[0] == 2 * BRANCH + 1
+    assert model is not None and model.step == 2 * BRANCH + 3, [(t.number, t.state, t.reason) for t in attempts]
+    assert [t.state for t in attempts] == [optuna.trial.TrialState.COMPLETE]
+
+
+def test_a_driver_that_died_after_the_last_checkpoint_leaves_a_model_to_resume(tmp_path: Path, monkeypatch: Any) -> None:
+    from verl_sweep.search.engine import continuation
+    from verl_sweep.search.spec.errors import Interrupted
+
+    spec = _spec()
+
+    def dies(*args: Any, **kwargs: Any) -> bool:
+        raise Interrupted("the driver died before it noted the model")
+
+    with monkeypatch.context() as m:
+        m.setattr(continuation.Continuation, "_finish", dies)
+        with pytest.raises(Interrupted):
+            _run(spec, tmp_path)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/train.db")
+    model, attempts = stored_model(storage, spec)
+    assert model is None and len(attempts) == 1 and RunDir(Path(attempts[0].run_dir)).step_dir(RUN_STEPS).is_dir()
+    _run(spec, tmp_path)  # resume: the checkpoint at the run's end is the model, no run from it to itself
+    model, attempts = stored_model(storage, spec)
+    assert model is not None and model.step == RUN_STEPS and model.step_dir.startswith(attempts[0].run_dir)
+    assert len(attempts) == 1, [(t.number, t.state, t.reason) for t in attempts]
