@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from verl_sweep.search.spec.errors import BadInputError, StorageError
+from verl_sweep.search.spec.errors import BadInputError, StorageError, never_stopped, pause
 from verl_sweep.search.spec.masking import encoded_credentials, mask_secrets, mask_url
 
 if TYPE_CHECKING:
@@ -564,10 +564,12 @@ def with_retries(
     max_delay_s: float = 15.0,
     max_total_s: float | None = None,
     storage: Any = None,
+    stop_requested: Callable[[], str | None] = never_stopped,
 ) -> T:
     """Run a database action, retrying with exponential backoff while the server is away
     (a PostgreSQL restart takes seconds); no new attempt starts ``max_total_s`` after the
-    first. Raises StorageError with the real cause."""
+    first. Raises StorageError with the real cause, Interrupted when a stop is requested
+    during the back-off."""
     delay = first_delay_s
     started = time.monotonic()
     for attempt in range(1, attempts + 1):
@@ -582,6 +584,6 @@ def with_retries(
             logger.info("database error (%s), retry %d in %.1fs", describe_db_error(e), attempt, delay)
             if storage is not None:
                 reset_connections(storage)
-            time.sleep(delay)
+            pause(delay, stop_requested)
             delay = min(delay * 2, max_delay_s)
     raise AssertionError("unreachable")

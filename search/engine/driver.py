@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Callable, Sequence
 
 import optuna
 
 from verl_sweep.launchers.base import Launcher
 from verl_sweep.search.database import optuna_forks
-from verl_sweep.search.spec.errors import Interrupted, SweepError
+from verl_sweep.search.spec.errors import Interrupted, SweepError, pause
 from verl_sweep.search.engine.events import Broadcast, StudyListener
 from verl_sweep.search.database.records import FLAT_BAND, Decision, StageResult
 from verl_sweep.search.method.stage import Stage
@@ -91,13 +90,6 @@ class StudyRunner:
         """Called from a signal handler: finish the current poll, then stop cleanly."""
         self._stop_requested = why
 
-    def _sleep_unless_stopped(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, ending early when a stop is requested (the loop then stops):
-        a database outage's back-off grows to 30 s, and a SIGTERM must not wait it out."""
-        deadline = time.monotonic() + seconds
-        while not self._stop_requested and time.monotonic() < deadline:
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-
     def run(self) -> Config:
         """Run every stage not yet finished; returns the final config. Raises BadInputError
         before any probe starts when the memory pre-flight refuses the study's baseline
@@ -138,7 +130,8 @@ class StudyRunner:
         checkpoint it saved."""
         point = chain_point(self.storage, self.spec, len(self.spec.stages))
         run = with_retries(lambda: Continuation.open(self.storage, self.spec, final, point, self.launcher,
-                                                     self.console), what="open the continuation")
+                                                     self.console), what="open the continuation",
+                         stop_requested=self.ctx.stop_requested)
         if run is not None:
             self._follow(run)
 
@@ -147,7 +140,8 @@ class StudyRunner:
         unless skipped or already measured; a resume runs only what is missing."""
         probe = final_probe(self.spec, slow_start=bool(slow_start_seen(self.ctx, len(self.spec.stages))))
         check = with_retries(lambda: FinalCheck.open(self.storage, self.spec, final, self.launcher, self.console,
-                                                     probe=probe), what="open the final check")
+                                                     probe=probe), what="open the final check",
+                           stop_requested=self.ctx.stop_requested)
         if check is not None:
             self._follow(check)
 
@@ -156,7 +150,7 @@ class StudyRunner:
         try:
             while run.tick():
                 if self._stop_requested:
-                    raise Interrupted(f"stopped by {self._stop_requested}")
+                    raise Interrupted(self._stop_requested)
                 self.launcher.wait(self.poll_interval_s)
         except BaseException as e:
             run.abandon(why=str(e) or type(e).__name__)
@@ -164,7 +158,8 @@ class StudyRunner:
 
     def cap_limit(self, index: int, base: Config) -> CapLimit | None:
         """Train mode's cost cap on stage ``index`` (``train.max_cost_r``), priced once as it opens."""
-        return with_retries(lambda: cap_limit(self.storage, self.spec, index, base), what="price the stage")
+        return with_retries(lambda: cap_limit(self.storage, self.spec, index, base), what="price the stage",
+                            stop_requested=self.ctx.stop_requested)
 
     def why_skip(self, flat: int, cap: CapLimit | None) -> str | None:
         """Why the next stage runs no trial (None: it runs): the first ``flat`` stages found no
@@ -185,7 +180,7 @@ class StudyRunner:
             summary=why, config=base, overrides={},
         )
         result = with_retries(lambda: StageStudy.record_skipped(self.storage, plan, base, result),
-                              what="store the stage result")
+                              what="store the stage result", stop_requested=self.ctx.stop_requested)
         self.console.stage_finished(plan.name, result)
         return result
 
@@ -219,7 +214,7 @@ class StudyRunner:
                     # whatever was not stored is retried on the next pass.
                     self.console.note(f"database unavailable ({describe_db_error(e)}); retrying in {delay:.0f} s")
                     reset_connections(self.storage)
-                    self._sleep_unless_stopped(delay)
+                    pause(delay, self.ctx.stop_requested)  # a back-off of up to 30 s: a SIGTERM ends it
                     delay = min(delay * 2, 30.0)
                     continue
                 self.launcher.wait(self.poll_interval_s if loop.stage.learns else
@@ -231,7 +226,7 @@ class StudyRunner:
             raise
         if self.left:
             return None
-        result = with_retries(loop.record_result, what="store the stage result")
+        result = with_retries(loop.record_result, what="store the stage result", stop_requested=self.ctx.stop_requested)
         self.console.stage_finished(stage.name, result)
         return result
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from optuna.trial import TrialState
 
 from verl_sweep.search.database import liveness
-from verl_sweep.search.spec.errors import BadInputError
+from verl_sweep.search.spec.errors import BadInputError, never_stopped
 from verl_sweep.search.method.policy import StagePolicy, ranked_candidates, slow_start
 from verl_sweep.search.method.proposer import Proposer, Tick
 from verl_sweep.search.method.stopper import Stopper
@@ -51,7 +51,7 @@ class Context:
     #: a worker that leaves once the last stage has nothing left but other processes' runs
     leave_at_end: bool = False
     #: why this process was asked to stop (None: it was not): blocking waits end on it
-    stop_requested: Callable[[], str | None] = lambda: None
+    stop_requested: Callable[[], str | None] = never_stopped
 
 
 class StageLoop:
@@ -117,7 +117,7 @@ class StageLoop:
                                                       launcher=ctx.launcher, on_vacated=_vacated_note(console),
                                                       learn_ooms=not space.oom_clamped, branch=branch,
                                                       stop_requested=ctx.stop_requested),
-                              what="open the stage study")
+                              what="open the stage study", stop_requested=ctx.stop_requested)
         if opened is None:
             return None
         study, created = opened

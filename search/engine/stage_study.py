@@ -20,7 +20,7 @@ from optuna.trial import TrialState, create_trial
 
 from verl_sweep.objectives.score import Score, eta as eta_of
 from verl_sweep.search.database import liveness
-from verl_sweep.search.spec.errors import Interrupted, SweepError
+from verl_sweep.search.spec.errors import SweepError, never_stopped, pause
 from verl_sweep.search.method.proposer import first_points
 from verl_sweep.search.method.pruning import IncumbentPruner
 from verl_sweep.search.database.study_root import stored_study
@@ -91,7 +91,7 @@ class StageStudy:
              ahead_of: str | None = None, launcher: Launcher | None = None,
              on_vacated: Callable[[str, str, str], None] | None = None,
              learn_ooms: bool = True, branch: ChainPoint | None = None,
-             stop_requested: Callable[[], str | None] = lambda: None) -> tuple[StageStudy, bool] | None:
+             stop_requested: Callable[[], str | None] = never_stopped) -> tuple[StageStudy, bool] | None:
         """Create or join the study of stage ``plan`` from ``base``; (study, created). None
         when ``ahead_of`` is given and another worker already runs the stage ahead from
         another leader. A study opened ahead from a leader that lost is moved aside first.
@@ -170,7 +170,7 @@ class StageStudy:
         return result
 
     def wait_initialized(self, timeout_s: float = 60.0,
-                         stop_requested: Callable[[], str | None] = lambda: None) -> None:
+                         stop_requested: Callable[[], str | None] = never_stopped) -> None:
         """Another worker created the stage: wait until it has queued the stage's first trials,
         or a fresh trial could take a place in the budget before them. A stop request (SIGTERM)
         ends the wait: its creator may have died before initializing it, and the wait is a
@@ -179,10 +179,7 @@ class StageStudy:
         while time.monotonic() < deadline:
             if self.attrs().initialized:  # by id: it may be moved aside meanwhile
                 return
-            why = stop_requested()
-            if why:
-                raise Interrupted(why)
-            time.sleep(0.5)
+            pause(0.5, stop_requested)
 
     def stored_attrs(self) -> StageStudyAttrs:
         """The study's attributes as the database holds them now (by the stage's name)."""

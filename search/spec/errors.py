@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 
 class SweepError(Exception):
     """Root of verl-sweep's expected errors. ``exit_code`` is what the CLI exits with."""
@@ -33,3 +36,20 @@ class Interrupted(SweepError):
     def __init__(self, why: str) -> None:
         super().__init__(f"stopped by {why}")
         self.why = why
+
+
+def never_stopped() -> str | None:
+    """The ``stop_requested`` of a caller nothing asks to stop: why it was asked (never)."""
+    return None
+
+
+def pause(seconds: float, stop_requested: Callable[[], str | None] = never_stopped) -> None:
+    """Sleep ``seconds``; raises Interrupted as soon as ``stop_requested`` gives a reason (a
+    SIGTERM must not wait out a minute's back-off)."""
+    deadline = time.monotonic() + seconds
+    while not (why := stop_requested()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.2, left))
+    raise Interrupted(why)

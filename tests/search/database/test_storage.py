@@ -36,6 +36,28 @@ def _new_study(storage: object) -> str:
     return name
 
 
+@pytest.mark.fast
+def test_a_stop_request_ends_the_back_off_of_a_database_that_is_away() -> None:
+    import time
+
+    import sqlalchemy
+
+    from verl_sweep.search.database.storage import with_retries
+    from verl_sweep.search.spec.errors import Interrupted
+
+    engine = sqlalchemy.create_engine("postgresql+psycopg://sweep@127.0.0.1:9/none")  # nothing listens there
+    calls: list[float] = []
+
+    def connect() -> None:
+        calls.append(time.monotonic())
+        engine.connect().close()
+
+    started = time.monotonic()
+    with pytest.raises(Interrupted, match="SIGTERM"):
+        with_retries(connect, what="connect", first_delay_s=30.0, stop_requested=lambda: "SIGTERM" if calls else None)
+    assert len(calls) == 1 and time.monotonic() - started < 10.0  # not the 30 s back-off
+
+
 @pytest.mark.postgres
 def test_postgres_calls_reuse_one_connection() -> None:
     from sqlalchemy import event
