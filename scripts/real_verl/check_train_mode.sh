@@ -27,7 +27,13 @@ VS_PY='import sys; sys.argv[0] = "verl-sweep"; from verl_sweep.search.commands.c
 STUDY=$W/tiny-h200-train.yaml; DB=sqlite:///$W/tiny-h200-train.db; NAME=tiny-h200-train
 alive() { [ -f "$W/driver.pid" ] && kill -0 "$(cat "$W/driver.pid")" 2>/dev/null; }
 detach() { setsid nohup python3 -c "$VS_PY" "$@" --storage "$DB" >> "$W/driver.log" 2>&1 < /dev/null & echo $! > "$W/driver.pid"; }
-bring_back() { [ -n "${OUT:-}" ] && cp "$W"/driver.log "$W"/status.txt "$W"/check.txt "$OUT"/ 2>/dev/null; true; }
+bring_back() {  # the logs, and the study's database, its file and each run's metrics and launch, as a tarball
+  [ -n "${OUT:-}" ] || return 0
+  cp "$W"/driver.log "$W"/status.txt "$W"/check.txt "$OUT"/ 2>/dev/null
+  (cd "$W" && find runs -maxdepth 4 -name 'global_step_*' > checkpoints.txt 2>/dev/null
+   tar czf "$OUT/train-check.tar.gz" --ignore-failed-read tiny-h200-train.db tiny-h200-train.yaml checkpoints.txt \
+     $(find runs -maxdepth 3 -type f \( -name metrics.jsonl -o -name '*.json' -o -name '*.sh' \) 2>/dev/null)) 2>/dev/null; true
+}
 rc=0
 for phase in "$@"; do
   echo "== $(date -u +%T) phase $phase"
