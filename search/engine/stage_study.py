@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 TRIALS_REFRESH_S = 1.0
 #: how many times opening a stage study starts over when other workers move it aside meanwhile
 _OPEN_ATTEMPTS = 10
+#: who created the stage study (``liveness.owner_record``): a joiner tells a creator that died
+#: before queueing the stage's first trials, and queues them itself
+_CREATOR = "creator"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +110,7 @@ class StageStudy:
             try:
                 study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                             sampler=build_sampler(stage, 0, learn_ooms=learn_ooms), pruner=pruner)
+                study.set_user_attr(_CREATOR, liveness.owner_record())
                 study.set_metric_names(["eta"])  # how the dashboard and the optuna CLI label the value
                 attrs = created_study_attrs(base=base, stage=stage.model_dump(mode="json"),
                                             probe_steps=plan.probe_steps, branch=branch)
@@ -123,8 +127,19 @@ class StageStudy:
             except KeyError:
                 continue  # moved aside since create_study found it
             # Its creator sets the base (and whether it runs ahead) before "initialized".
-            existing.wait_initialized(stop_requested=stop_requested)
+            initialized = existing.wait_initialized(stop_requested=stop_requested)
             stored = existing.attrs()
+            if not initialized and stored.base_config in (None, base) and not stored.ahead_of and ahead_of is None:
+                # Its creator died (or is a minute late) before queueing the first trials: queue them here.
+                logger.warning("stage %s: its study's creator queued no trials; this worker does", stage.name)
+                existing._set_attrs({_CREATOR: liveness.owner_record(),
+                                     **created_study_attrs(base=base, stage=stage.model_dump(mode="json"),
+                                                           probe_steps=plan.probe_steps, branch=branch)})
+                study = optuna.load_study(study_name=name, storage=storage,
+                                          sampler=build_sampler(stage, 0, learn_ooms=learn_ooms), pruner=pruner)
+                if study._study_id == existing.study_id:
+                    return cls(study, storage), True
+                continue
             if stored.base_config is not None and stored.base_config != base:
                 if ahead_of is not None:
                     return None  # another worker runs this stage ahead from another leader
@@ -170,16 +185,20 @@ class StageStudy:
         return result
 
     def wait_initialized(self, timeout_s: float = 60.0,
-                         stop_requested: Callable[[], str | None] = never_stopped) -> None:
+                         stop_requested: Callable[[], str | None] = never_stopped) -> bool:
         """Another worker created the stage: wait until it has queued the stage's first trials,
-        or a fresh trial could take a place in the budget before them. A stop request (SIGTERM)
-        ends the wait: its creator may have died before initializing it, and the wait is a
-        minute."""
+        or a fresh trial could take a place in the budget before them; False when it has not
+        within ``timeout_s``, or its creator's process is gone (on this host). A stop request
+        (SIGTERM) ends the wait."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.attrs().initialized:  # by id: it may be moved aside meanwhile
-                return
+            attrs = self.storage.get_study_user_attrs(self.study_id)  # by id: it may be moved aside meanwhile
+            if StageStudyAttrs.of(attrs).initialized:
+                return True
+            if liveness.owner_is_dead(attrs.get(_CREATOR)):
+                return False
             pause(0.5, stop_requested)
+        return False
 
     def stored_attrs(self) -> StageStudyAttrs:
         """The study's attributes as the database holds them now (by the stage's name)."""

@@ -238,3 +238,26 @@ def test_a_stop_ends_the_wait_for_a_stage_whose_creator_died_before_initializing
     with pytest.raises(Interrupted, match="stopped by SIGTERM"):
         StageStudy.open(storage, plan, spec.baseline_config(), stop_requested=stop_requested)
     assert time.monotonic() - started < 10, "the wait ran on after the stop request"
+
+
+def test_a_worker_queues_the_first_trials_of_a_stage_whose_creator_died_before_it_did(tmp_path: Path) -> None:
+    """The creator of a stage study was SIGKILLed after creating it, before queueing its first
+    trials (the incumbent's runs). A worker that joins tells its process is gone, at once, and
+    queues them itself; the stage then runs as if it had created it."""
+    import subprocess
+    import sys
+
+    from verl_sweep.search.database.liveness import owner_record
+    from verl_sweep.search.database.records import stage_study_name
+
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    plan = Stage.of(spec, 1)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    study = optuna.create_study(study_name=stage_study_name(spec, spec.stages[1]), storage=storage, direction="maximize")
+    study.set_user_attr("creator", {**owner_record(), "pid": int(dead.stdout)})  # a process that is gone
+    started = time.monotonic()
+    opened = StageStudy.open(storage, plan, spec.baseline_config())
+    assert opened is not None and opened[1] is True, "the joiner did not take the creator's place"
+    assert time.monotonic() - started < 10, "it waited out the minute for a dead creator"
+    assert opened[0].attrs().base_config == spec.baseline_config()
