@@ -5,8 +5,9 @@
 # What it runs: studies/tiny-h200.yaml (the 3.2M Qwen2 of make_tiny.py, sevens reward) in train
 # mode (check_train_mode.py study): the kl and lr stages as branches from the chain's
 # checkpoint, then the continuation to the run's end. QUICK=1: one candidate and one incumbent
-# run a stage, 11-step branches, a 24-step run (three waves of start-ups, ~16 minutes on the
-# toy); else 12-step branches, a 40-step run and the stages' own budgets.
+# run a stage, 11-step branches, a continuation of 2 steps (three waves of start-ups, ~16 minutes
+# on the toy; SPACES=kl: one stage, two waves, ~11 minutes); else 12-step branches, a 40-step
+# run and the stages' own budgets.
 # What it must show (check_train_mode.py check exits non-zero otherwise): each branch starts at
 # the chain's step + 1, trains at its own lr (the rewrite of its copy took effect) and KL
 # coefficient, each stage branches from a checkpoint the stage before saved, and the model is a
@@ -39,7 +40,7 @@ for phase in "$@"; do
   echo "== $(date -u +%T) phase $phase"
   case $phase in
   start)
-    python3 scripts/real_verl/check_train_mode.py study "$STUDY" ${ADAPTIVE_KL:+adaptive-kl} ${QUICK:+quick}
+    python3 scripts/real_verl/check_train_mode.py study "$STUDY" ${ADAPTIVE_KL:+adaptive-kl} ${QUICK:+quick} ${SPACES:+spaces=$SPACES}
     detach run "$STUDY"; date -u +%s > "$W/started" ;;
   wait:*)  # follow the driver until T s into this call; SIGKILL and resume at KILL_AT s after start
     while alive && [ $((SECONDS - T0)) -lt "${phase#wait:}" ]; do
