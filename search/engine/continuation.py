@@ -103,6 +103,9 @@ class Continuation:
             if t.state == TrialState.RUNNING:
                 set_attrs(optuna.trial.Trial(study, t.frozen._trial_id), reason_attrs(STOPPED))
                 study.tell(t.number, state=TrialState.FAIL)
+                # Its run may live on (verl under the local launcher does): it would train beside
+                # the next attempt and hold the GPUs it needs.
+                launcher.cleanup_leftover(Path(t.run_dir or ""))
         run = cls(spec, study, launcher, console)
         start = run.resume_point()
         console.note(f"train: the chain's config trains on from step {start.step} to step {run.run_steps}"

@@ -357,10 +357,12 @@ class FinalCheck:
         return records(self.study.get_trials(deepcopy=False))
 
     def _requeue_orphans(self) -> None:
-        """Runs a stopped driver left RUNNING: only this driver runs the final check."""
+        """Runs a stopped driver left RUNNING (only this driver runs the final check): closed,
+        what their runs left alive killed, and queued again."""
         for t in self._trials():
             if t.state == TrialState.RUNNING and t.number not in self.active:
                 self.study.tell(t.number, state=TrialState.FAIL)
+                self.launcher.cleanup_leftover(Path(t.run_dir or ""))
                 liveness.requeue(self.study, t.frozen, reason="its driver stopped")
 
     def tick(self) -> bool:

@@ -319,3 +319,58 @@ def test_a_driver_that_died_after_the_last_checkpoint_leaves_a_model_to_resume(t
     model, attempts = stored_model(storage, spec)
     assert model is not None and model.step == RUN_STEPS and model.step_dir.startswith(attempts[0].run_dir)
     assert len(attempts) == 1, [(t.number, t.state, t.reason) for t in attempts]
+
+
+
+@pytest.mark.parametrize("runner", ["continuation", "final check"])
+def test_a_resumed_run_after_the_stages_kills_the_run_its_dead_driver_left(tmp_path: Path, runner: str) -> None:
+    """A driver SIGKILLed during the continuation or the final check leaves its run alive
+    (verl under the local launcher outlives it): the resume closes the attempt and kills that
+    run before it starts another beside it on the same GPUs."""
+    import subprocess
+    import sys
+
+    from support.launcher_contract import FAKE_PROBE
+
+    from verl_sweep.launchers import process as proc_mod
+    from verl_sweep.launchers.local import LocalLauncher
+    from verl_sweep.search.database.records import ChainPoint, Role, started_attrs
+    from verl_sweep.search.engine.continuation import Continuation, continuation_study_name
+    from verl_sweep.search.engine.final_check import FinalCheck, final_probe, final_study_name
+    from verl_sweep.verl_knowledge import LR, merge
+
+    spec = _spec() if runner == "continuation" else _spec(final_check={"runs": 2}, train=None)
+    name = continuation_study_name(spec) if runner == "continuation" else final_study_name(spec)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/train.db")
+    run_id, runs = f"{name}.t0000", tmp_path / "runs"
+    code = (
+        "import sys, time\n"
+        "from verl_sweep.launchers.local import LocalLauncher\n"
+        "from verl_sweep.launchers.base import RunSpec\n"
+        f"l = LocalLauncher(sys.argv[1], gpu_ids=[0], command={FAKE_PROBE!r})\n"
+        f"l.start(RunSpec(run_id={run_id!r}, overrides=('actor_rollout_ref.rollout.name=vllm', 'trainer.total_training_steps=100000')))\n"
+        "print('started', flush=True); time.sleep(60)\n"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code, str(runs)], stdout=subprocess.PIPE, text=True)
+    assert driver.stdout is not None and driver.stdout.readline().strip() == "started"
+    attempt = optuna.create_study(study_name=name, storage=storage, direction="maximize").ask()
+    for key, value in started_attrs(role=Role.CANDIDATE, seed=1, overrides={}, run_id=run_id,
+                                    run_dir=str(runs / run_id)).items():
+        attempt.set_user_attr(key, value)
+    driver.kill()
+    driver.wait()
+    record = proc_mod.read_record(runs / run_id)
+    assert record is not None and proc_mod.is_alive(record)
+    launcher = LocalLauncher(runs, gpu_ids=[0], command=FAKE_PROBE, kill_grace_s=1.0)
+    try:
+        if runner == "continuation":
+            Continuation.open(storage, spec, spec.baseline_config(), ChainPoint(step=200), launcher, Console(quiet=True))
+        else:
+            final = merge(spec.baseline_config(), {LR: 2e-6})
+            FinalCheck.open(storage, spec, final, launcher, Console(quiet=True), probe=final_probe(spec))
+        assert not proc_mod.is_alive(record) and proc_mod.find_marked(record.markers) == []
+    finally:
+        if proc_mod.is_alive(record):
+            proc_mod.kill_tree(record, grace_s=0.0)
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    assert trials[0].state is optuna.trial.TrialState.FAIL
